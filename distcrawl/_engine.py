@@ -1,0 +1,50 @@
+"""The two pieces of Scrapy's engine that distcrawl relies on, kept in one place.
+
+Scrapy has no signal for "this request is completely done" (downloaded, its callback
+finished, and every request and item it produced handed on), which is exactly when a
+lease may be acknowledged. The engine tracks that set itself (``_slot.inprogress``: a
+request enters it when its download starts and leaves it after the scraper is done with
+it). Likewise there is no public way to ask the engine to look at the scheduler again when
+work arrives from Redis. Both are checked once when the scheduler opens, so a Scrapy release
+that renames them fails loudly at start-up instead of losing requests silently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from scrapy import Request
+    from scrapy.crawler import Crawler
+
+
+class EngineIncompatible(RuntimeError):
+    pass
+
+
+def _slot(crawler: Crawler) -> Any:
+    engine = crawler.engine
+    return getattr(engine, "_slot", None) if engine is not None else None
+
+
+def check(crawler: Crawler) -> None:
+    slot = _slot(crawler)
+    if slot is None or not isinstance(getattr(slot, "inprogress", None), set) or not hasattr(
+        getattr(slot, "nextcall", None), "schedule"
+    ):
+        raise EngineIncompatible(
+            "this Scrapy version's engine does not expose _slot.inprogress and "
+            "_slot.nextcall; distcrawl cannot tell when a request is done"
+        )
+
+
+def in_progress(crawler: Crawler) -> Collection[Request]:
+    slot = _slot(crawler)
+    return slot.inprogress if slot is not None else ()
+
+
+def wake(crawler: Crawler) -> None:
+    slot = _slot(crawler)
+    if slot is not None:
+        slot.nextcall.schedule()

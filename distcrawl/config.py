@@ -1,0 +1,131 @@
+"""Every distcrawl setting, read once into a frozen object.
+
+Components never read ``crawler.settings`` for distcrawl values themselves: they get a
+:class:`DistcrawlConfig`, so a bad value fails once, at start-up, with the name of the
+setting that holds it, instead of half-way through a crawl in whichever component
+happened to read it first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from scrapy.settings import BaseSettings
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+SERIALIZERS = ("msgpack", "json", "pickle")
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A setting has a value distcrawl cannot use; the message names the setting."""
+
+
+def _get(settings: BaseSettings, name: str, default: T, convert: Callable[[Any], T]) -> T:
+    raw = settings.get(name, default)
+    if raw is None:
+        return default
+    try:
+        return convert(raw)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{name}={raw!r}: {exc}") from None
+
+
+def _optional_float(settings: BaseSettings, name: str) -> float | None:
+    """A number where ``None`` (unset) means "never"; 0 is a real value, not "unset"."""
+    raw = settings.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name}={raw!r}: expected a number of seconds or None") from None
+    if value < 0:
+        raise ConfigError(f"{name}={raw!r}: must be >= 0")
+    return value
+
+
+def _bool(raw: Any) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    if isinstance(raw, int | float):
+        return bool(raw)
+    text = str(raw).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError("expected a boolean")
+
+
+def _positive(kind: Callable[[Any], T]) -> Callable[[Any], T]:
+    def convert(raw: Any) -> T:
+        value = kind(raw)
+        if value <= 0:  # type: ignore[operator]
+            raise ValueError("must be > 0")
+        return value
+
+    return convert
+
+
+@dataclass(frozen=True)
+class DistcrawlConfig:
+    """The parsed settings; see the README for what each one does."""
+
+    redis_url: str = DEFAULT_REDIS_URL
+    namespace: str | None = None
+    serializer: str = "msgpack"
+    lease_timeout: float = 30.0
+    reclaim_interval: float = 5.0
+    prefetch: int = 16
+    flush_interval: float = 0.05
+    push_batch_size: int = 500
+    idle_poll_max: float = 0.25
+    idle_timeout: float | None = None
+    flush_on_start: bool = False
+    start_urls_batch: int = 100
+    start_url_max_bytes: int = 8192
+    allowed_schemes: tuple[str, ...] = ("http", "https")
+    local_seen_cache: int = 100_000
+    socket_timeout: float = 10.0
+
+    @classmethod
+    def from_settings(cls, settings: BaseSettings) -> DistcrawlConfig:
+        serializer = _get(settings, "DISTCRAWL_SERIALIZER", "msgpack", str).lower()
+        if serializer not in SERIALIZERS:
+            raise ConfigError(
+                f"DISTCRAWL_SERIALIZER={serializer!r}: expected one of {', '.join(SERIALIZERS)}"
+            )
+        concurrency = _get(settings, "CONCURRENT_REQUESTS", 16, _positive(int))
+        lease_timeout = _get(settings, "DISTCRAWL_LEASE_TIMEOUT", 30.0, _positive(float))
+        schemes = settings.getlist("DISTCRAWL_ALLOWED_SCHEMES", ["http", "https"])
+        if not schemes:
+            raise ConfigError("DISTCRAWL_ALLOWED_SCHEMES=[]: at least one scheme is needed")
+        namespace = settings.get("DISTCRAWL_NAMESPACE")
+        if namespace is not None and (not isinstance(namespace, str) or not namespace):
+            raise ConfigError(f"DISTCRAWL_NAMESPACE={namespace!r}: expected a non-empty string")
+        return cls(
+            redis_url=_get(settings, "REDIS_URL", DEFAULT_REDIS_URL, str),
+            namespace=namespace,
+            serializer=serializer,
+            lease_timeout=lease_timeout,
+            reclaim_interval=_get(
+                settings, "DISTCRAWL_RECLAIM_INTERVAL", min(5.0, lease_timeout), _positive(float)
+            ),
+            prefetch=_get(settings, "DISTCRAWL_PREFETCH", concurrency, _positive(int)),
+            flush_interval=_get(settings, "DISTCRAWL_FLUSH_INTERVAL", 0.05, _positive(float)),
+            push_batch_size=_get(settings, "DISTCRAWL_PUSH_BATCH_SIZE", 500, _positive(int)),
+            idle_poll_max=_get(settings, "DISTCRAWL_IDLE_POLL_MAX", 0.25, _positive(float)),
+            idle_timeout=_optional_float(settings, "DISTCRAWL_IDLE_TIMEOUT"),
+            flush_on_start=_get(settings, "DISTCRAWL_FLUSH_ON_START", False, _bool),
+            start_urls_batch=_get(settings, "DISTCRAWL_START_URLS_BATCH", 100, _positive(int)),
+            start_url_max_bytes=_get(
+                settings, "DISTCRAWL_START_URL_MAX_BYTES", 8192, _positive(int)
+            ),
+            allowed_schemes=tuple(s.lower() for s in schemes),
+            local_seen_cache=_get(settings, "DISTCRAWL_LOCAL_SEEN_CACHE", 100_000, int),
+            socket_timeout=_get(settings, "DISTCRAWL_SOCKET_TIMEOUT", 10.0, _positive(float)),
+        )

@@ -1,0 +1,108 @@
+"""The one place a Redis client is made, and the one way a Redis URL is shown in logs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+from weakref import WeakKeyDictionary
+
+import redis
+from twisted.internet.defer import Deferred
+from twisted.internet.threads import deferToThreadPool
+from twisted.python.threadpool import ThreadPool
+
+if TYPE_CHECKING:
+    from scrapy.crawler import Crawler
+
+T = TypeVar("T")
+
+
+def redact_url(url: str) -> str:
+    """The URL with its password (or token) replaced, safe for logs and error messages."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparsable url>"
+    if parts.password is None and parts.username is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    user = parts.username or ""
+    auth = f"{user}:***@" if parts.password is not None else f"{user}@"
+    return urlunsplit((parts.scheme, auth + host, parts.path, parts.query, parts.fragment))
+
+
+def make_redis(url: str, *, socket_timeout: float = 10.0) -> redis.Redis:
+    """A client for ``url`` (``redis://``, ``rediss://``, ``unix://``, with user and password).
+
+    No I/O happens here: redis-py connects lazily, on the first command, which distcrawl
+    issues from its I/O thread, never from the reactor.
+    """
+    return redis.Redis.from_url(
+        url,
+        socket_timeout=socket_timeout,
+        socket_connect_timeout=socket_timeout,
+        health_check_interval=30,
+        decode_responses=False,
+    )
+
+
+class RedisIO:
+    """The crawler's Redis client and the single thread its commands run on.
+
+    One thread keeps commands in the order they were issued (a push before the
+    acknowledgement that depends on it) and keeps every socket wait off the reactor.
+    """
+
+    def __init__(self, url: str, *, socket_timeout: float = 10.0) -> None:
+        self.url = url
+        self.socket_timeout = socket_timeout
+        self._client: redis.Redis | None = None
+        self._pool: ThreadPool | None = None
+        self._users = 0
+
+    @property
+    def client(self) -> redis.Redis:
+        if self._client is None:
+            self._client = make_redis(self.url, socket_timeout=self.socket_timeout)
+        return self._client
+
+    def start(self) -> None:
+        self._users += 1
+        if self._pool is None:
+            self._pool = ThreadPool(minthreads=1, maxthreads=1, name="distcrawl-redis")
+            self._pool.start()
+
+    def run(self, func: Callable[..., T], *args: Any, **kwargs: Any) -> Deferred[T]:
+        if self._pool is None:
+            raise RuntimeError("RedisIO.run() before start()")
+        from twisted.internet import reactor
+
+        return deferToThreadPool(reactor, self._pool, func, *args, **kwargs)  # type: ignore[arg-type]
+
+    def stop(self) -> None:
+        self._users -= 1
+        if self._users > 0:
+            return
+        if self._pool is not None:
+            self._pool.stop()
+            self._pool = None
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+_IO: WeakKeyDictionary[Any, RedisIO] = WeakKeyDictionary()
+
+
+def redis_io(crawler: Crawler) -> RedisIO:
+    """The one RedisIO of this crawler, shared by every distcrawl component in it."""
+    io = _IO.get(crawler)
+    if io is None:
+        from distcrawl.config import DistcrawlConfig
+
+        config = DistcrawlConfig.from_settings(crawler.settings)
+        io = _IO[crawler] = RedisIO(config.redis_url, socket_timeout=config.socket_timeout)
+    return io

@@ -1,0 +1,69 @@
+"""Every Redis key distcrawl uses, built in this one place.
+
+All keys of one crawl share the ``<namespace>:`` prefix (the spider name by default), so
+that ``distcrawl reset`` can remove exactly one crawl and nothing else, and so that the
+Lua scripts never build a key themselves: they receive every key through KEYS.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class FrontierKeys:
+    namespace: str
+
+    def __post_init__(self) -> None:
+        if not self.namespace or any(c.isspace() for c in self.namespace):
+            raise ValueError(f"invalid namespace {self.namespace!r}")
+
+    def _key(self, suffix: str) -> str:
+        return f"{self.namespace}:{suffix}"
+
+    @property
+    def start_urls(self) -> str:
+        """LIST anyone may LPUSH to: plain URLs or JSON objects."""
+        return self._key("start_urls")
+
+    @property
+    def queue(self) -> str:
+        """ZSET of request ids, score = -priority; ties pop in id (FIFO) order."""
+        return self._key("queue")
+
+    @property
+    def requests(self) -> str:
+        """HASH request id -> ``<priority>:<payload>``, for queued and leased requests."""
+        return self._key("requests")
+
+    @property
+    def leases(self) -> str:
+        """ZSET of leased request ids, score = lease deadline (Redis server time, ms)."""
+        return self._key("leases")
+
+    @property
+    def seen(self) -> str:
+        """SET of binary request fingerprints."""
+        return self._key("seen")
+
+    @property
+    def seq(self) -> str:
+        """Counter that numbers requests so that equal priorities pop first-in first-out."""
+        return self._key("seq")
+
+    @property
+    def dead(self) -> str:
+        """LIST of JSON dead-letter records (newest first)."""
+        return self._key("dead")
+
+    def all(self) -> tuple[str, ...]:
+        """Every key of this crawl, for an explicit reset."""
+        return (
+            self.start_urls,
+            self.queue,
+            self.requests,
+            self.leases,
+            self.seen,
+            self.seq,
+            self.dead,
+        )

@@ -1,0 +1,92 @@
+"""Shared fixtures: a real throwaway Redis and the deterministic demo site, both subprocesses."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # lets a bare `pytest` import the uninstalled checkout
+    sys.path.insert(0, str(ROOT))
+
+from distcrawl.demo.redis_server import RedisServer  # noqa: E402
+from distcrawl.demo.site import DemoSite  # noqa: E402
+from distcrawl.demo.workers import Worker  # noqa: E402
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    directory = tmp_path / "redis"
+    directory.mkdir()
+    server = RedisServer(directory=directory).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    return redis_server.url
+
+
+@pytest.fixture
+def redis_client(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def demo_site(tmp_path: Path) -> Iterator[Callable[..., DemoSite]]:
+    """Factory so a test can run several sites (e.g. several domains) with different settings."""
+    started: list[DemoSite] = []
+
+    def factory(
+        pages: int = 200,
+        links: int = 17,
+        delay: float = 0.0,
+        crawl_delay: float | None = None,
+        seed: int = 1,
+    ) -> DemoSite:
+        log_path = tmp_path / f"site-{len(started)}.log"
+        site = DemoSite(
+            pages=pages,
+            links=links,
+            delay=delay,
+            log_path=log_path,
+            crawl_delay=crawl_delay,
+            seed=seed,
+        )
+        started.append(site)
+        return site.start()
+
+    try:
+        yield factory
+    finally:
+        for site in started:
+            site.stop()
+
+
+@pytest.fixture
+def workers(tmp_path: Path, redis_url: str) -> Iterator[Callable[..., Worker]]:
+    """Factory of real ``scrapy crawl site`` processes on the test Redis; all stopped by PID."""
+    started: list[Worker] = []
+
+    def factory(index: int, spider: str = "site", **settings: object) -> Worker:
+        worker = Worker(index, redis_url=redis_url, spider=spider, settings=settings,
+                        log_path=tmp_path / f"worker-{index}.log")
+        started.append(worker)
+        return worker.start()
+
+    try:
+        yield factory
+    finally:
+        for worker in started:
+            worker.stop(timeout=10)

@@ -1,0 +1,56 @@
+import pytest
+from scrapy.settings import Settings
+
+from distcrawl.config import ConfigError, DistcrawlConfig
+
+
+def config(**values):
+    return DistcrawlConfig.from_settings(Settings(values))
+
+
+def test_defaults():
+    c = config()
+    assert c.redis_url == "redis://127.0.0.1:6379/0"
+    assert c.serializer == "msgpack"
+    assert c.idle_timeout is None  # stay up by default
+    assert c.prefetch == 16  # follows CONCURRENT_REQUESTS
+    assert c.flush_on_start is False
+
+
+def test_prefetch_follows_concurrency():
+    assert config(CONCURRENT_REQUESTS=40).prefetch == 40
+    assert config(CONCURRENT_REQUESTS=40, DISTCRAWL_PREFETCH=5).prefetch == 5
+
+
+def test_zero_idle_timeout_is_kept_not_dropped():
+    assert config(DISTCRAWL_IDLE_TIMEOUT=0).idle_timeout == 0.0
+    assert config(DISTCRAWL_IDLE_TIMEOUT="2.5").idle_timeout == 2.5
+    assert config(DISTCRAWL_IDLE_TIMEOUT=None).idle_timeout is None
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("DISTCRAWL_SERIALIZER", "yaml"),
+        ("DISTCRAWL_LEASE_TIMEOUT", "soon"),
+        ("DISTCRAWL_LEASE_TIMEOUT", 0),
+        ("DISTCRAWL_IDLE_TIMEOUT", -1),
+        ("DISTCRAWL_PREFETCH", 0),
+        ("DISTCRAWL_FLUSH_ON_START", "maybe"),
+        ("DISTCRAWL_ALLOWED_SCHEMES", []),
+    ],
+)
+def test_bad_values_name_the_setting(name, value):
+    with pytest.raises(ConfigError, match=name):
+        config(**{name: value})
+
+
+def test_config_is_frozen():
+    c = config()
+    with pytest.raises(AttributeError):
+        c.lease_timeout = 1  # type: ignore[misc]
+
+
+def test_booleans_from_command_line_strings():
+    assert config(DISTCRAWL_FLUSH_ON_START="true").flush_on_start is True
+    assert config(DISTCRAWL_FLUSH_ON_START="0").flush_on_start is False

@@ -1,0 +1,42 @@
+import pytest
+import redis
+
+from distcrawl.connection import make_redis, redact_url
+from distcrawl.demo.redis_server import RedisServer
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
+        ("redis://:s3cret@127.0.0.1:6379/0", "redis://:***@127.0.0.1:6379/0"),
+        ("rediss://alice:s3cret@127.0.0.1:6380/2", "rediss://alice:***@127.0.0.1:6380/2"),
+        ("redis://alice@127.0.0.1/0", "redis://alice@127.0.0.1/0"),
+    ],
+)
+def test_redact_url_hides_passwords(url, shown):
+    assert redact_url(url) == shown
+    assert "s3cret" not in redact_url(url)
+
+
+def test_make_redis_does_no_io():
+    # nothing listens on port 1: a client must still be created without error
+    client = make_redis("redis://127.0.0.1:1/0", socket_timeout=0.5)
+    with pytest.raises(redis.ConnectionError):
+        client.ping()
+
+
+def test_password_from_url_authenticates(tmp_path):
+    with RedisServer(directory=tmp_path, password="s3cret") as server:
+        assert make_redis(server.url).ping()
+        bad = server.url.replace("s3cret", "wrong")
+        with pytest.raises(redis.AuthenticationError):
+            make_redis(bad).ping()
+
+
+def test_tls_url_is_accepted():
+    client = make_redis("rediss://user:pw@127.0.0.1:6380/1")
+    kwargs = client.connection_pool.connection_kwargs
+    assert kwargs["username"] == "user"
+    assert kwargs["password"] == "pw"
+    assert client.connection_pool.connection_class.__name__ == "SSLConnection"

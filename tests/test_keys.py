@@ -1,0 +1,29 @@
+import pytest
+
+from distcrawl.keys import FrontierKeys
+
+
+def test_key_names_are_pinned():
+    k = FrontierKeys("site")
+    assert k.start_urls == "site:start_urls"
+    assert k.queue == "site:queue"
+    assert k.requests == "site:requests"
+    assert k.leases == "site:leases"
+    assert k.seen == "site:seen"
+    assert k.seq == "site:seq"
+    assert k.dead == "site:dead"
+    assert set(k.all()) == {
+        "site:start_urls", "site:queue", "site:requests", "site:leases", "site:seen",
+        "site:seq", "site:dead",
+    }
+
+
+def test_every_key_is_in_its_namespace():
+    for name in FrontierKeys("shop").all():
+        assert name.startswith("shop:")
+
+
+@pytest.mark.parametrize("bad", ["", "a b", "tab\there"])
+def test_invalid_namespace_is_refused(bad):
+    with pytest.raises(ValueError):
+        FrontierKeys(bad)
