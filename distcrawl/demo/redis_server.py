@@ -24,7 +24,9 @@ from redis.retry import Retry
 
 logger = logging.getLogger(__name__)
 
-REDIS_BINARY = os.environ.get("DISTCRAWL_REDIS_SERVER", "/usr/bin/redis-server")
+REDIS_BINARY = os.environ.get(
+    "DISTCRAWL_REDIS_SERVER", shutil.which("redis-server") or "/usr/bin/redis-server"
+)
 HOST = "127.0.0.1"
 
 
