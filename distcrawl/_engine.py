@@ -30,8 +30,10 @@ def _slot(crawler: Crawler) -> Any:
 
 def check(crawler: Crawler) -> None:
     slot = _slot(crawler)
-    if slot is None or not isinstance(getattr(slot, "inprogress", None), set) or not hasattr(
-        getattr(slot, "nextcall", None), "schedule"
+    if (
+        slot is None
+        or not isinstance(getattr(slot, "inprogress", None), set)
+        or not hasattr(getattr(slot, "nextcall", None), "schedule")
     ):
         raise EngineIncompatible(
             "this Scrapy version's engine does not expose _slot.inprogress and "

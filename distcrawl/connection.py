@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
@@ -72,7 +73,7 @@ class RedisIO:
     def start(self) -> None:
         self._users += 1
         if self._pool is None:
-            self._pool = ThreadPool(minthreads=1, maxthreads=1, name="distcrawl-redis")
+            self._pool = _DaemonThreadPool(minthreads=1, maxthreads=1, name="distcrawl-redis")
             self._pool.start()
 
     def run(self, func: Callable[..., T], *args: Any, **kwargs: Any) -> Deferred[T]:
@@ -80,7 +81,7 @@ class RedisIO:
             raise RuntimeError("RedisIO.run() before start()")
         from twisted.internet import reactor
 
-        return deferToThreadPool(reactor, self._pool, func, *args, **kwargs)  # type: ignore[arg-type]
+        return deferToThreadPool(reactor, self._pool, func, *args, **kwargs)
 
     def stop(self) -> None:
         self._users -= 1
@@ -92,6 +93,15 @@ class RedisIO:
         if self._client is not None:
             self._client.close()
             self._client = None
+
+
+def _daemon_thread(*args: Any, **kwargs: Any) -> threading.Thread:
+    # a worker that failed half-way through opening must still be able to exit
+    return threading.Thread(*args, daemon=True, **kwargs)
+
+
+class _DaemonThreadPool(ThreadPool):
+    threadFactory = staticmethod(_daemon_thread)  # type: ignore[assignment]
 
 
 _IO: WeakKeyDictionary[Any, RedisIO] = WeakKeyDictionary()

@@ -74,8 +74,11 @@ class RedisDupeFilter(BaseDupeFilter):
 
     def log(self, request: Request, spider: Spider) -> None:
         if self.debug:
-            logger.debug("Filtered duplicate request: %(request)s", {"request": request},
-                         extra={"spider": spider})
+            logger.debug(
+                "Filtered duplicate request: %(request)s",
+                {"request": request},
+                extra={"spider": spider},
+            )
         elif not self._logged_first:
             logger.debug(
                 "Filtered duplicate request: %(request)s - no more duplicates will be shown"

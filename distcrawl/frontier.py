@@ -8,8 +8,8 @@ to test against a real server and to reuse from the ``distcrawl`` command.
 from __future__ import annotations
 
 import json
-import socket
 import os
+import socket
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -51,11 +51,22 @@ def worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def dead_letter(reason: str, *, raw: bytes | str | None = None, url: str | None = None,
-                source: str, **extra: Any) -> bytes:
+def dead_letter(
+    reason: str,
+    *,
+    raw: bytes | str | None = None,
+    url: str | None = None,
+    source: str,
+    **extra: Any,
+) -> bytes:
     """A dead-letter record: JSON, so that operators can read it with ``redis-cli``."""
-    record: dict[str, Any] = {"reason": reason, "source": source, "url": url,
-                              "worker": worker_id(), "time": time.time()}
+    record: dict[str, Any] = {
+        "reason": reason,
+        "source": source,
+        "url": url,
+        "worker": worker_id(),
+        "time": time.time(),
+    }
     if raw is not None:
         if isinstance(raw, bytes):
             try:
@@ -107,30 +118,41 @@ class Frontier:
 
     def requeue_expired(self, limit: int = 1000) -> int:
         k = self.keys
-        return int(self.scripts.requeue(keys=[k.leases, k.queue, k.requests],
-                                        args=["expired", limit]))
+        return int(
+            self.scripts.requeue(keys=[k.leases, k.queue, k.requests], args=["expired", limit])
+        )
 
     def release(self, ids: Iterable[str]) -> int:
         ids = list(ids)
         if not ids:
             return 0
         k = self.keys
-        return int(self.scripts.requeue(keys=[k.leases, k.queue, k.requests],
-                                        args=["ids", 0, *ids]))
+        return int(
+            self.scripts.requeue(keys=[k.leases, k.queue, k.requests], args=["ids", 0, *ids])
+        )
 
     def peek_start_urls(self, count: int) -> list[bytes]:
         """The oldest entries, without removing them: commit() removes each one atomically
         with the request made from it, so a worker killed in between loses nothing."""
-        entries = self.client.lrange(self.keys.start_urls, -count, -1)
-        return list(reversed(entries))
+        entries: list[bytes] = self.client.lrange(self.keys.start_urls, -count, -1)  # type: ignore[assignment]
+        return entries[::-1]
 
     def sizes(self) -> dict[str, int]:
         k = self.keys
         pipe = self.client.pipeline(transaction=False)
-        pipe.zcard(k.queue).zcard(k.leases).scard(k.seen).llen(k.start_urls).llen(k.dead)
+        pipe.zcard(k.queue)
+        pipe.zcard(k.leases)
+        pipe.scard(k.seen)
+        pipe.llen(k.start_urls)
+        pipe.llen(k.dead)
         queue, leases, seen, start_urls, dead = pipe.execute()
-        return {"queue": queue, "leased": leases, "seen": seen, "start_urls": start_urls,
-                "dead": dead}
+        return {
+            "queue": queue,
+            "leased": leases,
+            "seen": seen,
+            "start_urls": start_urls,
+            "dead": dead,
+        }
 
     def clear(self) -> int:
         return int(self.client.delete(*self.keys.all()))

@@ -61,8 +61,15 @@ class _Op:
     release: list[str] = field(default_factory=list)
 
     def empty(self) -> bool:
-        return not (self.acks or self.entries or self.renew or self.reclaim or self.want
-                    or self.peek or self.release)
+        return not (
+            self.acks
+            or self.entries
+            or self.renew
+            or self.reclaim
+            or self.want
+            or self.peek
+            or self.release
+        )
 
 
 @dataclass
@@ -128,7 +135,7 @@ class Scheduler(BaseScheduler):
 
     # -- Scrapy's scheduler interface ------------------------------------------------
 
-    def open(self, spider: Spider) -> defer.Deferred[None]:
+    def open(self, spider: Spider) -> defer.Deferred[Any]:
         _engine.check(self.crawler)
         self.spider = spider
         self.keys = FrontierKeys(self.config.namespace or spider.name)
@@ -138,8 +145,11 @@ class Scheduler(BaseScheduler):
         self.crawler.signals.connect(self._on_idle, signal=signals.spider_idle)
         logger.info(
             "distcrawl frontier %r on %s (lease %.0fs, prefetch %d, serializer %s)",
-            self.keys.namespace, redact_url(self.config.redis_url), self.config.lease_timeout,
-            self.config.prefetch, self.config.serializer,
+            self.keys.namespace,
+            redact_url(self.config.redis_url),
+            self.config.lease_timeout,
+            self.config.prefetch,
+            self.config.serializer,
             extra={"spider": spider},
         )
         d = self.io.run(self._open_frontier)
@@ -150,15 +160,21 @@ class Scheduler(BaseScheduler):
         assert self.frontier is not None
         if self.config.flush_on_start:
             removed = self.frontier.clear()
-            logger.warning("DISTCRAWL_FLUSH_ON_START: removed %d keys of %r", removed,
-                           self.frontier.keys.namespace)
+            logger.warning(
+                "DISTCRAWL_FLUSH_ON_START: removed %d keys of %r",
+                removed,
+                self.frontier.keys.namespace,
+            )
         return self.frontier.sizes()
 
     def _opened(self, sizes: dict[str, int]) -> None:
         self._remote_queue = sizes["queue"]
-        logger.info("Frontier: %(queue)d queued, %(leased)d leased, %(seen)d seen, "
-                    "%(start_urls)d start URLs waiting, %(dead)d dead letters", sizes,
-                    extra={"spider": self.spider})
+        logger.info(
+            "Frontier: %(queue)d queued, %(leased)d leased, %(seen)d seen, "
+            "%(start_urls)d start URLs waiting, %(dead)d dead letters",
+            sizes,
+            extra={"spider": self.spider},
+        )
         self._start_loop()
 
     def _open_failed(self, failure: Any) -> None:
@@ -233,14 +249,21 @@ class Scheduler(BaseScheduler):
                 raise result.error
             self._apply_commit(result)
             self._inc("distcrawl/released", result.released)
-            logger.info("Frontier closed: %d acknowledged, %d pushed, %d leases given back",
-                        len(op.acks), len(op.entries), result.released,
-                        extra={"spider": self.spider})
+            logger.info(
+                "Frontier closed: %d acknowledged, %d pushed, %d leases given back",
+                len(op.acks),
+                len(op.entries),
+                result.released,
+                extra={"spider": self.spider},
+            )
         except redis.RedisError as exc:
             logger.error(
                 "Could not save the last batch to Redis (%s): %d acknowledgements and %d "
                 "pushes not stored; the leases concerned will expire and be crawled again",
-                exc, len(op.acks), len(op.entries), extra={"spider": self.spider},
+                exc,
+                len(op.acks),
+                len(op.entries),
+                extra={"spider": self.spider},
             )
         finally:
             self.io.stop()
@@ -254,7 +277,7 @@ class Scheduler(BaseScheduler):
         from twisted.internet import reactor
 
         self._kick_pending = True
-        reactor.callLater(0, self._kicked)  # type: ignore[attr-defined]
+        reactor.callLater(0, self._kicked)  # type: ignore[attr-defined,arg-type,unused-ignore]
 
     def _kicked(self) -> None:
         self._kick_pending = False
@@ -349,17 +372,26 @@ class Scheduler(BaseScheduler):
             self._handle_leased(res)
             return
         if self._failing:
-            logger.info("Redis is reachable again at %s", redact_url(self.config.redis_url),
-                        extra={"spider": self.spider})
+            logger.info(
+                "Redis is reachable again at %s",
+                redact_url(self.config.redis_url),
+                extra={"spider": self.spider},
+            )
             self._failing = False
             self._retry_delay = 0.0
         self._apply_commit(res)
         if res.renewed < len(op.renew):
-            logger.debug("%d of %d leases had expired before renewal",
-                         len(op.renew) - res.renewed, len(op.renew))
+            logger.debug(
+                "%d of %d leases had expired before renewal",
+                len(op.renew) - res.renewed,
+                len(op.renew),
+            )
         if res.requeued:
-            logger.info("Requeued %d requests whose leases expired", res.requeued,
-                        extra={"spider": self.spider})
+            logger.info(
+                "Requeued %d requests whose leases expired",
+                res.requeued,
+                extra={"spider": self.spider},
+            )
             self._inc("distcrawl/lease_expired", res.requeued)
         got = self._handle_leased(res)
         if op.want:
@@ -395,8 +427,12 @@ class Scheduler(BaseScheduler):
         got = 0
         for lease_id, item, payload in res.leased:
             if isinstance(item, DecodeError):
-                logger.error("Undecodable queue entry %s: %s; dead-lettered", lease_id, item,
-                             extra={"spider": self.spider})
+                logger.error(
+                    "Undecodable queue entry %s: %s; dead-lettered",
+                    lease_id,
+                    item,
+                    extra={"spider": self.spider},
+                )
                 self._outgoing.append(
                     Entry("d", b"", 0, dead_letter(str(item), raw=payload, source="queue"))
                 )
@@ -424,8 +460,9 @@ class Scheduler(BaseScheduler):
     def _start_entry(self, raw: bytes) -> Entry:
         assert self.codec is not None
         try:
-            data = parse_entry(raw, max_bytes=self.config.start_url_max_bytes,
-                               schemes=self.config.allowed_schemes).data
+            data = parse_entry(
+                raw, max_bytes=self.config.start_url_max_bytes, schemes=self.config.allowed_schemes
+            ).data
             make = getattr(self.spider, "make_request_from_data", None)
             request = make(data) if callable(make) else request_from_entry(data)
             if not isinstance(request, Request):
@@ -436,8 +473,12 @@ class Scheduler(BaseScheduler):
             reason = str(exc)
         except Exception as exc:  # a spider hook failing on one entry must not stop the rest
             reason = f"{type(exc).__name__}: {exc}"
-        logger.warning("Bad start_urls entry %r: %s; dead-lettered", raw[:200], reason,
-                       extra={"spider": self.spider})
+        logger.warning(
+            "Bad start_urls entry %r: %s; dead-lettered",
+            raw[:200],
+            reason,
+            extra={"spider": self.spider},
+        )
         self._inc("distcrawl/start_urls/invalid")
         return Entry("x", b"", 0, dead_letter(reason, raw=raw, source="start_urls"), raw)
 
@@ -446,8 +487,11 @@ class Scheduler(BaseScheduler):
         self._busy = False
         self._acks[:0] = op.acks
         self._outgoing.extendleft(reversed(op.entries))
-        logger.error("distcrawl scheduler error", exc_info=(failure.type, failure.value,
-                     failure.getTracebackObject()), extra={"spider": self.spider})
+        logger.error(
+            "distcrawl scheduler error",
+            exc_info=(failure.type, failure.value, failure.getTracebackObject()),
+            extra={"spider": self.spider},
+        )
         self._retry_at = time.monotonic() + 1.0
 
     def _note_error(self, exc: BaseException) -> None:
@@ -457,8 +501,13 @@ class Scheduler(BaseScheduler):
         if not self._failing:
             logger.error(
                 "Redis unreachable at %s (%s: %s); keeping %d pushes and %d acknowledgements "
-                "and retrying", redact_url(self.config.redis_url), type(exc).__name__, exc,
-                len(self._outgoing), len(self._acks), extra={"spider": self.spider},
+                "and retrying",
+                redact_url(self.config.redis_url),
+                type(exc).__name__,
+                exc,
+                len(self._outgoing),
+                len(self._acks),
+                extra={"spider": self.spider},
             )
         self._failing = True
 
@@ -480,8 +529,12 @@ class Scheduler(BaseScheduler):
         idle_for = time.monotonic() - self._last_work
         if idle_for < timeout:
             raise DontCloseSpider
-        logger.info("No work for %.1fs (DISTCRAWL_IDLE_TIMEOUT=%s): closing", idle_for, timeout,
-                    extra={"spider": spider})
+        logger.info(
+            "No work for %.1fs (DISTCRAWL_IDLE_TIMEOUT=%s): closing",
+            idle_for,
+            timeout,
+            extra={"spider": spider},
+        )
 
     def _inc(self, key: str, count: int = 1) -> None:
         if count and self.stats is not None:

@@ -89,6 +89,7 @@ class RequestCodec:
 
     def to_dict(self, request: Request) -> dict[str, Any]:
         out: dict[str, Any] = {}
+        value: Any
         for attr, (short, default) in _FIELDS.items():
             if attr == "callback":
                 value = _method_name(self.spider, request.callback, "callback")
@@ -112,7 +113,8 @@ class RequestCodec:
             if self.format == MSGPACK:
                 return MSGPACK + msgpack.packb(data, use_bin_type=True)
             if self.format == JSON:
-                return JSON + json.dumps(data, default=_json_default, separators=(",", ":")).encode()
+                text = json.dumps(data, default=_json_default, separators=(",", ":"))
+                return JSON + text.encode()
             return PICKLE + pickle.dumps(data, protocol=pickle.HIGHEST_PROTOCOL)
         except SerializationError as exc:
             raise SerializationError(f"cannot serialize {request}: {exc}") from None

@@ -80,8 +80,13 @@ def workers(tmp_path: Path, redis_url: str) -> Iterator[Callable[..., Worker]]:
     started: list[Worker] = []
 
     def factory(index: int, spider: str = "site", **settings: object) -> Worker:
-        worker = Worker(index, redis_url=redis_url, spider=spider, settings=settings,
-                        log_path=tmp_path / f"worker-{index}.log")
+        worker = Worker(
+            index,
+            redis_url=redis_url,
+            spider=spider,
+            settings=settings,
+            log_path=tmp_path / f"worker-{index}.log",
+        )
         started.append(worker)
         return worker.start()
 

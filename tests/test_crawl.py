@@ -20,7 +20,8 @@ def page_fetches(site: DemoSite, *, ok_only: bool = True) -> Counter[str]:
     """Fetches per page; with ok_only=False also those whose client went away (status 499)."""
     expected = site.expected_pages()
     return Counter(
-        line.path for line in site.read_log()
+        line.path
+        for line in site.read_log()
         if line.path in expected and (line.status == 200 or not ok_only)
     )
 
@@ -73,7 +74,9 @@ def test_push_to_idle_workers_starts_the_crawl_within_a_second(
     pushed_at = time.time()
     subprocess.run(
         ["redis-cli", "-p", str(redis_server.port), "lpush", "site:start_urls", site.url + "/"],
-        check=True, capture_output=True, timeout=10,
+        check=True,
+        capture_output=True,
+        timeout=10,
     )
     assert wait_until(lambda: "/" in page_fetches(site), timeout=10)
     first = min(line.time for line in site.read_log() if line.path == "/")
@@ -88,8 +91,11 @@ def test_push_to_idle_workers_starts_the_crawl_within_a_second(
 
 def test_sigkill_of_a_worker_loses_no_page(demo_site, workers, redis_client):
     site = demo_site(pages=600, delay=0.25)  # slow pages: the kill lands mid-crawl
-    settings = {"DISTCRAWL_LEASE_TIMEOUT": 3, "DISTCRAWL_RECLAIM_INTERVAL": 0.5,
-                "DISTCRAWL_IDLE_TIMEOUT": 8}
+    settings = {
+        "DISTCRAWL_LEASE_TIMEOUT": 3,
+        "DISTCRAWL_RECLAIM_INTERVAL": 0.5,
+        "DISTCRAWL_IDLE_TIMEOUT": 8,
+    }
     redis_client.lpush("site:start_urls", site.url + "/")
     victim, survivor = workers(1, **settings), workers(2, **settings)
     assert wait_until(lambda: len(page_fetches(site)) >= 150, timeout=60)
@@ -142,8 +148,7 @@ def test_bad_input_is_dead_lettered_and_workers_keep_going(demo_site, workers, r
     assert any("too large" in r["reason"] for r in records)
     assert any("unknown field" in r["reason"] and "colour" in r["reason"] for r in records)
     assert any(r["source"] == "queue" and "undecodable" in r["reason"] for r in records)
-    assert any(r["source"] == "queue" and "pickled payload refused" in r["reason"]
-               for r in records)
+    assert any(r["source"] == "queue" and "pickled payload refused" in r["reason"] for r in records)
     # the good entry pushed last was crawled, and the workers are still up
     assert wait_until(lambda: len(page_fetches(site)) == 6, timeout=30)
     for w in pool:

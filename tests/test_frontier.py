@@ -20,8 +20,15 @@ def push(frontier, *items, acks=()):
 
 
 def test_priority_then_fifo(frontier):
-    push(frontier, (b"a", 0, b"a0"), (b"b", 5, b"b5"), (b"c", 0, b"c0"), (b"d", 5, b"d5"),
-         (b"e", -1, b"e-1"), (b"f", 0, b"f0"))
+    push(
+        frontier,
+        (b"a", 0, b"a0"),
+        (b"b", 5, b"b5"),
+        (b"c", 0, b"c0"),
+        (b"d", 5, b"d5"),
+        (b"e", -1, b"e-1"),
+        (b"f", 0, b"f0"),
+    )
     leased, remaining = frontier.lease(10, 10_000)
     assert [x.payload for x in leased] == [b"b5", b"d5", b"a0", b"c0", b"f0", b"e-1"]
     assert [x.priority for x in leased] == [5, 5, 0, 0, 0, -1]

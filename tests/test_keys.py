@@ -13,8 +13,13 @@ def test_key_names_are_pinned():
     assert k.seq == "site:seq"
     assert k.dead == "site:dead"
     assert set(k.all()) == {
-        "site:start_urls", "site:queue", "site:requests", "site:leases", "site:seen",
-        "site:seq", "site:dead",
+        "site:start_urls",
+        "site:queue",
+        "site:requests",
+        "site:leases",
+        "site:seen",
+        "site:seq",
+        "site:dead",
     }
 
 

@@ -14,6 +14,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from distcrawl.demo.redis_server import RedisServer
 from distcrawl.demo.site import DemoSite
@@ -23,8 +24,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m distcrawl.demo", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m distcrawl.demo",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--pages", type=int, default=3000, help="pages of the demo site")
     p.add_argument("--workers", type=int, default=2, help="worker processes")
     p.add_argument("--dir", type=Path, default=ROOT / ".demo", help="logs and Redis data")
@@ -45,8 +49,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Demo site   {site.url}/ ({args.pages} pages, 17 links each)")
         for i in range(1, args.workers + 1):
             pool.append(
-                Worker(i, redis_url=redis_server.url, log_path=args.dir / f"worker-{i}.log",
-                       settings={"DISTCRAWL_IDLE_TIMEOUT": 5}).start()
+                Worker(
+                    i,
+                    redis_url=redis_server.url,
+                    log_path=args.dir / f"worker-{i}.log",
+                    settings={"DISTCRAWL_IDLE_TIMEOUT": 5},
+                ).start()
             )
         print(f"Workers     {args.workers} x `scrapy crawl site` (logs in {args.dir}/)")
         for w in pool:
@@ -62,8 +70,10 @@ def main(argv: list[str] | None = None) -> int:
             if time.time() - last_report >= 2:
                 last_report = time.time()
                 done = len({ln.path for ln in site.read_log() if ln.path in expected})
-                print(f"  {time.time() - started:5.1f}s  {done:5d}/{len(expected)} pages  "
-                      f"queue {client.zcard('site:queue')}  leased {client.zcard('site:leases')}")
+                print(
+                    f"  {time.time() - started:5.1f}s  {done:5d}/{len(expected)} pages  "
+                    f"queue {client.zcard('site:queue')}  leased {client.zcard('site:leases')}"
+                )
         elapsed = time.time() - started
         return summary(site, pool, client, expected, elapsed)
     finally:
@@ -73,8 +83,13 @@ def main(argv: list[str] | None = None) -> int:
         redis_server.stop()
 
 
-def summary(site: DemoSite, pool: list[Worker], client, expected: set[str],  # type: ignore[no-untyped-def]
-            elapsed: float) -> int:
+def summary(
+    site: DemoSite,
+    pool: list[Worker],
+    client: Any,
+    expected: set[str],
+    elapsed: float,
+) -> int:
     log = [ln for ln in site.read_log() if ln.path in expected and ln.status == 200]
     fetched = Counter(ln.path for ln in log)
     per_worker = Counter(ln.user_agent for ln in log)
@@ -90,8 +105,10 @@ def summary(site: DemoSite, pool: list[Worker], client, expected: set[str],  # t
     print(f"  pages fetched: {len(fetched)} of {len(expected)}")
     print(f"  duplicates:    {duplicates}")
     print(f"  missing:       {missing}")
-    print(f"  crawl time:    {crawl_time:.1f}s ({len(log) / crawl_time:.0f} pages/s); "
-          f"{elapsed:.1f}s including the idle wait")
+    print(
+        f"  crawl time:    {crawl_time:.1f}s ({len(log) / crawl_time:.0f} pages/s); "
+        f"{elapsed:.1f}s including the idle wait"
+    )
     print(f"  dead letters:  {client.llen('site:dead')}")
     ok = missing == 0 and duplicates == 0
     print("OK: every page fetched exactly once" if ok else "PROBLEM: see the worker logs")

@@ -189,6 +189,7 @@ class _Route(NamedTuple):
     status: int
     content_type: bytes
     body: bytes
+    location: bytes | None = None
 
 
 class SiteConfig(NamedTuple):
@@ -214,6 +215,11 @@ def route(path: str, cfg: SiteConfig) -> _Route:
         n = _parse_index(tail[:-4])
         if n is not None and n < cfg.pages and is_special(n):
             return _Route(200, b"application/pdf", PDF_BODY)
+    elif head == "redirect":
+        # /redirect/<n> answers 302 to /page/<n>: a request that becomes another request
+        n = _parse_index(tail)
+        if n is not None and n < cfg.pages:
+            return _Route(302, HTML_TYPE, b"", f"/page/{n}".encode())
     elif head == "private":
         n = _parse_index(tail)
         if n is not None and n < cfg.pages and is_special(n):
@@ -270,6 +276,8 @@ def _build_site(cfg: SiteConfig, request_log: RequestLog) -> Any:
             answer = route(request.path.decode("utf-8", "replace"), cfg)
             request.setResponseCode(answer.status)
             request.setHeader(b"content-type", answer.content_type)
+            if answer.location is not None:
+                request.setHeader(b"location", answer.location)
             if cfg.delay <= 0 or request.path == b"/robots.txt":
                 return answer.body
             call = reactor.callLater(cfg.delay, _finish, request, answer.body)

@@ -30,9 +30,12 @@ def in_scope(url: str, domains: list[str]) -> bool:
 
 class SiteSpider(RedisSpider):
     name = "site"
+    # polite by default, whatever the project says; `-s ROBOTSTXT_OBEY=False` still wins
+    custom_settings = {"ROBOTSTXT_OBEY": True}
 
-    def __init__(self, *args: Any, allowed_domains: str | list[str] | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, allowed_domains: str | list[str] | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         if isinstance(allowed_domains, str):
             allowed_domains = [d.strip().lower() for d in allowed_domains.split(",") if d.strip()]
@@ -55,14 +58,15 @@ class SiteSpider(RedisSpider):
         return [scope]
 
     def parse(self, response: Response, **kwargs: Any) -> Iterator[Any]:
-        content_type = response.headers.get(b"Content-Type", b"").decode("latin-1").lower()
+        content_type = (response.headers.get(b"Content-Type") or b"").decode("latin-1").lower()
         if not isinstance(response, TextResponse) or "html" not in content_type:
             if self.crawler.stats is not None:
                 self.crawler.stats.inc_value("site/non_html")
             return
         scope = self._scope(response)
         links = [
-            link.url for link in self.link_extractor.extract_links(response)
+            link.url
+            for link in self.link_extractor.extract_links(response)
             if in_scope(link.url, scope)
         ]
         yield self.page_item(response, links)

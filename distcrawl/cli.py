@@ -1,0 +1,475 @@
+"""The ``distcrawl`` command: seed, inspect and clean one crawl's shared frontier.
+
+Operators otherwise do this with ``redis-cli`` and hand-typed key names, which pushes
+entries the workers will only dead-letter later and makes it easy to delete another
+crawl's keys. So this command validates every entry with the same :func:`parse_entry` the
+workers use *before* it reaches Redis, builds every key through :class:`FrontierKeys`
+(``reset`` removes exactly one crawl's keys and nothing else), gets its client only from
+:func:`make_redis`, and only ever shows the Redis URL through :func:`redact_url`.
+
+Exit codes: 0 success, 1 partial failure or refusal (some entries refused, confirmation
+declined, other Redis error), 2 usage error, 3 Redis unreachable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from datetime import datetime, timezone
+from typing import Any
+from urllib.parse import urlsplit
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from distcrawl.config import DEFAULT_REDIS_URL, DistcrawlConfig
+from distcrawl.connection import make_redis, redact_url
+from distcrawl.frontier import Frontier
+from distcrawl.keys import FrontierKeys
+from distcrawl.start_urls import InvalidEntry, parse_entry
+
+EXIT_OK = 0
+EXIT_PARTIAL = 1
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 3
+
+#: how much of an entry or dead-letter field a human-readable line shows
+SHOW_CHARS = 200
+#: URLs per LPUSH command inside the single push pipeline
+LPUSH_CHUNK = 1000
+
+
+class UsageError(Exception):
+    """Bad input found after argument parsing (e.g. an unreadable --file): exit 2."""
+
+
+class Context:
+    """The parsed global options and the one lazily made Redis client of this run."""
+
+    def __init__(self, redis_url: str, as_json: bool) -> None:
+        self.redis_url = redis_url
+        self.as_json = as_json
+        self._client: redis.Redis | None = None
+
+    @property
+    def shown_url(self) -> str:
+        return redact_url(self.redis_url)
+
+    @property
+    def client(self) -> redis.Redis:
+        if self._client is None:
+            try:
+                client = make_redis(self.redis_url)
+            except ValueError as exc:
+                raise UsageError(
+                    f"invalid --redis-url {self.shown_url}: {self.scrub(str(exc))}"
+                ) from None
+            # A CLI should fail at once on a dead server, not after redis-py's backoff.
+            client.set_retry(Retry(NoBackoff(), 0))
+            self._client = client
+        return self._client
+
+    def frontier(self, keys: FrontierKeys) -> Frontier:
+        return Frontier(self.client, keys)
+
+    def scrub(self, text: str) -> str:
+        """``text`` with the URL's password removed, should an error message quote it."""
+        try:
+            password = urlsplit(self.redis_url).password
+        except ValueError:
+            password = None
+        return text.replace(password, "***") if password else text
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _spider(value: str) -> FrontierKeys:
+    try:
+        return FrontierKeys(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"invalid spider/namespace {value!r}: must be non-empty, without whitespace"
+        ) from None
+
+
+def _json_object(value: str) -> dict[str, Any]:
+    try:
+        data = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object, e.g. '{\"depth\": 0}'")
+    return data
+
+
+def _non_negative_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
+    if number < 0:
+        raise argparse.ArgumentTypeError("must be >= 0")
+    return number
+
+
+def _one_line(text: str, limit: int | None = SHOW_CHARS) -> str:
+    """``text`` safe for one terminal line: control characters escaped, long text cut."""
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    if limit is not None and len(text) > limit:
+        text = text[:limit] + "..."
+    return text
+
+
+def _show_entry(raw: bytes) -> str:
+    return _one_line(raw.decode("utf-8", errors="backslashreplace"))
+
+
+def _emit_json(data: Any) -> None:
+    print(json.dumps(data, ensure_ascii=False, default=repr))
+
+
+def _confirm(args: argparse.Namespace, question: str) -> bool:
+    """True if ``--yes`` was given or a person at a terminal answered y/yes."""
+    if args.yes:
+        return True
+    if not sys.stdin.isatty():
+        print(
+            "error: stdin is not a terminal, so nothing can be confirmed; "
+            "pass --yes to delete without asking",
+            file=sys.stderr,
+        )
+        return False
+    sys.stderr.write(f"{question} [y/N] ")
+    sys.stderr.flush()
+    answer = sys.stdin.readline().strip().lower()
+    if answer in ("y", "yes"):
+        return True
+    print("aborted", file=sys.stderr)
+    return False
+
+
+# ---------------------------------------------------------------------- push
+
+
+def _input_lines(paths: Iterable[str]) -> Iterator[bytes]:
+    """Entries of each file (``-`` is stdin) as bytes; blank and ``#`` lines skipped."""
+    for path in paths:
+        if path == "-":
+            stream = getattr(sys.stdin, "buffer", None)
+            lines: Iterable[bytes] = (
+                stream if stream is not None else (s.encode() for s in sys.stdin)
+            )
+            yield from _entries_of(lines)
+            continue
+        try:
+            with open(path, "rb") as handle:
+                yield from _entries_of(handle)
+        except OSError as exc:
+            raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+def _entries_of(lines: Iterable[bytes]) -> Iterator[bytes]:
+    for line in lines:
+        entry = line.strip()
+        if entry and not entry.startswith(b"#"):
+            yield entry
+
+
+def _wrap(raw: bytes, priority: int | None, meta: dict[str, Any] | None) -> bytes:
+    """A plain URL as the JSON object that adds ``--priority``/``--meta``; JSON entries
+    keep their own fields and are pushed as they are."""
+    if (priority is None and meta is None) or raw.lstrip().startswith(b"{"):
+        return raw
+    try:
+        url = raw.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        return raw  # parse_entry refuses it with the right reason
+    data: dict[str, Any] = {"url": url}
+    if priority is not None:
+        data["priority"] = priority
+    if meta is not None:
+        data["meta"] = meta
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def cmd_push(args: argparse.Namespace, ctx: Context) -> int:
+    if not args.urls and not args.files:
+        raise UsageError("nothing to push: give URLs and/or --file PATH (- for stdin)")
+    config = DistcrawlConfig()
+    given = (u.encode("utf-8", errors="surrogateescape") for u in args.urls)
+    valid: list[bytes] = []
+    refused = 0
+    for raw in (*given, *_input_lines(args.files or ())):
+        entry = _wrap(raw, args.priority, args.meta)
+        try:
+            parse_entry(entry, max_bytes=config.start_url_max_bytes, schemes=config.allowed_schemes)
+        except InvalidEntry as exc:
+            refused += 1
+            print(f"refused: {_show_entry(raw)} ({exc})", file=sys.stderr)
+            continue
+        valid.append(entry)
+    if valid:
+        key = args.spider.start_urls
+        # LPUSH in input order: workers take the oldest (tail) first, so the first line
+        # is crawled first. MULTI/EXEC: either every valid entry is pushed or none.
+        pipe = ctx.client.pipeline(transaction=True)
+        for i in range(0, len(valid), LPUSH_CHUNK):
+            pipe.lpush(key, *valid[i : i + LPUSH_CHUNK])
+        pipe.execute()
+    if ctx.as_json:
+        _emit_json({"pushed": len(valid), "refused": refused})
+    else:
+        print(f"pushed {len(valid)}, refused {refused}")
+    return EXIT_PARTIAL if refused else EXIT_OK
+
+
+# ---------------------------------------------------------------------- status
+
+
+def cmd_status(args: argparse.Namespace, ctx: Context) -> int:
+    sizes = ctx.frontier(args.spider).sizes()
+    if ctx.as_json:
+        _emit_json(sizes)
+        return EXIT_OK
+    name_width = max(len(name) for name in sizes)
+    value_width = max(len(str(value)) for value in sizes.values())
+    for name, value in sizes.items():
+        print(f"{name:<{name_width}}  {value:>{value_width}}")
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------- reset
+
+
+def cmd_reset(args: argparse.Namespace, ctx: Context) -> int:
+    keys: FrontierKeys = args.spider
+    existing = int(ctx.client.exists(*keys.all()))
+    if existing == 0:
+        removed = 0
+    else:
+        question = f"Delete all {existing} keys of {keys.namespace!r} at {ctx.shown_url}?"
+        if not _confirm(args, question):
+            return EXIT_PARTIAL
+        removed = ctx.frontier(keys).clear()
+    if ctx.as_json:
+        _emit_json({"removed": removed})
+    else:
+        print(f"removed {removed} keys of {keys.namespace!r}")
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------- dead letters
+
+
+def _iso(timestamp: Any) -> str:
+    try:
+        moment = datetime.fromtimestamp(float(timestamp), tz=timezone.utc)
+    except (TypeError, ValueError, OverflowError, OSError):
+        return "-"
+    return moment.isoformat(timespec="seconds")
+
+
+def _dead_record(raw: bytes) -> dict[str, Any]:
+    """The stored record, or (for something else LPUSHed there) its text as ``raw``."""
+    text = raw.decode("utf-8", errors="backslashreplace")
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError:
+        record = None
+    if not isinstance(record, dict):
+        return {"reason": "not a dead-letter record", "source": None, "raw": text}
+    return record
+
+
+def _dead_line(record: dict[str, Any]) -> str:
+    subject = record.get("url") or record.get("raw") or "-"
+    fields = (
+        _iso(record.get("time")),
+        _one_line(str(record.get("source") or "-")),
+        _one_line(str(record.get("reason") or "-")),
+        _one_line(str(subject)),
+    )
+    return "  ".join(fields)
+
+
+def cmd_dead_list(args: argparse.Namespace, ctx: Context) -> int:
+    key = args.spider.dead
+    pipe = ctx.client.pipeline(transaction=False)
+    pipe.lrange(key, 0, args.limit - 1 if args.limit else -1)
+    pipe.llen(key)
+    raws, total = pipe.execute()
+    records = [_dead_record(raw) for raw in raws]
+    if ctx.as_json:
+        _emit_json(records)
+        return EXIT_OK
+    for record in records:
+        print(_dead_line(record))
+    if total > len(records):
+        print(f"(newest {len(records)} of {total}; see --limit)", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_dead_count(args: argparse.Namespace, ctx: Context) -> int:
+    count = int(ctx.client.llen(args.spider.dead))
+    if ctx.as_json:
+        _emit_json({"dead": count})
+    else:
+        print(count)
+    return EXIT_OK
+
+
+def cmd_dead_purge(args: argparse.Namespace, ctx: Context) -> int:
+    keys: FrontierKeys = args.spider
+    count = int(ctx.client.llen(keys.dead))
+    if count:
+        question = (
+            f"Delete all {count} dead-letter records of {keys.namespace!r} at {ctx.shown_url}?"
+        )
+        if not _confirm(args, question):
+            return EXIT_PARTIAL
+        # Count and delete atomically, so records added meanwhile are counted too.
+        pipe = ctx.client.pipeline(transaction=True)
+        pipe.llen(keys.dead)
+        pipe.delete(keys.dead)
+        count = int(pipe.execute()[0])
+    if ctx.as_json:
+        _emit_json({"removed": count})
+    else:
+        print(f"removed {count} dead-letter records of {keys.namespace!r}")
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------- parser
+
+
+Handler = Callable[[argparse.Namespace, Context], int]
+
+
+def _global_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
+    """``--redis-url``/``--json``, accepted before and after the subcommand.
+
+    Subcommands use SUPPRESS so that they only set the value when it is given there.
+    """
+    parser.add_argument(
+        "--redis-url",
+        default=(os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL)
+        if defaults
+        else argparse.SUPPRESS,
+        metavar="URL",
+        # never %(default)s: $REDIS_URL may hold a password
+        help=f"Redis to use (default: $REDIS_URL, else {DEFAULT_REDIS_URL})",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        default=False if defaults else argparse.SUPPRESS,
+        help="machine-readable JSON output",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="distcrawl",
+        description="Seed, inspect and clean a distcrawl frontier in Redis.",
+        epilog="exit codes: 0 ok, 1 partial failure/refused, 2 usage error, 3 Redis unreachable",
+    )
+    _global_options(parser, defaults=True)
+    common = argparse.ArgumentParser(add_help=False)
+    _global_options(common, defaults=False)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(group: Any, name: str, handler: Handler, help_text: str) -> argparse.ArgumentParser:
+        sub: argparse.ArgumentParser = group.add_parser(
+            name, parents=[common], help=help_text, description=help_text
+        )
+        sub.add_argument(
+            "spider", type=_spider, metavar="SPIDER", help="namespace (usually the spider name)"
+        )
+        sub.set_defaults(handler=handler)
+        return sub
+
+    push = command(commands, "push", cmd_push, "validate entries and LPUSH them to start_urls")
+    push.add_argument("urls", nargs="*", metavar="URL", help="URL or JSON entry")
+    push.add_argument(
+        "--file",
+        dest="files",
+        action="append",
+        metavar="PATH",
+        help="one entry per line (URL or JSON object), - for stdin; # and blank lines "
+        "skipped; repeatable",
+    )
+    push.add_argument(
+        "--priority", type=int, metavar="N", help="wrap plain URLs into JSON with this priority"
+    )
+    push.add_argument(
+        "--meta",
+        type=_json_object,
+        metavar="JSON",
+        help="wrap plain URLs into JSON with this meta object",
+    )
+
+    command(commands, "status", cmd_status, "show the frontier sizes")
+
+    reset = command(commands, "reset", cmd_reset, "delete every key of this crawl")
+    reset.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+
+    dead = commands.add_parser(
+        "dead", parents=[common], help="dead-letter records", description="dead-letter records"
+    )
+    dead_commands = dead.add_subparsers(dest="dead_command", required=True, metavar="ACTION")
+    dead_list = command(dead_commands, "list", cmd_dead_list, "show records, newest first")
+    dead_list.add_argument(
+        "--limit",
+        type=_non_negative_int,
+        default=20,
+        metavar="N",
+        help="at most N records, 0 for all",
+    )
+    command(dead_commands, "count", cmd_dead_count, "print the number of records")
+    purge = command(dead_commands, "purge", cmd_dead_purge, "delete every record")
+    purge.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    return parser
+
+
+def _exit_code(exc: SystemExit) -> int:
+    if exc.code is None:
+        return EXIT_OK
+    return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help and usage errors: return the code, do not exit
+        return _exit_code(exc)
+    ctx = Context(args.redis_url, args.json)
+    handler: Handler = args.handler
+    try:
+        return handler(args, ctx)
+    except UsageError as exc:
+        print(f"distcrawl: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        reason = ctx.scrub(str(exc)) or type(exc).__name__
+        print(f"error: cannot reach Redis at {ctx.shown_url}: {reason}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except redis.RedisError as exc:
+        print(f"error: Redis at {ctx.shown_url}: {ctx.scrub(str(exc))}", file=sys.stderr)
+        return EXIT_PARTIAL
+    finally:
+        ctx.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

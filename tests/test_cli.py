@@ -1,0 +1,540 @@
+"""The ``distcrawl`` command against a real redis-server, run in-process through ``main``."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from distcrawl.cli import main
+from distcrawl.demo.redis_server import RedisServer
+from distcrawl.frontier import Frontier, dead_letter
+from distcrawl.keys import FrontierKeys
+from distcrawl.start_urls import parse_entry
+
+pytestmark = pytest.mark.timeout(60)
+
+SITE = FrontierKeys("site")
+SECRET_URL = "redis://:s3cret@127.0.0.1:1/0"
+
+
+def run(capsys, redis_url, *argv):
+    """``main`` with ``--redis-url``: (exit code, stdout, stderr)."""
+    code = main(["--redis-url", redis_url, *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def start_urls(client, keys=SITE):
+    return client.lrange(keys.start_urls, 0, -1)
+
+
+class FakeTTY(io.StringIO):
+    """A terminal whose user types ``answer``."""
+
+    def isatty(self):
+        return True
+
+
+def fill(client, keys):
+    """One value in each of the crawl's keys."""
+    client.lpush(keys.start_urls, b"http://example.com/")
+    client.zadd(keys.queue, {b"1": 0})
+    client.hset(keys.requests, b"1", b"0:x")
+    client.zadd(keys.leases, {b"2": 1})
+    client.sadd(keys.seen, b"fp")
+    client.set(keys.seq, 2)
+    client.lpush(keys.dead, dead_letter("bad", raw=b"x", source="start_urls"))
+
+
+# ---------------------------------------------------------------------- help and usage
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],
+        ["push"],
+        ["status"],
+        ["reset"],
+        ["dead"],
+        ["dead", "list"],
+        ["dead", "count"],
+        ["dead", "purge"],
+    ],
+)
+def test_help_for_every_command(capsys, argv):
+    assert main([*argv, "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: distcrawl")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],
+        ["nope"],
+        ["status"],
+        ["dead"],
+        ["status", "bad name"],
+        ["dead", "list", "site", "--limit", "-1"],
+        ["push", "site", "http://a.example/", "--priority", "high"],
+    ],
+)
+def test_usage_errors_exit_2(capsys, argv):
+    assert main(argv) == 2
+    assert "usage:" in capsys.readouterr().err
+
+
+def test_help_never_shows_the_password_from_the_environment(capsys, monkeypatch):
+    monkeypatch.setenv("REDIS_URL", SECRET_URL)
+    assert main(["--help"]) == 0
+    assert "s3cret" not in capsys.readouterr().out
+
+
+def test_invalid_redis_url_is_a_usage_error(capsys):
+    code, _, err = run(capsys, "http://:s3cret@127.0.0.1:1/0", "status", "site")
+    assert code == 2
+    assert "invalid --redis-url http://:***@127.0.0.1:1/0" in err
+    assert "s3cret" not in err
+
+
+# ---------------------------------------------------------------------- push
+
+
+def test_push_urls_in_order(capsys, redis_url, redis_client):
+    code, out, err = run(
+        capsys, redis_url, "push", "site", "http://a.example/", "https://b.example/x"
+    )
+    assert (code, out, err) == (0, "pushed 2, refused 0\n", "")
+    assert start_urls(redis_client) == [b"https://b.example/x", b"http://a.example/"]
+    # the first given is the first a worker takes
+    frontier = Frontier(redis_client, SITE)
+    assert frontier.peek_start_urls(10) == [b"http://a.example/", b"https://b.example/x"]
+
+
+def test_push_file_good_and_bad_lines(capsys, redis_url, redis_client, tmp_path):
+    good_json = b'{"url": "https://b.example/", "priority": 3, "meta": {"k": 1}}'
+    path = tmp_path / "urls.txt"
+    path.write_bytes(
+        b"# seed list\r\n"
+        b"\n"
+        b"   \n"
+        b"http://a.example/\r\n" + good_json + b"\n"
+        b"ftp://c.example/file\n"
+        b'{"url": "http://d.example/", "colour": "red"}\n'
+        b'{"url": \n'
+        b"not a url\n"
+        b"http://\xff.example/\n"
+        b"  http://e.example/  \n"
+        b"http://" + b"x" * 9000 + b".example/\n"
+    )
+    code, out, err = run(capsys, redis_url, "push", "site", "--file", str(path))
+    assert code == 1
+    assert out == "pushed 3, refused 6\n"
+    refusals = err.splitlines()
+    assert len(refusals) == 6
+    assert all(line.startswith("refused: ") for line in refusals)
+    assert "refused: ftp://c.example/file (unsupported scheme 'ftp'" in refusals[0]
+    assert "unknown field(s) in JSON entry: colour" in refusals[1]
+    assert "invalid JSON" in refusals[2]
+    assert refusals[3].startswith("refused: not a url (")
+    assert "not UTF-8" in refusals[4]
+    assert "entry too large" in refusals[5] and len(refusals[5]) < 400
+    # exactly the valid entries, raw (JSON untouched, surrounding whitespace stripped)
+    assert start_urls(redis_client) == [b"http://e.example/", good_json, b"http://a.example/"]
+
+
+def test_push_only_bad_entries_pushes_nothing(capsys, redis_url, redis_client):
+    code, out, err = run(capsys, redis_url, "push", "site", "mailto:x@example.com")
+    assert code == 1
+    assert out == "pushed 0, refused 1\n"
+    assert err.startswith("refused: mailto:x@example.com (")
+    assert redis_client.exists(SITE.start_urls) == 0
+
+
+def test_push_from_stdin(capsys, redis_url, redis_client, monkeypatch):
+    data = b"http://a.example/\n# comment\njavascript:alert(1)\n\nhttp://b.example/\n"
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+    code, out, err = run(capsys, redis_url, "push", "site", "--file", "-")
+    assert code == 1
+    assert out == "pushed 2, refused 1\n"
+    assert err.startswith("refused: javascript:alert(1) (")
+    assert start_urls(redis_client) == [b"http://b.example/", b"http://a.example/"]
+
+
+def test_push_from_text_only_stdin(capsys, redis_url, redis_client, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("http://a.example/\n"))
+    assert run(capsys, redis_url, "push", "site", "--file", "-")[0] == 0
+    assert start_urls(redis_client) == [b"http://a.example/"]
+
+
+def test_push_args_and_file_together(capsys, redis_url, redis_client, tmp_path):
+    path = tmp_path / "urls.txt"
+    path.write_text("http://b.example/\n")
+    code, out, _ = run(capsys, redis_url, "push", "site", "http://a.example/", "--file", str(path))
+    assert (code, out) == (0, "pushed 2, refused 0\n")
+    assert start_urls(redis_client) == [b"http://b.example/", b"http://a.example/"]
+
+
+def test_push_priority_and_meta_wrap_plain_urls(capsys, redis_url, redis_client, tmp_path):
+    own = b'{"url": "http://own.example/", "priority": -1}'
+    path = tmp_path / "urls.txt"
+    path.write_bytes(b"http://b.example/\n" + own + b"\n")
+    code, out, _ = run(
+        capsys,
+        redis_url,
+        "push",
+        "site",
+        "http://a.example/",
+        "--priority",
+        "5",
+        "--meta",
+        '{"depth": 1, "tag": "seed"}',
+        "--file",
+        str(path),
+    )
+    assert (code, out) == (0, "pushed 3, refused 0\n")
+    pushed = start_urls(redis_client)[::-1]
+    meta = {"depth": 1, "tag": "seed"}
+    assert json.loads(pushed[0]) == {"url": "http://a.example/", "priority": 5, "meta": meta}
+    assert json.loads(pushed[1]) == {"url": "http://b.example/", "priority": 5, "meta": meta}
+    assert pushed[2] == own  # a JSON entry keeps its own fields
+    for raw in pushed:  # what the workers will accept
+        parse_entry(raw, max_bytes=8192, schemes=("http", "https"))
+
+
+def test_push_priority_alone(capsys, redis_url, redis_client):
+    assert run(capsys, redis_url, "push", "site", "http://a.example/", "--priority", "-2")[0] == 0
+    assert json.loads(start_urls(redis_client)[0]) == {"url": "http://a.example/", "priority": -2}
+
+
+def test_push_wrapped_entry_is_validated_too(capsys, redis_url, redis_client):
+    big = json.dumps({"blob": "x" * 9000})
+    code, out, err = run(capsys, redis_url, "push", "site", "http://a.example/", "--meta", big)
+    assert code == 1
+    assert out == "pushed 0, refused 1\n"
+    assert "refused: http://a.example/ (entry too large" in err
+    assert redis_client.exists(SITE.start_urls) == 0
+
+
+@pytest.mark.parametrize("meta", ["[1, 2]", "not json", "3", '"text"'])
+def test_push_bad_meta_is_a_usage_error(capsys, redis_url, redis_client, meta):
+    code, out, err = run(capsys, redis_url, "push", "site", "http://a.example/", "--meta", meta)
+    assert code == 2
+    assert out == ""
+    assert "argument --meta" in err
+    assert redis_client.exists(SITE.start_urls) == 0
+
+
+def test_push_nothing_or_missing_file_is_a_usage_error(capsys, redis_url, tmp_path):
+    code, _, err = run(capsys, redis_url, "push", "site")
+    assert code == 2 and "nothing to push" in err
+    code, _, err = run(capsys, redis_url, "push", "site", "--file", str(tmp_path / "missing"))
+    assert code == 2 and "cannot read" in err
+
+
+def test_push_json_output(capsys, redis_url):
+    code, out, _ = run(capsys, redis_url, "--json", "push", "site", "http://a.example/", "nope")
+    assert code == 1
+    assert json.loads(out) == {"pushed": 1, "refused": 1}
+
+
+# ---------------------------------------------------------------------- status
+
+
+def test_status_counts_what_is_in_redis(capsys, redis_url, redis_client):
+    redis_client.lpush(SITE.start_urls, b"http://a.example/", b"http://b.example/")
+    redis_client.zadd(SITE.queue, {b"1": 0, b"2": 0, b"3": -5})
+    redis_client.zadd(SITE.leases, {b"4": 1})
+    redis_client.sadd(SITE.seen, *[str(i).encode() for i in range(1234)])
+    for reason in ("a", "b", "c", "d"):
+        redis_client.lpush(SITE.dead, dead_letter(reason, source="test"))
+    redis_client.sadd(FrontierKeys("other").seen, b"not counted")
+
+    code, out, err = run(capsys, redis_url, "status", "site")
+    assert (code, err) == (0, "")
+    assert out.splitlines() == [
+        "queue          3",
+        "leased         1",
+        "seen        1234",
+        "start_urls     2",
+        "dead           4",
+    ]
+    # --json before or after the subcommand
+    for argv in (["--json", "status", "site"], ["status", "site", "--json"]):
+        code, out, _ = run(capsys, redis_url, *argv)
+        assert code == 0
+        assert json.loads(out) == {
+            "queue": 3,
+            "leased": 1,
+            "seen": 1234,
+            "start_urls": 2,
+            "dead": 4,
+        }
+
+
+def test_status_of_an_empty_crawl(capsys, redis_url):
+    code, out, _ = run(capsys, redis_url, "--json", "status", "nothing-here")
+    assert code == 0
+    assert json.loads(out) == {"queue": 0, "leased": 0, "seen": 0, "start_urls": 0, "dead": 0}
+
+
+def test_redis_url_after_the_subcommand_wins(capsys, redis_url):
+    code, out, _ = run(capsys, SECRET_URL, "status", "site", "--redis-url", redis_url)
+    assert code == 0 and out.startswith("queue")
+
+
+def test_redis_url_from_environment(capsys, redis_url, redis_client, monkeypatch):
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    assert main(["push", "site", "http://a.example/"]) == 0
+    assert start_urls(redis_client) == [b"http://a.example/"]
+
+
+# ---------------------------------------------------------------------- reset
+
+
+def test_reset_removes_exactly_that_crawls_keys(capsys, redis_url, redis_client):
+    fill(redis_client, SITE)
+    others = [FrontierKeys("other"), FrontierKeys("site:sub"), FrontierKeys("site2")]
+    for keys in others:
+        fill(redis_client, keys)
+    redis_client.set("site", b"bare")
+    redis_client.set("unrelated", b"1")
+    redis_client.set("site:custom", b"not a distcrawl key")
+    before = set(redis_client.keys("*"))
+    assert set(SITE.all()) <= {k.decode() for k in before}
+
+    code, out, err = run(capsys, redis_url, "reset", "site", "--yes")
+    assert (code, out, err) == (0, "removed 7 keys of 'site'\n", "")
+    after = set(redis_client.keys("*"))
+    assert after == before - {k.encode() for k in SITE.all()}
+    assert redis_client.get("site:custom") == b"not a distcrawl key"
+
+
+def test_reset_without_yes_on_a_pipe_refuses(capsys, redis_url, redis_client, monkeypatch):
+    fill(redis_client, SITE)
+    monkeypatch.setattr(sys, "stdin", io.StringIO("y\n"))
+    code, out, err = run(capsys, redis_url, "reset", "site")
+    assert code == 1
+    assert out == ""
+    assert "--yes" in err
+    assert redis_client.exists(*SITE.all()) == 7
+
+
+@pytest.mark.parametrize("answer", ["", "n\n", "no\n", "yess\n"])
+def test_reset_declined_at_the_prompt(capsys, redis_url, redis_client, monkeypatch, answer):
+    fill(redis_client, SITE)
+    monkeypatch.setattr(sys, "stdin", FakeTTY(answer))
+    code, out, err = run(capsys, redis_url, "reset", "site")
+    assert (code, out) == (1, "")
+    assert f"Delete all 7 keys of 'site' at {redis_url}? [y/N]" in err
+    assert "aborted" in err
+    assert redis_client.exists(*SITE.all()) == 7
+
+
+@pytest.mark.parametrize("answer", ["y\n", "YES\n", " yes \n"])
+def test_reset_confirmed_at_the_prompt(capsys, redis_url, redis_client, monkeypatch, answer):
+    fill(redis_client, SITE)
+    monkeypatch.setattr(sys, "stdin", FakeTTY(answer))
+    code, out, _ = run(capsys, redis_url, "reset", "site")
+    assert (code, out) == (0, "removed 7 keys of 'site'\n")
+    assert redis_client.exists(*SITE.all()) == 0
+
+
+def test_reset_of_nothing_does_not_ask(capsys, redis_url, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+    code, out, _ = run(capsys, redis_url, "--json", "reset", "site")
+    assert code == 0
+    assert json.loads(out) == {"removed": 0}
+
+
+def test_prompt_redacts_the_password(capsys, tmp_path, monkeypatch):
+    server = RedisServer(directory=tmp_path, password="s3cret").start()
+    try:
+        client = server.client()
+        try:
+            fill(client, SITE)
+        finally:
+            client.close()
+        monkeypatch.setattr(sys, "stdin", FakeTTY("n\n"))
+        code, out, err = run(capsys, server.url, "reset", "site")
+        assert code == 1
+        assert f"at redis://:***@127.0.0.1:{server.port}/0?" in err
+        assert "s3cret" not in out + err
+        # a wrong password is reported like an unreachable server, still redacted
+        wrong = server.url.replace("s3cret", "wr0ng")
+        code, out, err = run(capsys, wrong, "status", "site")
+        assert code == 3
+        assert "wr0ng" not in out + err and "s3cret" not in out + err
+    finally:
+        server.stop()
+
+
+# ---------------------------------------------------------------------- dead letters
+
+
+def add_dead(client, keys=SITE):
+    """Three records, oldest first, as workers write them; returns them newest first."""
+    records = [
+        dead_letter("unsupported scheme 'ftp'", raw=b"ftp://x/", source="start_urls"),
+        dead_letter("HTTP 500", url="http://a.example/page", source="download", retries=3),
+        dead_letter("entry is not UTF-8 text", raw=b"\xffbad\nline", source="start_urls"),
+    ]
+    for record in records:
+        client.lpush(keys.dead, record)
+    return [json.loads(r) for r in reversed(records)]
+
+
+def test_dead_list(capsys, redis_url, redis_client):
+    expected = add_dead(redis_client)
+    code, out, err = run(capsys, redis_url, "dead", "list", "site")
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert len(lines) == 3
+    fields = [line.split("  ") for line in lines]
+    assert [f[1:3] for f in fields] == [
+        ["start_urls", "entry is not UTF-8 text"],
+        ["download", "HTTP 500"],
+        ["start_urls", "unsupported scheme 'ftp'"],
+    ]
+    assert fields[1][3] == "http://a.example/page"  # the url when there is one
+    assert fields[2][3] == "ftp://x/"  # else the raw entry
+    assert "\\n" in fields[0][3]  # kept on one line
+    for record, f in zip(expected, fields, strict=True):
+        assert time.time() - 60 < record["time"] <= time.time()
+        assert f[0].startswith(time.strftime("%Y-%m-%dT", time.gmtime(record["time"])))
+        assert f[0].endswith("+00:00")
+
+    code, out, _ = run(capsys, redis_url, "--json", "dead", "list", "site")
+    assert code == 0
+    assert json.loads(out) == expected
+
+
+def test_dead_list_limit(capsys, redis_url, redis_client):
+    expected = add_dead(redis_client)
+    code, out, err = run(capsys, redis_url, "dead", "list", "site", "--limit", "2")
+    assert code == 0
+    assert len(out.splitlines()) == 2
+    assert "2 of 3" in err
+    code, out, _ = run(capsys, redis_url, "dead", "list", "site", "--limit", "1", "--json")
+    assert (code, json.loads(out)) == (0, expected[:1])
+    code, out, _ = run(capsys, redis_url, "dead", "list", "site", "--limit", "0", "--json")
+    assert (code, json.loads(out)) == (0, expected)
+
+
+def test_dead_list_survives_foreign_values(capsys, redis_url, redis_client):
+    redis_client.lpush(SITE.dead, b"someone pushed this by hand", b"[1, 2]")
+    code, out, _ = run(capsys, redis_url, "dead", "list", "site")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].startswith("-  -  not a dead-letter record  [1, 2]")
+    assert lines[1].endswith("someone pushed this by hand")
+
+
+def test_dead_count(capsys, redis_url, redis_client):
+    assert run(capsys, redis_url, "dead", "count", "site")[1] == "0\n"
+    add_dead(redis_client)
+    add_dead(redis_client, FrontierKeys("other"))
+    assert run(capsys, redis_url, "dead", "count", "site") == (0, "3\n", "")
+    code, out, _ = run(capsys, redis_url, "dead", "count", "site", "--json")
+    assert code == 0
+    assert json.loads(out) == {"dead": 3}
+
+
+def test_dead_purge(capsys, redis_url, redis_client, monkeypatch):
+    fill(redis_client, SITE)
+    add_dead(redis_client)
+    add_dead(redis_client, FrontierKeys("other"))
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO("yes\n"))
+    code, _, err = run(capsys, redis_url, "dead", "purge", "site")
+    assert code == 1 and "--yes" in err
+    assert redis_client.llen(SITE.dead) == 4
+
+    monkeypatch.setattr(sys, "stdin", FakeTTY("n\n"))
+    code, _, err = run(capsys, redis_url, "dead", "purge", "site")
+    assert code == 1
+    assert f"Delete all 4 dead-letter records of 'site' at {redis_url}? [y/N]" in err
+    assert redis_client.llen(SITE.dead) == 4
+
+    code, out, _ = run(capsys, redis_url, "dead", "purge", "site", "--yes")
+    assert (code, out) == (0, "removed 4 dead-letter records of 'site'\n")
+    assert redis_client.exists(SITE.dead) == 0
+    # only the dead letters went
+    assert redis_client.exists(*SITE.all()) == 6
+    assert redis_client.llen(FrontierKeys("other").dead) == 3
+
+    code, out, _ = run(capsys, redis_url, "--json", "dead", "purge", "site")
+    assert code == 0 and json.loads(out) == {"removed": 0}
+
+
+# ---------------------------------------------------------------------- unreachable Redis
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["status", "site"],
+        ["push", "site", "http://a.example/"],
+        ["reset", "site", "--yes"],
+        ["dead", "list", "site"],
+        ["dead", "count", "site"],
+        ["dead", "purge", "site", "--yes"],
+    ],
+)
+def test_unreachable_redis_exits_3_without_the_password(capsys, argv):
+    started = time.monotonic()
+    code, out, err = run(capsys, SECRET_URL, *argv)
+    assert time.monotonic() - started < 5
+    assert code == 3
+    assert out == ""
+    assert err.startswith("error: cannot reach Redis at redis://:***@127.0.0.1:1/0: ")
+    assert "s3cret" not in out + err
+
+
+def test_unreachable_redis_from_environment(capsys, monkeypatch):
+    monkeypatch.setenv("REDIS_URL", SECRET_URL)
+    assert main(["dead", "count", "site"]) == 3
+    out, err = capsys.readouterr()
+    assert "redis://:***@127.0.0.1:1/0" in err
+    assert "s3cret" not in out + err
+
+
+# ---------------------------------------------------------------------- console script
+
+
+def test_console_script(redis_url, redis_client):
+    script = shutil.which("distcrawl") or str(Path(sys.executable).parent / "distcrawl")
+    assert Path(script).exists(), "the distcrawl console script is not installed"
+    pushed = subprocess.run(
+        [script, "--redis-url", redis_url, "push", "site", "http://a.example/", "bad"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert pushed.returncode == 1, pushed.stderr
+    assert pushed.stdout == "pushed 1, refused 1\n"
+    assert start_urls(redis_client) == [b"http://a.example/"]
+    status = subprocess.run(
+        [script, "--redis-url", redis_url, "--json", "status", "site"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["start_urls"] == 1
+    unreachable = subprocess.run(
+        [script, "--redis-url", SECRET_URL, "status", "site"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert unreachable.returncode == 3
+    assert "s3cret" not in unreachable.stdout + unreachable.stderr

@@ -1,0 +1,213 @@
+"""In-process crawls through the distcrawl scheduler, on a real redis-server and demo site."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+import pytest_twisted
+from scrapy import Request
+from scrapy.crawler import AsyncCrawlerRunner
+from scrapy.utils.defer import deferred_from_coro
+from twisted.internet import task
+
+from distcrawl.demo.redis_server import RedisServer, find_free_port
+from distcrawl.scheduler import Scheduler
+from distcrawl.spiders import RedisSpider
+from distcrawl.spiders.site import SiteSpider
+
+
+def settings(redis_url: str, **extra: Any) -> dict[str, Any]:
+    base = {
+        "ADDONS": {"distcrawl.Addon": 0},
+        "REDIS_URL": redis_url,
+        "DISTCRAWL_IDLE_TIMEOUT": 1,
+        "TELNETCONSOLE_ENABLED": False,
+        "LOG_LEVEL": "INFO",
+    }
+    base.update(extra)
+    return base
+
+
+def run(coro: Any) -> Any:
+    """Scrapy's coroutines await asyncio futures: run them as asyncio tasks."""
+    return deferred_from_coro(coro)
+
+
+async def crawl(spider_cls: type, redis_url: str, **extra: Any) -> Any:
+    runner = AsyncCrawlerRunner(settings(redis_url, **extra))
+    crawler = runner.create_crawler(spider_cls)
+    await run(crawler.crawl_async())
+    return crawler
+
+
+def fetched(site) -> list[str]:
+    return [
+        line.path
+        for line in site.read_log()
+        if line.status in (200, 302) and line.path != "/robots.txt"
+    ]
+
+
+class MetaObjectSpider(RedisSpider):
+    """Yields one request that cannot be stored: its meta holds a Python object."""
+
+    name = "metaobj"
+
+    def parse(self, response, **kwargs):
+        yield Request(response.urljoin("/page/2"), meta={"obj": object()})
+        yield Request(response.urljoin("/page/3"))
+
+
+class FailingSpider(RedisSpider):
+    name = "failing"
+
+    def parse(self, response, **kwargs):
+        raise RuntimeError("callback bug")
+
+
+@pytest_twisted.ensureDeferred
+async def test_in_process_crawl_drains_the_frontier(redis_url, redis_client, demo_site):
+    site = demo_site(pages=50)
+    redis_client.lpush("site:start_urls", site.url + "/")
+    crawler = await crawl(SiteSpider, redis_url)
+    assert sorted(set(fetched(site))) == sorted(site.expected_pages())
+    stats = crawler.stats.get_stats()
+    assert stats["finish_reason"] == "finished"
+    # 51 pages and /private/7, which robots.txt then forbids
+    assert stats["distcrawl/pushed"] == 52
+    assert stats["distcrawl/leased"] == 52
+    assert stats["robotstxt/forbidden"] == 1
+    assert stats["item_scraped_count"] == 51
+    assert stats["dupefilter/filtered"] > 0
+    assert redis_client.zcard("site:queue") == redis_client.zcard("site:leases") == 0
+    assert redis_client.scard("site:seen") == 52
+
+
+@pytest_twisted.ensureDeferred
+async def test_unserializable_request_is_dead_lettered_and_named(
+    redis_url, redis_client, demo_site, caplog
+):
+    site = demo_site(pages=10)
+    redis_client.lpush("metaobj:start_urls", site.url + "/page/1")
+    with caplog.at_level(logging.ERROR):
+        crawler = await crawl(MetaObjectSpider, redis_url)
+    assert "/page/3" in fetched(site)  # the rest of the callback's output went on
+    assert "/page/2" not in fetched(site)
+    record = json.loads(redis_client.lindex("metaobj:dead", 0))
+    assert record["url"].endswith("/page/2")
+    assert "cannot serialize" in record["reason"] and record["source"] == "enqueue"
+    assert any("/page/2" in r.getMessage() for r in caplog.records)
+    assert crawler.stats.get_value("distcrawl/unserializable") == 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_failing_callback_does_not_leave_its_lease_behind(redis_url, redis_client, demo_site):
+    site = demo_site(pages=10)
+    redis_client.lpush("failing:start_urls", site.url + "/page/1")
+    crawler = await crawl(FailingSpider, redis_url)
+    assert crawler.stats.get_value("spider_exceptions/RuntimeError") == 1
+    assert redis_client.zcard("failing:leases") == 0
+    assert redis_client.hlen("failing:requests") == 0
+
+
+@pytest_twisted.ensureDeferred
+async def test_redirect_acknowledges_the_original_and_crawls_the_target(
+    redis_url, redis_client, demo_site
+):
+    site = demo_site(pages=5)
+    redis_client.lpush("site:start_urls", site.url + "/redirect/4")
+    await crawl(SiteSpider, redis_url, DEPTH_LIMIT=1)
+    assert fetched(site)[:2] == ["/redirect/4", "/page/4"]
+    assert redis_client.zcard("site:leases") == 0
+    assert redis_client.hlen("site:requests") == 0
+
+
+@pytest_twisted.ensureDeferred
+async def test_flush_on_start_clears_only_when_asked(redis_url, redis_client, demo_site):
+    site = demo_site(pages=3)
+    redis_client.sadd("site:seen", b"old-fingerprint")
+    redis_client.lpush("site:dead", b"{}")
+    redis_client.lpush("site:start_urls", site.url + "/page/1")
+    await crawl(SiteSpider, redis_url, DEPTH_LIMIT=0)
+    assert redis_client.sismember("site:seen", b"old-fingerprint")  # persistent by default
+    assert redis_client.llen("site:dead") == 1
+    await crawl(SiteSpider, redis_url, DEPTH_LIMIT=0, DISTCRAWL_FLUSH_ON_START=True)
+    assert not redis_client.sismember("site:seen", b"old-fingerprint")
+    assert redis_client.llen("site:dead") == 0
+
+
+@pytest_twisted.ensureDeferred
+async def test_idle_worker_stays_up_without_idle_timeout(redis_url, demo_site):
+    from twisted.internet import reactor
+
+    runner = AsyncCrawlerRunner(settings(redis_url, DISTCRAWL_IDLE_TIMEOUT=None))
+    crawler = runner.create_crawler(SiteSpider)
+    done = run(crawler.crawl_async())
+    await task.deferLater(reactor, 3.0)
+    assert not done.called  # idle for 3 s, still waiting for work
+    assert isinstance(crawler.engine._slot.scheduler, Scheduler)
+    await run(crawler.engine.close_async())
+    await done
+    assert crawler.stats.get_value("finish_reason") == "shutdown"
+
+
+@pytest_twisted.ensureDeferred
+async def test_worker_started_before_redis_waits_for_it(tmp_path, demo_site):
+    """Redis down at start: the worker logs it, keeps running, and crawls once Redis is up."""
+    from twisted.internet import reactor
+
+    site = demo_site(pages=5)
+    port = find_free_port()
+    url = f"redis://:pw-secret@127.0.0.1:{port}/0"
+    runner = AsyncCrawlerRunner(settings(url, DISTCRAWL_IDLE_TIMEOUT=2))
+    crawler = runner.create_crawler(SiteSpider)
+    errors: list[str] = []
+
+    class Grab(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            errors.append(record.getMessage())
+
+    handler = Grab(level=logging.ERROR)
+    logging.getLogger("distcrawl").addHandler(handler)
+    try:
+        done = run(crawler.crawl_async())
+        await task.deferLater(reactor, 1.5)
+        assert not done.called
+        assert any("Redis unreachable" in m for m in errors)
+        assert not any("pw-secret" in m for m in errors)  # the password is never logged
+        server = RedisServer(port=port, directory=tmp_path, password="pw-secret").start()
+        try:
+            server.client().lpush("site:start_urls", site.url + "/")
+            started = time.monotonic()
+            await done
+            assert time.monotonic() - started < 60
+        finally:
+            server.stop()
+    finally:
+        logging.getLogger("distcrawl").removeHandler(handler)
+    assert sorted(set(fetched(site))) == sorted(site.expected_pages())
+    assert crawler.stats.get_value("distcrawl/redis_errors") >= 1
+
+
+def test_addon_enables_the_components():
+    from scrapy.settings import Settings
+
+    from distcrawl import Addon
+
+    s = Settings()
+    Addon().update_settings(s)
+    assert s["SCHEDULER"] == "distcrawl.scheduler.Scheduler"
+    assert s["DUPEFILTER_CLASS"] == "distcrawl.dupefilter.RedisDupeFilter"
+
+
+def test_project_settings_win_over_the_addon():
+    from scrapy.settings import Settings
+
+    from distcrawl import Addon
+
+    s = Settings({"SCHEDULER": "my.Scheduler"}, priority="project")
+    Addon().update_settings(s)
+    assert s["SCHEDULER"] == "my.Scheduler"
