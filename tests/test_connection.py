@@ -40,3 +40,14 @@ def test_tls_url_is_accepted():
     assert kwargs["username"] == "user"
     assert kwargs["password"] == "pw"
     assert client.connection_pool.connection_class.__name__ == "SSLConnection"
+
+
+def test_acl_user_from_url_authenticates(redis_server):
+    admin = redis_server.client()
+    admin.acl_setuser(
+        "crawler", enabled=True, passwords=["+crawlpw"], keys=["site:*"], commands=["+@all"]
+    )
+    url = f"redis://crawler:crawlpw@127.0.0.1:{redis_server.port}/0"
+    client = make_redis(url)
+    assert client.acl_whoami() in ("crawler", b"crawler")
+    assert "crawlpw" not in redact_url(url)

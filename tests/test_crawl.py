@@ -61,6 +61,7 @@ def test_two_workers_fetch_every_page_exactly_once(demo_site, workers, redis_cli
     assert redis_client.llen("site:dead") == 0
     for w in pool:
         assert "ERROR" not in w.log()
+        assert "Deprecat" not in w.log() + w.log_path.with_suffix(".stderr").read_text()
 
 
 def test_push_to_idle_workers_starts_the_crawl_within_a_second(
@@ -110,6 +111,10 @@ def test_sigkill_of_a_worker_loses_no_page(demo_site, workers, redis_client):
     fetched = page_fetches(site)
     assert set(fetched) == site.expected_pages(), "pages missing after SIGKILL"
     duplicates = sum(n - 1 for n in page_fetches(site, ok_only=False).values())
+    print(
+        f"crash test: {held} leases held at the kill, {duplicates} duplicate fetches, "
+        f"{len(site.expected_pages() - set(fetched))} pages missing"
+    )
     # only what the victim held (in flight + prefetched) may be fetched twice
     assert duplicates <= 2 * 16, duplicates
     after = [line for line in site.read_log() if line.time > killed_at]

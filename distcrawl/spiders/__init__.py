@@ -27,8 +27,11 @@ class RedisMixin:
     start_urls: list[str]
 
     async def start(self) -> AsyncIterator[Any]:
-        for url in getattr(self, "start_urls", ()):
-            yield Request(url)
+        urls = getattr(self, "start_urls", ())
+        if isinstance(urls, str):  # `scrapy crawl NAME -a start_urls=URL,URL`
+            urls = [u.strip() for u in urls.split(",") if u.strip()]
+        for url in urls:
+            yield self.make_request_from_data({"url": url})
 
     def make_request_from_data(self, data: dict[str, Any]) -> Request:
         """Build the request for one ``start_urls`` entry.
