@@ -349,6 +349,81 @@ def cmd_dead_purge(args: argparse.Namespace, ctx: Context) -> int:
     return EXIT_OK
 
 
+def cmd_dead_redrive(args: argparse.Namespace, ctx: Context) -> int:
+    from distcrawl import deadletter
+    from distcrawl.serialize import RequestCodec
+
+    moved, unusable = deadletter.redrive(
+        ctx.frontier(args.spider),
+        RequestCodec(args.serializer),
+        error=args.error,
+        domain=args.domain,
+        source=args.source,
+    )
+    if ctx.as_json:
+        _emit_json({"redriven": moved, "not_redrivable": unusable})
+    else:
+        print(f"re-drove {moved} dead letters of {args.spider.namespace!r}")
+        if unusable:
+            print(f"{unusable} matching records hold no request to re-drive", file=sys.stderr)
+    return EXIT_PARTIAL if unusable else EXIT_OK
+
+
+# ---------------------------------------------------------------------- mongo
+
+
+def cmd_mongo_replay(args: argparse.Namespace, ctx: Context) -> int:
+    """Write spill files (items a worker could not store at close) into MongoDB."""
+    from pymongo.errors import ConfigurationError, ConnectionFailure, InvalidURI, PyMongoError
+
+    from distcrawl.mongo import redact_mongo_uri, replay, scrub
+
+    uri = args.mongo_uri
+    if not uri:
+        raise UsageError("no MongoDB: pass --mongo-uri URI or set MONGO_URI")
+    shown = redact_mongo_uri(uri)
+    for path in args.files:
+        if not os.path.isfile(path):
+            raise UsageError(f"cannot read {path}: no such file")
+    try:
+        result = replay(args.files, uri, database=args.database)
+    except InvalidURI as exc:
+        raise UsageError(f"invalid --mongo-uri {shown}: {scrub(str(exc), uri)}") from None
+    except ValueError as exc:  # a line that is not a spill record
+        raise UsageError(str(exc)) from None
+    except (ConnectionFailure, ConfigurationError) as exc:
+        reason = scrub(str(exc), uri) or type(exc).__name__
+        print(f"error: cannot reach MongoDB at {shown}: {reason}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except PyMongoError as exc:
+        print(f"error: MongoDB at {shown}: {scrub(str(exc), uri)}", file=sys.stderr)
+        return EXIT_PARTIAL
+    refused = result.dead + result.spilled
+    if ctx.as_json:
+        _emit_json(
+            {
+                "documents": result.documents,
+                "upserted": result.upserted,
+                "updated": result.updated,
+                "dead": result.dead,
+                "rejected": result.spilled,
+            }
+        )
+    else:
+        print(
+            f"replayed {result.documents} documents from {len(result.files)} file(s) into "
+            f"{shown}: {result.upserted} new, {result.updated} updated, "
+            f"{result.dead} dead-lettered"
+        )
+        if result.spilled:
+            print(
+                f"{result.spilled} documents could not even be dead-lettered: see "
+                f"{args.files[0]}.rejected.jsonl",
+                file=sys.stderr,
+            )
+    return EXIT_PARTIAL if refused else EXIT_OK
+
+
 # ---------------------------------------------------------------------- parser
 
 
@@ -438,6 +513,49 @@ def build_parser() -> argparse.ArgumentParser:
     command(dead_commands, "count", cmd_dead_count, "print the number of records")
     purge = command(dead_commands, "purge", cmd_dead_purge, "delete every record")
     purge.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    redrive = command(
+        dead_commands,
+        "redrive",
+        cmd_dead_redrive,
+        "put matching records back to work (requests into the queue with a fresh attempt "
+        "count, bad start_urls entries back into start_urls)",
+    )
+    redrive.add_argument("--error", metavar="TEXT", help="only records whose reason contains TEXT")
+    redrive.add_argument("--domain", metavar="HOST", help="only URLs on HOST or its subdomains")
+    redrive.add_argument(
+        "--source",
+        choices=("retry", "callback", "download", "enqueue", "start_urls", "queue"),
+        help="only records of this source",
+    )
+    redrive.add_argument(
+        "--serializer",
+        choices=("msgpack", "json"),
+        default="msgpack",
+        help="DISTCRAWL_SERIALIZER of the workers (default msgpack)",
+    )
+    mongo = commands.add_parser(
+        "mongo", parents=[common], help="items stored in MongoDB", description="MongoDB items"
+    )
+    mongo_commands = mongo.add_subparsers(dest="mongo_command", required=True, metavar="ACTION")
+    replay_help = (
+        "write spill files (items a worker could not store in MongoDB at close) into MongoDB; "
+        "documents are upserted by _id, so replaying twice changes nothing"
+    )
+    replay = mongo_commands.add_parser(
+        "replay", parents=[common], help=replay_help, description=replay_help
+    )
+    replay.add_argument("files", nargs="+", metavar="FILE", help="spill file (.jsonl)")
+    replay.add_argument(
+        "--mongo-uri",
+        default=os.environ.get("MONGO_URI"),
+        metavar="URI",
+        # never %(default)s: $MONGO_URI may hold a password
+        help="MongoDB to write to (default: $MONGO_URI)",
+    )
+    replay.add_argument(
+        "--database", metavar="NAME", help="write here instead of the database in each record"
+    )
+    replay.set_defaults(handler=cmd_mongo_replay)
     return parser
 
 

@@ -71,6 +71,23 @@ def _positive(kind: Callable[[Any], T]) -> Callable[[Any], T]:
     return convert
 
 
+def _at_least(low: float, kind: Callable[[Any], T]) -> Callable[[Any], T]:
+    def convert(raw: Any) -> T:
+        value = kind(raw)
+        if value < low:  # type: ignore[operator]
+            raise ValueError(f"must be >= {low}")
+        return value
+
+    return convert
+
+
+def _fraction(raw: Any) -> float:
+    value = float(raw)
+    if not 0.0 <= value <= 1.0:
+        raise ValueError("must be between 0 and 1")
+    return value
+
+
 @dataclass(frozen=True)
 class DistcrawlConfig:
     """The parsed settings; see the README for what each one does."""
@@ -91,6 +108,12 @@ class DistcrawlConfig:
     allowed_schemes: tuple[str, ...] = ("http", "https")
     local_seen_cache: int = 100_000
     socket_timeout: float = 10.0
+    retry_backoff_base: float = 1.0
+    retry_backoff_factor: float = 2.0
+    retry_backoff_max: float = 300.0
+    retry_jitter: float = 0.2
+    retry_after_max: float = 600.0
+    callback_retries: int = 2
 
     @classmethod
     def from_settings(cls, settings: BaseSettings) -> DistcrawlConfig:
@@ -128,4 +151,18 @@ class DistcrawlConfig:
             allowed_schemes=tuple(s.lower() for s in schemes),
             local_seen_cache=_get(settings, "DISTCRAWL_LOCAL_SEEN_CACHE", 100_000, int),
             socket_timeout=_get(settings, "DISTCRAWL_SOCKET_TIMEOUT", 10.0, _positive(float)),
+            retry_backoff_base=_get(
+                settings, "DISTCRAWL_RETRY_BACKOFF_BASE", 1.0, _at_least(0.0, float)
+            ),
+            retry_backoff_factor=_get(
+                settings, "DISTCRAWL_RETRY_BACKOFF_FACTOR", 2.0, _at_least(1.0, float)
+            ),
+            retry_backoff_max=_get(
+                settings, "DISTCRAWL_RETRY_BACKOFF_MAX", 300.0, _at_least(0.0, float)
+            ),
+            retry_jitter=_get(settings, "DISTCRAWL_RETRY_JITTER", 0.2, _fraction),
+            retry_after_max=_get(
+                settings, "DISTCRAWL_RETRY_AFTER_MAX", 600.0, _at_least(0.0, float)
+            ),
+            callback_retries=_get(settings, "DISTCRAWL_CALLBACK_RETRIES", 2, _at_least(0, int)),
         )

@@ -37,6 +37,13 @@ class Leased(NamedTuple):
     payload: bytes
 
 
+class LeaseResult(NamedTuple):
+    items: list[Leased]
+    queue_size: int
+    delayed: int
+    released: int
+
+
 @dataclass(frozen=True)
 class CommitResult:
     enqueued: int = 0
@@ -97,18 +104,34 @@ class Frontier:
         for e in entries:
             args += [e.kind, e.fingerprint, e.priority, e.payload, e.raw]
         res = self.scripts.commit(
-            keys=[k.queue, k.requests, k.seen, k.seq, k.leases, k.start_urls, k.dead], args=args
+            keys=[k.queue, k.requests, k.seen, k.seq, k.leases, k.start_urls, k.dead, k.delayed],
+            args=args,
         )
         return CommitResult(*(int(x) for x in res))
 
-    def lease(self, count: int, lease_ms: int) -> tuple[list[Leased], int]:
+    def lease(self, count: int, lease_ms: int, *, promote: int = 1000) -> LeaseResult:
+        """Lease up to ``count`` requests, after moving up to ``promote`` due retries into
+        the queue."""
         k = self.keys
-        res = self.scripts.lease(keys=[k.queue, k.requests, k.leases], args=[count, lease_ms])
+        res = self.scripts.lease(
+            keys=[k.queue, k.requests, k.leases, k.delayed], args=[count, lease_ms, promote]
+        )
         out = []
-        for i in range(1, len(res), 2):
+        for i in range(3, len(res), 2):
             prio, payload = split_value(res[i + 1])
             out.append(Leased(res[i].decode(), prio, payload))
-        return out, int(res[0])
+        return LeaseResult(out, int(res[0]), int(res[1]), int(res[2]))
+
+    def redrive(self, moves: Sequence[tuple[bytes, str, int, bytes]]) -> int:
+        """Move dead-letter records back: (record, 'q' or 'u', priority, payload or raw)."""
+        if not moves:
+            return 0
+        k = self.keys
+        args: list[Any] = []
+        for move in moves:
+            args += list(move)
+        keys = [k.dead, k.queue, k.requests, k.seq, k.start_urls]
+        return int(self.scripts.redrive(keys=keys, args=args))
 
     def renew(self, ids: Iterable[str], lease_ms: int) -> int:
         ids = list(ids)
@@ -142,13 +165,15 @@ class Frontier:
         pipe = self.client.pipeline(transaction=False)
         pipe.zcard(k.queue)
         pipe.zcard(k.leases)
+        pipe.zcard(k.delayed)
         pipe.scard(k.seen)
         pipe.llen(k.start_urls)
         pipe.llen(k.dead)
-        queue, leases, seen, start_urls, dead = pipe.execute()
+        queue, leases, delayed, seen, start_urls, dead = pipe.execute()
         return {
             "queue": queue,
             "leased": leases,
+            "delayed": delayed,
             "seen": seen,
             "start_urls": start_urls,
             "dead": dead,

@@ -42,6 +42,11 @@ class FrontierKeys:
         return self._key("leases")
 
     @property
+    def delayed(self) -> str:
+        """ZSET of request ids waiting for a retry, score = due time (Redis server time, ms)."""
+        return self._key("delayed")
+
+    @property
     def seen(self) -> str:
         """SET of binary request fingerprints."""
         return self._key("seen")
@@ -63,6 +68,7 @@ class FrontierKeys:
             self.queue,
             self.requests,
             self.leases,
+            self.delayed,
             self.seen,
             self.seq,
             self.dead,

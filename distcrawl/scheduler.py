@@ -19,11 +19,13 @@ loses nothing: its leases expire and another worker takes them.
 
 from __future__ import annotations
 
+import base64
 import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+from weakref import WeakKeyDictionary
 
 import redis
 from scrapy import Request, Spider, signals
@@ -46,6 +48,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+#: meta key a component sets to have the scheduler store a request for later (seconds)
+RETRY_DELAY_META = "distcrawl_retry_delay"
 BUSY_PEEK_INTERVAL = 1.0
 MAX_RETRY_DELAY = 15.0
 
@@ -80,8 +84,19 @@ class _Result:
     released: int = 0
     leased: list[tuple[str, Request | DecodeError, bytes]] = field(default_factory=list)
     queue_size: int | None = None
+    delayed: int | None = None
+    promoted: int = 0
     peeked: list[bytes] = field(default_factory=list)
     error: Exception | None = None
+
+
+_SCHEDULERS: WeakKeyDictionary[Any, Scheduler] = WeakKeyDictionary()
+
+
+def scheduler_of(crawler: Crawler) -> Scheduler | None:
+    """The open distcrawl scheduler of this crawler, for components that hand it requests
+    to delay or to dead-letter; None when the crawl does not use distcrawl's scheduler."""
+    return _SCHEDULERS.get(crawler)
 
 
 class Scheduler(BaseScheduler):
@@ -110,6 +125,7 @@ class Scheduler(BaseScheduler):
         self._kick_pending = False
         self._loop: task.LoopingCall | None = None
         self._remote_queue = 0
+        self._remote_delayed = 0
         self._start_pending = 0
         now = time.monotonic()
         self._next_lease = self._next_peek = self._next_reclaim = now
@@ -143,6 +159,7 @@ class Scheduler(BaseScheduler):
         self.io.start()
         self.frontier = Frontier(self.io.client, self.keys)
         self.crawler.signals.connect(self._on_idle, signal=signals.spider_idle)
+        _SCHEDULERS[self.crawler] = self
         logger.info(
             "distcrawl frontier %r on %s (lease %.0fs, prefetch %d, serializer %s)",
             self.keys.namespace,
@@ -169,9 +186,10 @@ class Scheduler(BaseScheduler):
 
     def _opened(self, sizes: dict[str, int]) -> None:
         self._remote_queue = sizes["queue"]
+        self._remote_delayed = sizes["delayed"]
         logger.info(
-            "Frontier: %(queue)d queued, %(leased)d leased, %(seen)d seen, "
-            "%(start_urls)d start URLs waiting, %(dead)d dead letters",
+            "Frontier: %(queue)d queued, %(leased)d leased, %(delayed)d retries waiting, "
+            "%(seen)d seen, %(start_urls)d start URLs waiting, %(dead)d dead letters",
             sizes,
             extra={"spider": self.spider},
         )
@@ -196,6 +214,7 @@ class Scheduler(BaseScheduler):
                 self.df.log(request, self.spider)  # type: ignore[arg-type]
                 return False
         assert self.codec is not None, "enqueue_request() before open()"
+        delay = request.meta.pop(RETRY_DELAY_META, None)
         try:
             payload = self.codec.encode(request)
         except SerializationError as exc:
@@ -204,12 +223,39 @@ class Scheduler(BaseScheduler):
             record = dead_letter(str(exc), url=request.url, source="enqueue")
             self._outgoing.append(Entry("d", b"", 0, record))
             return False
-        self._outgoing.append(Entry("r", fp, request.priority, payload))
+        if delay is not None:
+            delay_ms = str(max(0, int(float(delay) * 1000))).encode()
+            self._outgoing.append(Entry("l", b"", request.priority, payload, delay_ms))
+            self._inc("distcrawl/retry/scheduled")
+        else:
+            self._outgoing.append(Entry("r", fp, request.priority, payload))
         self._last_work = time.monotonic()
         self._inc("scheduler/enqueued/redis")
         if len(self._outgoing) >= self.config.push_batch_size:
             self._kick()
         return True
+
+    def dead_letter(self, request: Request, reason: str, *, source: str, **extra: Any) -> None:
+        """Store a request that will not be crawled, with what is needed to re-drive it.
+
+        It is committed with the acknowledgement of the request being processed, like any
+        push, so it is neither lost nor stored twice.
+        """
+        assert self.codec is not None
+        try:
+            payload: str | None = base64.b64encode(self.codec.encode(request)).decode("ascii")
+        except SerializationError:
+            payload = None
+        record = dead_letter(
+            reason,
+            url=request.url,
+            source=source,
+            payload=payload,
+            priority=request.priority,
+            **extra,
+        )
+        self._outgoing.append(Entry("d", b"", 0, record))
+        self._inc(f"distcrawl/dead/{source}")
 
     def next_request(self) -> Request | None:
         if not self._ready:
@@ -335,8 +381,9 @@ class Scheduler(BaseScheduler):
             if op.reclaim:
                 res.requeued = frontier.requeue_expired()
             if op.want:
-                leased, res.queue_size = frontier.lease(op.want, lease_ms)
-                for item in leased:
+                lease = frontier.lease(op.want, lease_ms)
+                res.queue_size, res.delayed, res.promoted = lease[1:]
+                for item in lease.items:
                     try:
                         res.leased.append((item.id, self.codec.decode(item.payload), item.payload))
                     except DecodeError as exc:
@@ -443,6 +490,9 @@ class Scheduler(BaseScheduler):
             got += 1
         if res.queue_size is not None:
             self._remote_queue = res.queue_size
+        if res.delayed is not None:
+            self._remote_delayed = res.delayed
+        self._inc("distcrawl/retry/due", res.promoted)
         if got:
             self._inc("distcrawl/leased", got)
             self._last_work = time.monotonic()
@@ -524,7 +574,14 @@ class Scheduler(BaseScheduler):
 
     def _on_idle(self, spider: Spider) -> None:
         timeout = self.config.idle_timeout
-        if timeout is None or self._busy or self.has_pending_requests() or self._active:
+        if (
+            timeout is None
+            or self._busy
+            or self._failing  # cannot tell whether the shared queue is empty
+            or self._remote_delayed  # retries will come due
+            or self.has_pending_requests()
+            or self._active
+        ):
             raise DontCloseSpider
         idle_for = time.monotonic() - self._last_work
         if idle_for < timeout:

@@ -109,19 +109,23 @@ class RequestCodec:
 
     def encode(self, request: Request) -> bytes:
         try:
-            data = self.to_dict(request)
+            return self.encode_dict(self.to_dict(request))
+        except SerializationError as exc:
+            raise SerializationError(f"cannot serialize {request}: {exc}") from None
+
+    def encode_dict(self, data: dict[str, Any]) -> bytes:
+        """Encode the short-key dict of :meth:`to_dict` (or of :meth:`decode_dict`)."""
+        try:
             if self.format == MSGPACK:
                 return MSGPACK + msgpack.packb(data, use_bin_type=True)
             if self.format == JSON:
                 text = json.dumps(data, default=_json_default, separators=(",", ":"))
                 return JSON + text.encode()
             return PICKLE + pickle.dumps(data, protocol=pickle.HIGHEST_PROTOCOL)
-        except SerializationError as exc:
-            raise SerializationError(f"cannot serialize {request}: {exc}") from None
         except (TypeError, ValueError, OverflowError, pickle.PicklingError) as exc:
             raise SerializationError(
-                f"cannot serialize {request}: {exc} (meta, cb_kwargs and cookies must hold "
-                "plain data: str, bytes, numbers, bools, None, lists and dicts)"
+                f"{exc} (meta, cb_kwargs and cookies must hold plain data: str, bytes, "
+                "numbers, bools, None, lists and dicts)"
             ) from None
 
     def decode_dict(self, payload: bytes) -> dict[str, Any]:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import pymongo
 import pytest
 import redis
 
@@ -13,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # lets a bare `pytest` import the uninstalled checkout
     sys.path.insert(0, str(ROOT))
 
+from distcrawl.demo.mongo_server import MongoServer  # noqa: E402
 from distcrawl.demo.redis_server import RedisServer  # noqa: E402
 from distcrawl.demo.site import DemoSite  # noqa: E402
 from distcrawl.demo.workers import Worker  # noqa: E402
@@ -54,6 +57,7 @@ def demo_site(tmp_path: Path) -> Iterator[Callable[..., DemoSite]]:
         delay: float = 0.0,
         crawl_delay: float | None = None,
         seed: int = 1,
+        **options: Any,
     ) -> DemoSite:
         log_path = tmp_path / f"site-{len(started)}.log"
         site = DemoSite(
@@ -63,6 +67,7 @@ def demo_site(tmp_path: Path) -> Iterator[Callable[..., DemoSite]]:
             log_path=log_path,
             crawl_delay=crawl_delay,
             seed=seed,
+            **options,
         )
         started.append(site)
         return site.start()
@@ -95,3 +100,30 @@ def workers(tmp_path: Path, redis_url: str) -> Iterator[Callable[..., Worker]]:
     finally:
         for worker in started:
             worker.stop(timeout=10)
+
+
+# ---------------------------------------------------------------------- MongoDB
+
+
+@pytest.fixture
+def mongo_server(tmp_path: Path) -> Iterator[MongoServer]:
+    """A real MongoDB wire-protocol server (secantusd-py) with its own storage directory."""
+    server = MongoServer(directory=tmp_path / "mongo").start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def mongo_uri(mongo_server: MongoServer) -> str:
+    return mongo_server.uri
+
+
+@pytest.fixture
+def mongo_client(mongo_server: MongoServer) -> Iterator[pymongo.MongoClient]:
+    client = mongo_server.client()
+    try:
+        yield client
+    finally:
+        client.close()

@@ -48,6 +48,7 @@ def fill(client, keys):
     client.zadd(keys.queue, {b"1": 0})
     client.hset(keys.requests, b"1", b"0:x")
     client.zadd(keys.leases, {b"2": 1})
+    client.zadd(keys.delayed, {b"3": 1})
     client.sadd(keys.seen, b"fp")
     client.set(keys.seq, 2)
     client.lpush(keys.dead, dead_letter("bad", raw=b"x", source="start_urls"))
@@ -253,6 +254,7 @@ def test_status_counts_what_is_in_redis(capsys, redis_url, redis_client):
     redis_client.lpush(SITE.start_urls, b"http://a.example/", b"http://b.example/")
     redis_client.zadd(SITE.queue, {b"1": 0, b"2": 0, b"3": -5})
     redis_client.zadd(SITE.leases, {b"4": 1})
+    redis_client.zadd(SITE.delayed, {b"5": 1})
     redis_client.sadd(SITE.seen, *[str(i).encode() for i in range(1234)])
     for reason in ("a", "b", "c", "d"):
         redis_client.lpush(SITE.dead, dead_letter(reason, source="test"))
@@ -263,6 +265,7 @@ def test_status_counts_what_is_in_redis(capsys, redis_url, redis_client):
     assert out.splitlines() == [
         "queue          3",
         "leased         1",
+        "delayed        1",
         "seen        1234",
         "start_urls     2",
         "dead           4",
@@ -274,6 +277,7 @@ def test_status_counts_what_is_in_redis(capsys, redis_url, redis_client):
         assert json.loads(out) == {
             "queue": 3,
             "leased": 1,
+            "delayed": 1,
             "seen": 1234,
             "start_urls": 2,
             "dead": 4,
@@ -283,7 +287,14 @@ def test_status_counts_what_is_in_redis(capsys, redis_url, redis_client):
 def test_status_of_an_empty_crawl(capsys, redis_url):
     code, out, _ = run(capsys, redis_url, "--json", "status", "nothing-here")
     assert code == 0
-    assert json.loads(out) == {"queue": 0, "leased": 0, "seen": 0, "start_urls": 0, "dead": 0}
+    assert json.loads(out) == {
+        "queue": 0,
+        "leased": 0,
+        "delayed": 0,
+        "seen": 0,
+        "start_urls": 0,
+        "dead": 0,
+    }
 
 
 def test_redis_url_after_the_subcommand_wins(capsys, redis_url):
@@ -312,7 +323,7 @@ def test_reset_removes_exactly_that_crawls_keys(capsys, redis_url, redis_client)
     assert set(SITE.all()) <= {k.decode() for k in before}
 
     code, out, err = run(capsys, redis_url, "reset", "site", "--yes")
-    assert (code, out, err) == (0, "removed 7 keys of 'site'\n", "")
+    assert (code, out, err) == (0, f"removed {len(SITE.all())} keys of 'site'\n", "")
     after = set(redis_client.keys("*"))
     assert after == before - {k.encode() for k in SITE.all()}
     assert redis_client.get("site:custom") == b"not a distcrawl key"
@@ -325,7 +336,7 @@ def test_reset_without_yes_on_a_pipe_refuses(capsys, redis_url, redis_client, mo
     assert code == 1
     assert out == ""
     assert "--yes" in err
-    assert redis_client.exists(*SITE.all()) == 7
+    assert redis_client.exists(*SITE.all()) == len(SITE.all())
 
 
 @pytest.mark.parametrize("answer", ["", "n\n", "no\n", "yess\n"])
@@ -334,9 +345,9 @@ def test_reset_declined_at_the_prompt(capsys, redis_url, redis_client, monkeypat
     monkeypatch.setattr(sys, "stdin", FakeTTY(answer))
     code, out, err = run(capsys, redis_url, "reset", "site")
     assert (code, out) == (1, "")
-    assert f"Delete all 7 keys of 'site' at {redis_url}? [y/N]" in err
+    assert f"Delete all {len(SITE.all())} keys of 'site' at {redis_url}? [y/N]" in err
     assert "aborted" in err
-    assert redis_client.exists(*SITE.all()) == 7
+    assert redis_client.exists(*SITE.all()) == len(SITE.all())
 
 
 @pytest.mark.parametrize("answer", ["y\n", "YES\n", " yes \n"])
@@ -344,7 +355,7 @@ def test_reset_confirmed_at_the_prompt(capsys, redis_url, redis_client, monkeypa
     fill(redis_client, SITE)
     monkeypatch.setattr(sys, "stdin", FakeTTY(answer))
     code, out, _ = run(capsys, redis_url, "reset", "site")
-    assert (code, out) == (0, "removed 7 keys of 'site'\n")
+    assert (code, out) == (0, f"removed {len(SITE.all())} keys of 'site'\n")
     assert redis_client.exists(*SITE.all()) == 0
 
 
@@ -468,7 +479,7 @@ def test_dead_purge(capsys, redis_url, redis_client, monkeypatch):
     assert (code, out) == (0, "removed 4 dead-letter records of 'site'\n")
     assert redis_client.exists(SITE.dead) == 0
     # only the dead letters went
-    assert redis_client.exists(*SITE.all()) == 6
+    assert redis_client.exists(*SITE.all()) == len(SITE.all()) - 1
     assert redis_client.llen(FrontierKeys("other").dead) == 3
 
     code, out, _ = run(capsys, redis_url, "--json", "dead", "purge", "site")

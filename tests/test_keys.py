@@ -17,6 +17,7 @@ def test_key_names_are_pinned():
         "site:queue",
         "site:requests",
         "site:leases",
+        "site:delayed",
         "site:seen",
         "site:seq",
         "site:dead",
@@ -32,3 +33,7 @@ def test_every_key_is_in_its_namespace():
 def test_invalid_namespace_is_refused(bad):
     with pytest.raises(ValueError):
         FrontierKeys(bad)
+
+
+def test_delayed_key_is_pinned():
+    assert FrontierKeys("site").delayed == "site:delayed"

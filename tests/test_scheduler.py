@@ -211,3 +211,18 @@ def test_project_settings_win_over_the_addon():
     s = Settings({"SCHEDULER": "my.Scheduler"}, priority="project")
     Addon().update_settings(s)
     assert s["SCHEDULER"] == "my.Scheduler"
+
+
+def test_addon_swaps_in_the_redis_backed_retries():
+    from scrapy.downloadermiddlewares.retry import RetryMiddleware as ScrapyRetry
+    from scrapy.settings import Settings
+
+    from distcrawl import Addon
+    from distcrawl.retry import CallbackRetryMiddleware, RetryMiddleware
+
+    s = Settings()
+    Addon().update_settings(s)
+    downloader = s.getdict("DOWNLOADER_MIDDLEWARES")
+    assert downloader[ScrapyRetry] is None
+    assert downloader[RetryMiddleware] == 550
+    assert s.getdict("SPIDER_MIDDLEWARES")[CallbackRetryMiddleware] == 30

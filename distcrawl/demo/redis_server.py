@@ -102,6 +102,7 @@ class RedisServer:
         if self.directory is None:
             self.directory = tempfile.mkdtemp(prefix="distcrawl-redis-")
             self._owns_directory = True
+        Path(self.directory).mkdir(parents=True, exist_ok=True)
         attempts = 1 if self._fixed_port else self.PORT_ATTEMPTS
         for attempt in range(1, attempts + 1):
             if not self._fixed_port:

@@ -36,6 +36,7 @@ SPECIAL_REMAINDER = 7
 PDF_BODY = b"%PDF-1.4\n% distcrawl demo file\n%%EOF\n"
 HTML_TYPE = b"text/html; charset=utf-8"
 DISCONNECTED_STATUS = 499  # nginx's "client closed request": logged, never sent
+DROPPED_STATUS = 0  # the site dropped the connection on purpose (--fail-mode drop)
 
 # fmt: off
 _WORDS = (
@@ -198,6 +199,17 @@ class SiteConfig(NamedTuple):
     seed: int
     delay: float
     crawl_delay: float | None
+    fail_rate: float = 0.0
+    fail_times: int = 2
+    fail_mode: str = "503"
+
+
+def fails_first(path: str, cfg: SiteConfig) -> bool:
+    """Whether ``path`` is one of the pages that fail their first ``fail_times`` requests:
+    a deterministic share ``fail_rate`` of the pages, chosen by seed."""
+    if cfg.fail_rate <= 0 or not path.startswith("/page/"):
+        return False
+    return random.Random(f"fail:{cfg.seed}:{path}").random() < cfg.fail_rate
 
 
 def route(path: str, cfg: SiteConfig) -> _Route:
@@ -215,6 +227,9 @@ def route(path: str, cfg: SiteConfig) -> _Route:
         n = _parse_index(tail[:-4])
         if n is not None and n < cfg.pages and is_special(n):
             return _Route(200, b"application/pdf", PDF_BODY)
+    elif head == "broken":
+        # /broken/<n> always answers 503: a page no number of retries will fetch
+        return _Route(503, HTML_TYPE, b"<html><body>always down</body></html>")
     elif head == "redirect":
         # /redirect/<n> answers 302 to /page/<n>: a request that becomes another request
         n = _parse_index(tail)
@@ -262,6 +277,7 @@ def _build_site(cfg: SiteConfig, request_log: RequestLog) -> Any:
     from twisted.web import http, resource, server
 
     reactor = _reactor()
+    attempts: dict[str, int] = {}  # failures served so far, per path
 
     def describe(request: http.Request) -> tuple[str, str, str]:
         method = request.method.decode("latin-1")
@@ -273,7 +289,18 @@ def _build_site(cfg: SiteConfig, request_log: RequestLog) -> Any:
         isLeaf = True
 
         def render_GET(self, request: server.Request) -> bytes | int:
-            answer = route(request.path.decode("utf-8", "replace"), cfg)
+            path = request.path.decode("utf-8", "replace")
+            if fails_first(path, cfg) and attempts.get(path, 0) < cfg.fail_times:
+                attempts[path] = attempts.get(path, 0) + 1
+                if cfg.fail_mode == "drop":  # the connection dies without an answer
+                    method, uri, ua = describe(request)
+                    request_log.write(method, uri, DROPPED_STATUS, ua)
+                    transport: Any = request.channel.transport
+                    transport.abortConnection()
+                    return server.NOT_DONE_YET
+                request.setResponseCode(503)
+                return b"<html><body>try again</body></html>"
+            answer = route(path, cfg)
             request.setResponseCode(answer.status)
             request.setHeader(b"content-type", answer.content_type)
             if answer.location is not None:
@@ -333,12 +360,34 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--delay", type=float, default=0.0, help="seconds added to each response")
     p.add_argument("--crawl-delay", type=float, default=None, help="Crawl-delay in robots.txt")
     p.add_argument("--log", default=None, help="request log path (appended)")
+    p.add_argument(
+        "--fail-rate",
+        type=float,
+        default=0.0,
+        help="share of pages that fail their first --fail-times requests",
+    )
+    p.add_argument("--fail-times", type=int, default=2)
+    p.add_argument(
+        "--fail-mode",
+        choices=("503", "drop"),
+        default="503",
+        help="answer 503, or drop the connection without an answer",
+    )
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
-    cfg = SiteConfig(args.pages, args.links, args.seed, args.delay, args.crawl_delay)
+    cfg = SiteConfig(
+        args.pages,
+        args.links,
+        args.seed,
+        args.delay,
+        args.crawl_delay,
+        args.fail_rate,
+        args.fail_times,
+        args.fail_mode,
+    )
     serve(args.host, args.port, cfg, args.log)
     return 0
 
@@ -393,7 +442,11 @@ class DemoSite:
         host: str = "127.0.0.1",
         seed: int = 1,
         port: int = 0,
+        fail_rate: float = 0.0,
+        fail_times: int = 2,
+        fail_mode: str = "503",
     ) -> None:
+        self.fail_rate, self.fail_times, self.fail_mode = fail_rate, fail_times, fail_mode
         self.pages = pages
         self.links = links
         self.delay = delay
@@ -417,6 +470,9 @@ class DemoSite:
             cmd += ["--crawl-delay", str(self.crawl_delay)]
         if self.log_path:
             cmd += ["--log", self.log_path]
+        if self.fail_rate:
+            cmd += ["--fail-rate", str(self.fail_rate), "--fail-times", str(self.fail_times)]
+            cmd += ["--fail-mode", self.fail_mode]
         return cmd
 
     def start(self) -> DemoSite:

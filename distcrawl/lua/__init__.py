@@ -12,7 +12,7 @@ from importlib.resources import files
 import redis
 from redis.commands.core import Script
 
-NAMES = ("commit", "lease", "renew", "requeue")
+NAMES = ("commit", "lease", "redrive", "renew", "requeue")
 
 
 def source(name: str) -> str:
@@ -23,6 +23,7 @@ def source(name: str) -> str:
 class Scripts:
     commit: Script
     lease: Script
+    redrive: Script
     renew: Script
     requeue: Script
 

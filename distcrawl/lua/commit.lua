@@ -8,17 +8,19 @@
 -- KEYS[5] leases     ZSET  request id -> lease deadline (ms)
 -- KEYS[6] start_urls LIST  raw entries pushed by producers
 -- KEYS[7] dead       LIST  dead-letter records (JSON)
+-- KEYS[8] delayed    ZSET  request id -> due time (ms)
 --
 -- ARGV[1]              number of acknowledged ids (A)
 -- ARGV[2 .. A+1]       the acknowledged request ids
 -- ARGV[A+2]            number of entries (N), then 5 arguments per entry:
 --   kind     'r' request, 's' request made from a start_urls entry, 'x' start_urls entry that
---            goes to the dead letters, 'd' dead letter
+--            goes to the dead letters, 'd' dead letter, 'l' request to retry later (never
+--            filtered: it is a new attempt of a request already seen)
 --   fp       fingerprint ('' = do not filter)
 --   priority integer
 --   payload  encoded request, or the dead-letter record for 'x' and 'd'
 --   raw      the start_urls entry for 's' and 'x' (removed with LREM; if another worker
---            removed it first the entry is skipped), '' otherwise
+--            removed it first the entry is skipped); the delay in ms for 'l'; '' otherwise
 --
 -- Returns {enqueued, duplicates, dead, skipped, queue length}.
 
@@ -37,6 +39,7 @@ end
 local base = acks + 2
 local n = tonumber(ARGV[base])
 local enqueued, duplicates, dead, skipped = 0, 0, 0, 0
+local now = nil
 for i = 0, n - 1 do
   local at = base + 1 + i * 5
   local kind, fp, prio, payload, raw = ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3], ARGV[at + 4]
@@ -49,6 +52,15 @@ for i = 0, n - 1 do
     if kind == 'x' or kind == 'd' then
       redis.call('LPUSH', KEYS[7], payload)
       dead = dead + 1
+    elseif kind == 'l' then
+      if not now then
+        local t = redis.call('TIME')
+        now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+      end
+      local id = string.format('%012x', redis.call('INCR', KEYS[4]))
+      redis.call('ZADD', KEYS[8], now + tonumber(raw), id)
+      redis.call('HSET', KEYS[2], id, prio .. ':' .. payload)
+      enqueued = enqueued + 1
     elseif fp == '' or redis.call('SADD', KEYS[3], fp) == 1 then
       local id = string.format('%012x', redis.call('INCR', KEYS[4]))
       redis.call('ZADD', KEYS[1], -tonumber(prio), id)

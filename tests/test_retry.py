@@ -1,0 +1,244 @@
+"""Retries that wait in Redis, dead letters and re-drive, with real workers and a real site."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from collections import defaultdict
+from email.utils import formatdate
+
+import pytest
+import pytest_twisted
+
+from distcrawl import cli
+from distcrawl.demo.site import DemoSite
+from distcrawl.retry import Backoff, parse_retry_after
+from distcrawl.spiders import RedisSpider
+from tests.test_crawl import page_fetches, wait_until
+from tests.test_scheduler import crawl
+
+FAST_BACKOFF = {
+    "DISTCRAWL_RETRY_BACKOFF_BASE": 1.0,
+    "DISTCRAWL_RETRY_BACKOFF_FACTOR": 2.0,
+    "DISTCRAWL_RETRY_JITTER": 0.2,
+}
+
+
+def attempt_times(site: DemoSite) -> dict[str, list[float]]:
+    times: dict[str, list[float]] = defaultdict(list)
+    for line in site.read_log():
+        if line.path.startswith("/page/") or line.path == "/":
+            times[line.path].append(line.time)
+    return times
+
+
+def test_backoff_grows_is_capped_and_jittered():
+    low, high = (
+        Backoff(1, 2, 10, 0.2, 600, rng=lambda: 0.0),
+        Backoff(1, 2, 10, 0.2, 600, rng=lambda: 1.0),
+    )
+    assert [low.delay(n) for n in (1, 2, 3)] == pytest.approx([0.8, 1.6, 3.2])
+    assert [high.delay(n) for n in (1, 2, 3)] == pytest.approx([1.2, 2.4, 4.8])
+    assert high.delay(10) == pytest.approx(12.0)  # the cap, jittered
+    assert low.delay(1, retry_after=30) == 30  # Retry-After wins over a shorter backoff
+    assert low.delay(1, retry_after=10_000) == 600  # but is capped
+
+
+def test_parse_retry_after():
+    assert parse_retry_after(b"120") == 120
+    now = time.time()
+    assert parse_retry_after(formatdate(now + 60, usegmt=True), now=now) == pytest.approx(60, abs=1)
+    assert parse_retry_after(b"soon") is None
+    assert parse_retry_after(None) is None
+
+
+@pytest.mark.parametrize("mode", ["503", "drop"])
+def test_transient_failures_are_retried_with_backoff_and_nothing_is_lost(
+    mode, demo_site, workers, redis_client
+):
+    site = demo_site(pages=150, fail_rate=0.1, fail_times=2, fail_mode=mode)
+    redis_client.lpush("site:start_urls", site.url + "/")
+    pool = [workers(i, DISTCRAWL_IDLE_TIMEOUT=5, **FAST_BACKOFF) for i in (1, 2)]
+    for w in pool:
+        assert w.wait(180) == 0, w.log()[-3000:]
+
+    assert set(page_fetches(site)) == site.expected_pages()  # every page, in the end
+    assert redis_client.llen("site:dead") == 0
+    failing = {p: t for p, t in attempt_times(site).items() if len(t) > 1}
+    assert len(failing) >= 5  # ~10% of 151 pages, each failing twice
+    for path, times in failing.items():
+        assert len(times) == 3, (path, times)  # two failures, then the success
+        # Twisted re-sends a request at once, by itself, when a reused connection dies
+        # before answering: such re-sends (< 0.3 s apart) are one attempt for distcrawl.
+        attempts = [t for i, t in enumerate(times) if i == 0 or t - times[i - 1] > 0.3]
+        assert len(attempts) >= 2 if mode == "drop" else len(attempts) == 3, (path, times)
+        for n, (before, after) in enumerate(itertools.pairwise(attempts), 1):
+            backoff = 2 ** (n - 1)  # base 1 s, factor 2, +-20% jitter
+            # the upper bound allows for the idle poll and a loaded machine
+            assert 0.75 * backoff <= after - before <= 1.2 * backoff + 2.0, (path, times)
+    # the retries were taken by any worker, not only by the one that failed
+    agents = {line.user_agent for line in site.read_log() if line.path in failing}
+    assert len(agents) == 2
+
+
+def test_a_page_that_always_fails_is_dead_lettered_and_can_be_redriven(
+    demo_site, workers, redis_client, redis_url, capsys
+):
+    site = demo_site(pages=5)
+    redis_client.lpush("site:start_urls", site.url + "/broken/1")
+    worker = workers(1, DISTCRAWL_IDLE_TIMEOUT=2, RETRY_TIMES=2, **FAST_BACKOFF)
+    assert worker.wait(60) == 0, worker.log()[-3000:]
+    tries = [line for line in site.read_log() if line.path == "/broken/1"]
+    assert len(tries) == 3  # 1 + RETRY_TIMES
+    (record,) = [json.loads(r) for r in redis_client.lrange("site:dead", 0, -1)]
+    assert record["source"] == "retry"
+    assert record["attempts"] == 3 and record["status"] == 503
+    assert "503" in record["reason"] and record["url"].endswith("/broken/1")
+    assert [e["status"] for e in record["errors"]] == [503, 503, 503]
+    assert record["worker"] and record["time"]
+
+    assert cli.main(["--redis-url", redis_url, "dead", "redrive", "site", "--error", "503"]) == 0
+    assert "re-drove 1" in capsys.readouterr().out
+    assert redis_client.llen("site:dead") == 0
+    assert redis_client.zcard("site:queue") == 1
+    again = workers(2, DISTCRAWL_IDLE_TIMEOUT=2, RETRY_TIMES=2, **FAST_BACKOFF)
+    assert again.wait(60) == 0
+    tries = [line for line in site.read_log() if line.path == "/broken/1"]
+    assert len(tries) == 6  # a fresh attempt count after the re-drive
+    assert redis_client.llen("site:dead") == 1
+
+
+def test_redrive_filters_by_domain_and_error(redis_url, redis_client, capsys):
+    from distcrawl.frontier import dead_letter
+
+    redis_client.lpush(
+        "site:dead",
+        dead_letter("gave up after 3 attempts: 503", url="http://a.test/x", source="retry"),
+        dead_letter("gave up after 3 attempts: 500", url="http://b.test/y", source="retry"),
+        dead_letter("invalid JSON: ...", raw=b'{"url": ', source="start_urls"),
+    )
+    assert (
+        cli.main(["--redis-url", redis_url, "dead", "redrive", "site", "--domain", "b.test"]) == 0
+    )
+    assert redis_client.llen("site:dead") == 2
+    assert redis_client.zcard("site:queue") == 1
+    assert (
+        cli.main(["--redis-url", redis_url, "dead", "redrive", "site", "--source", "start_urls"])
+        == 0
+    )
+    assert redis_client.lrange("site:start_urls", 0, -1) == [b'{"url": ']
+    assert (
+        cli.main(["--redis-url", redis_url, "dead", "redrive", "site", "--error", "nothing"]) == 0
+    )
+    assert redis_client.llen("site:dead") == 1
+
+
+class PoisonSpider(RedisSpider):
+    name = "poison"
+
+    def parse(self, response, **kwargs):
+        if response.url.endswith("/page/1"):
+            raise ValueError("cannot parse this page")
+        yield {"url": response.url}
+
+
+@pytest_twisted.ensureDeferred
+async def test_poison_callback_is_retried_a_bounded_number_of_times(
+    redis_url, redis_client, demo_site
+):
+    site = demo_site(pages=5)
+    redis_client.lpush("poison:start_urls", site.url + "/page/1", site.url + "/page/2")
+    crawler = await crawl(
+        PoisonSpider,
+        redis_url,
+        DISTCRAWL_CALLBACK_RETRIES=2,
+        DISTCRAWL_IDLE_TIMEOUT=2,
+        DISTCRAWL_RETRY_BACKOFF_BASE=0.3,
+    )
+    tries = [line for line in site.read_log() if line.path == "/page/1"]
+    assert len(tries) == 3  # the first try and two retries, then no more
+    (record,) = [json.loads(r) for r in redis_client.lrange("poison:dead", 0, -1)]
+    assert record["source"] == "callback" and record["attempts"] == 3
+    assert "ValueError: cannot parse this page" in record["reason"]
+    assert "raise ValueError" in record["traceback"]
+    assert crawler.stats.get_value("distcrawl/retry/callback") == 2
+    assert crawler.stats.get_value("item_scraped_count") == 1  # the good page was not held up
+    assert redis_client.zcard("poison:delayed") == redis_client.zcard("poison:leases") == 0
+
+
+def wait_for_pages(site: DemoSite, count: int, timeout: float = 60) -> None:
+    assert wait_until(lambda: len(page_fetches(site)) >= count, timeout=timeout)
+
+
+def test_redis_restart_mid_crawl_loses_nothing(demo_site, tmp_path):
+    from distcrawl.demo.redis_server import RedisServer
+    from distcrawl.demo.workers import Worker
+
+    site = demo_site(pages=500, delay=0.05)
+    with RedisServer(directory=tmp_path / "aof", appendonly=True) as server:
+        server.client().lpush("site:start_urls", site.url + "/")
+        pool = [
+            Worker(
+                i,
+                redis_url=server.url,
+                log_path=tmp_path / f"w{i}.log",
+                settings={"DISTCRAWL_IDLE_TIMEOUT": 5},
+            ).start()
+            for i in (1, 2)
+        ]
+        try:
+            wait_for_pages(site, 120)
+            server.restart()
+            restarted_at = time.time()
+            for w in pool:
+                assert w.wait(180) == 0, w.log()[-3000:]
+            fetched = page_fetches(site, ok_only=False)
+            duplicates = sum(n - 1 for n in fetched.values())
+            print(
+                f"redis restart: {duplicates} duplicates, "
+                f"{len(site.expected_pages() - set(page_fetches(site)))} missing"
+            )
+            assert set(page_fetches(site)) == site.expected_pages()
+            assert any(line.time > restarted_at for line in site.read_log())
+            client = server.client()
+            assert client.zcard("site:queue") == client.zcard("site:leases") == 0
+        finally:
+            for w in pool:
+                w.stop()
+
+
+def test_redis_down_for_ten_seconds_workers_survive_and_finish(demo_site, tmp_path):
+    from distcrawl.demo.redis_server import RedisServer
+    from distcrawl.demo.workers import Worker
+
+    site = demo_site(pages=400, delay=0.05)
+    with RedisServer(directory=tmp_path / "aof", appendonly=True) as server:
+        server.client().lpush("site:start_urls", site.url + "/")
+        pool = [
+            Worker(
+                i,
+                redis_url=server.url,
+                log_path=tmp_path / f"w{i}.log",
+                settings={"DISTCRAWL_IDLE_TIMEOUT": 5, "DISTCRAWL_LEASE_TIMEOUT": 30},
+            ).start()
+            for i in (1, 2)
+        ]
+        try:
+            wait_for_pages(site, 100)
+            server.stop()
+            time.sleep(10)
+            for w in pool:
+                assert w.alive(), w.log()[-3000:]
+                assert "Redis unreachable" in w.log()  # said clearly, once
+            server.restart()  # same port, same AOF
+            for w in pool:
+                assert w.wait(180) == 0, w.log()[-3000:]
+            assert set(page_fetches(site)) == site.expected_pages()
+            for w in pool:
+                assert "Redis is reachable again" in w.log()
+            client = server.client()
+            assert client.zcard("site:queue") == client.zcard("site:leases") == 0
+        finally:
+            for w in pool:
+                w.stop()
