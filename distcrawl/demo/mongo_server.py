@@ -1,0 +1,266 @@
+"""A throwaway MongoDB wire-protocol server (SecantusDB) for tests and the quick start.
+
+Tests talk to a real server, not a fake client: the pipeline's behaviour on write errors,
+outages and restarts is only worth testing against something that really refuses,
+disconnects and comes back. ``secantusd-py`` (``pip install secantusdb``) speaks the
+MongoDB wire protocol on top of WiredTiger and keeps its data across restarts.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+from urllib.parse import quote_plus
+
+import pymongo
+from pymongo.errors import PyMongoError
+
+from distcrawl.demo.redis_server import HOST, find_free_port
+
+logger = logging.getLogger(__name__)
+
+
+def _default_binary() -> str:
+    # the venv's own script first: CI runs `.venv/bin/python` without the venv on PATH
+    beside = Path(sys.executable).parent / "secantusd-py"
+    if beside.exists():
+        return str(beside)
+    return shutil.which("secantusd-py") or "secantusd-py"
+
+
+MONGO_BINARY = os.environ.get("DISTCRAWL_MONGO_SERVER") or _default_binary()
+
+
+class MongoServer:
+    """One ``secantusd-py`` subprocess on loopback, with a storage directory that may outlive it.
+
+    ``standalone=True`` makes drivers see a standalone server (connect with
+    ``directConnection=true``, which :attr:`uri` does); ``False`` advertises a single-node
+    replica set named ``secantus`` (see :attr:`replica_set_uri`).
+    """
+
+    START_TIMEOUT = 30.0
+    STOP_TIMEOUT = 10.0
+    PORT_ATTEMPTS = 3
+
+    def __init__(
+        self,
+        port: int | None = None,
+        directory: str | os.PathLike[str] | None = None,
+        *,
+        standalone: bool = True,
+        auth: bool = False,
+        tls: tuple[str, str, str] | None = None,
+        binary: str = MONGO_BINARY,
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        self.port = port
+        self._fixed_port = port is not None
+        self.directory = str(directory) if directory is not None else None
+        self._owns_directory = False
+        self.standalone = standalone
+        self.auth = auth
+        #: (certificate file, key file, CA file) to serve TLS
+        self.tls = tls
+        self.binary = binary
+        self.extra_args = list(extra_args)
+        #: (user, password) the readiness check and :meth:`client` use when ``auth`` is on
+        self.credentials: tuple[str, str] | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._output: IO[bytes] | None = None
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    @property
+    def address(self) -> str:
+        if self.port is None:
+            raise RuntimeError("mongo server not started")
+        return f"{HOST}:{self.port}"
+
+    @property
+    def uri(self) -> str:
+        """``mongodb://127.0.0.1:PORT/?directConnection=true`` (with TLS options if served)."""
+        return f"mongodb://{self._userinfo()}{self.address}/?{self._options(direct=True)}"
+
+    @property
+    def replica_set_uri(self) -> str:
+        """The URI that discovers the single-node replica set (``standalone=False`` only)."""
+        options = "&".join(filter(None, ["replicaSet=secantus", self._options(direct=False)]))
+        return f"mongodb://{self._userinfo()}{self.address}/?{options}"
+
+    @property
+    def log_path(self) -> Path | None:
+        return Path(self.directory, "secantusd.log") if self.directory else None
+
+    @property
+    def storage_path(self) -> Path:
+        assert self.directory is not None
+        return Path(self.directory, "data")
+
+    def client(self, **kwargs: Any) -> pymongo.MongoClient[dict[str, Any]]:
+        """A new client to :attr:`uri`; the caller closes it."""
+        kwargs.setdefault("serverSelectionTimeoutMS", 5000)
+        return pymongo.MongoClient(self.uri, **kwargs)
+
+    def _userinfo(self) -> str:
+        if self.credentials is None:
+            return ""
+        user, password = self.credentials
+        return f"{quote_plus(user)}:{quote_plus(password)}@"
+
+    def _options(self, *, direct: bool) -> str:
+        options = ["directConnection=true"] if direct else []
+        if self.tls is not None:
+            options += ["tls=true", f"tlsCAFile={quote_plus(self.tls[2])}"]
+        if self.credentials is not None:
+            options.append("authSource=admin")
+        return "&".join(options)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def command(self) -> list[str]:
+        assert self.port is not None and self.directory is not None
+        cmd = [self.binary, "--host", HOST, "--port", str(self.port)]
+        cmd += ["--storage-path", str(self.storage_path), "--log-level", "WARNING"]
+        if self.standalone:
+            cmd.append("--standalone")
+        if self.auth:
+            cmd.append("--auth")
+        if self.tls is not None:
+            cert, key, ca = self.tls
+            cmd += ["--tls-cert-file", cert, "--tls-key-file", key, "--tls-ca-file", ca]
+        return cmd + self.extra_args
+
+    def start(self) -> MongoServer:
+        if self.proc is not None:
+            raise RuntimeError("mongo server already started")
+        if self.directory is None:
+            self.directory = tempfile.mkdtemp(prefix="distcrawl-mongo-")
+            self._owns_directory = True
+        attempts = 1 if self._fixed_port else self.PORT_ATTEMPTS
+        for attempt in range(1, attempts + 1):
+            if not self._fixed_port:
+                self.port = find_free_port()
+            if self._spawn_and_wait():
+                return self
+            logger.warning("secantusd-py failed on port %s (attempt %d)", self.port, attempt)
+        raise RuntimeError(f"secantusd-py did not start; see {self.log_path}: {self._log_tail()}")
+
+    def stop(self) -> None:
+        """SIGTERM (a clean shutdown); an owned temporary directory is removed."""
+        self._terminate(signal.SIGTERM)
+        if self._owns_directory and self.directory:
+            shutil.rmtree(self.directory, ignore_errors=True)
+            self.directory = None
+            self._owns_directory = False
+
+    def pause(self) -> None:
+        """Stop the server but keep its port and data, for :meth:`resume`."""
+        self._terminate(signal.SIGTERM)
+        self._fixed_port = True
+
+    def resume(self) -> MongoServer:
+        if not self._spawn_and_wait():
+            raise RuntimeError(f"secantusd-py did not restart: {self._log_tail()}")
+        return self
+
+    def restart(self) -> MongoServer:
+        """Same port and storage directory: the data survives."""
+        self.pause()
+        return self.resume()
+
+    def enable_auth(self, user: str, password: str) -> MongoServer:
+        """Create a root user, then restart with ``--auth``; :attr:`uri` then carries them."""
+        with self.client() as client:
+            client.admin.command(
+                "createUser", user, pwd=password, roles=[{"role": "root", "db": "admin"}]
+            )
+        self.auth = True
+        self.credentials = (user, password)
+        return self.restart()
+
+    def __enter__(self) -> MongoServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ internals
+
+    def _spawn_and_wait(self) -> bool:
+        assert self.log_path is not None
+        self.storage_path.mkdir(parents=True, exist_ok=True)
+        self._output = open(self.log_path, "ab")  # noqa: SIM115 - closed in _terminate
+        self.proc = subprocess.Popen(
+            self.command(),
+            stdout=self._output,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=self.directory,
+        )
+        if self._wait_ready():
+            logger.debug("secantusd-py pid %s ready at port %s", self.proc.pid, self.port)
+            return True
+        self._terminate(signal.SIGKILL)
+        return False
+
+    def _wait_ready(self) -> bool:
+        deadline = time.monotonic() + self.START_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.proc is None or self.proc.poll() is not None:
+                return False
+            if self._ping():
+                return True
+            time.sleep(0.1)
+        return False
+
+    def _ping(self) -> bool:
+        client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(
+            self.uri, serverSelectionTimeoutMS=500, connectTimeoutMS=500
+        )
+        try:
+            client.admin.command("ping")
+            return True
+        except PyMongoError:
+            return False
+        finally:
+            client.close()
+
+    def _terminate(self, sig: int) -> None:
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(sig)
+            try:
+                proc.wait(self.STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                logger.warning("secantusd-py pid %s ignored signal %s, killing it", proc.pid, sig)
+                proc.kill()
+                proc.wait(self.STOP_TIMEOUT)
+        if self._output is not None:
+            self._output.close()
+            self._output = None
+
+    def _log_tail(self, size: int = 2000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-size:] if self.log_path else ""
+        except OSError:
+            return ""
