@@ -1,0 +1,473 @@
+"""MongoPipeline: every item into MongoDB, batched, idempotent, and never lost.
+
+distcrawl acknowledges a request in Redis only after Scrapy is done with it, which includes
+``process_item`` of every item it produced. So ``process_item`` here returns only once the
+item's batch is in MongoDB (or its dead letter is, or it is in the spill file). Many items
+wait on one batch at a time, which gives batching and back-pressure together:
+
+- items join a buffer; a batch is written when it is full (DISTCRAWL_MONGO_BATCH_SIZE) or
+  its oldest item has waited DISTCRAWL_MONGO_FLUSH_INTERVAL; one unordered ``bulk_write`` of
+  upserts by ``_id`` per batch, on the pipeline's own thread, never on the reactor;
+- when MongoDB is down the batch stays in the buffer and is retried with backoff; when the
+  buffer holds DISTCRAWL_MONGO_MAX_BUFFER items, ``process_item`` waits for room, so the
+  spider slows down instead of memory growing;
+- a worker that closes while MongoDB stays down waits DISTCRAWL_MONGO_CLOSE_TIMEOUT, then
+  appends what it holds to a JSON-lines spill file (``distcrawl mongo replay`` writes it);
+- a worker killed at any moment loses nothing either: requests whose items were not yet
+  written are not acknowledged, so their leases expire and another worker crawls them
+  again, and the upserts by ``_id`` make that second write replace the first.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+from itemadapter import ItemAdapter
+from scrapy import Request
+from scrapy.exceptions import NotConfigured
+from scrapy.utils.defer import maybe_deferred_to_future
+from twisted.internet.defer import Deferred
+
+from distcrawl.mongo import (
+    DEAD_SUFFIX,
+    Doc,
+    FlushResult,
+    MongoConfig,
+    MongoIO,
+    MongoWriter,
+    NoKey,
+    SpillFile,
+    is_transient,
+    key_from_fields,
+    scrub,
+)
+
+if TYPE_CHECKING:
+    from scrapy.crawler import Crawler
+    from twisted.internet.base import DelayedCall
+    from twisted.python.failure import Failure
+
+logger = logging.getLogger(__name__)
+
+RETRY_MIN_DELAY = 0.25
+RETRY_MAX_DELAY = 10.0
+#: how often a pipeline waiting for MongoDB checks whether the crawl is closing
+TICK = 0.5
+STATS = "distcrawl/mongo"
+
+
+def _reason(exc: BaseException, uri: str) -> str:
+    """The error message, without secrets and without pymongo's topology dump."""
+    text = str(exc).split(", Timeout: ")[0].split(", full error: ")[0]
+    text = scrub(text, uri)
+    return text if len(text) <= 300 else text[:300] + "..."
+
+
+def _call_later(delay: float, func: Callable[[], None]) -> DelayedCall:
+    from twisted.internet import reactor
+
+    clock: Any = reactor  # zope interfaces confuse mypy about callLater's signature
+    return cast("DelayedCall", clock.callLater(delay, func))
+
+
+class _Pending:
+    __slots__ = ("doc", "done", "since")
+
+    def __init__(self, doc: Doc) -> None:
+        self.doc = doc
+        self.done: Deferred[str] = Deferred()
+        self.since = time.monotonic()
+
+
+class MongoPipeline:
+    """Item pipeline (enabled by the add-on when MONGO_URI is set); see the module docstring."""
+
+    def __init__(self, crawler: Crawler, config: MongoConfig) -> None:
+        self.crawler = crawler
+        self.config = config
+        self._io = MongoIO()
+        self._writer: MongoWriter | None = None
+        self._spill: SpillFile | None = None
+        self._default_collection = "items"
+        self._buffer: deque[_Pending] = deque()
+        self._in_flight: list[_Pending] = []
+        self._space: deque[Deferred[None]] = deque()
+        self._drained: list[Deferred[None]] = []
+        self._timer: DelayedCall | None = None
+        self._retry: DelayedCall | None = None
+        self._retry_delay = 0.0
+        self._retry_at = 0.0
+        self._down_since: float | None = None
+        self._closing_since: float | None = None
+        self._closing_logged = False
+        self._counts = {"written": 0, "upserted": 0, "updated": 0, "failed": 0, "spilled": 0}
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> MongoPipeline:
+        config = MongoConfig.from_settings(crawler.settings)
+        if not config.enabled:
+            raise NotConfigured("MONGO_URI is not set")
+        return cls(crawler, config)
+
+    # ------------------------------------------------------------------ Scrapy API
+
+    async def open_spider(self) -> None:
+        spider = self.crawler.spider
+        name = spider.name if spider is not None else "items"
+        self._default_collection = self.config.collection or name
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        self._spill = SpillFile(Path(self.config.spill_dir) / f"{name}-{stamp}-{os.getpid()}.jsonl")
+        assert self.config.uri is not None
+        self._writer = MongoWriter(
+            self.config.uri,
+            self.config.database,
+            spill=self._spill,
+            source=f"{name}@{socket.gethostname()}:{os.getpid()}",
+            key_fields=self.config.key_fields,
+            timeout=self.config.timeout,
+        )
+        self._io.start()
+        logger.info(
+            "MongoDB: items go to %s.%s at %s (batches of up to %d, every %.2fs at most)",
+            self.config.database,
+            self._default_collection,
+            self.config.shown_uri,
+            self.config.batch_size,
+            self.config.flush_interval,
+        )
+        # first contact in the background: the crawl does not wait for MongoDB to start
+        self._io.run(self._writer.prepare, self._default_collection).addErrback(
+            self._log_unreachable_at_open
+        )
+
+    async def process_item(self, item: Any) -> Any:
+        pending = _Pending(self._document(item))
+        if self._queued() >= self.config.max_buffer:
+            self._inc("waited_for_room")
+            while self._queued() >= self.config.max_buffer:
+                room: Deferred[None] = Deferred()
+                self._space.append(room)
+                await maybe_deferred_to_future(room)
+        self._buffer.append(pending)
+        self._max("buffer_max", self._queued())
+        self._kick()
+        await maybe_deferred_to_future(pending.done)
+        return item
+
+    async def close_spider(self) -> None:
+        if self._closing_since is None:
+            self._closing_since = time.monotonic()
+        # Scrapy closes pipelines once every process_item has returned, so normally
+        # nothing is left; anything that is goes through the same retry/spill path.
+        if self._queued():
+            drained: Deferred[None] = Deferred()
+            self._drained.append(drained)
+            self._kick()
+            await maybe_deferred_to_future(drained)
+        for call in (self._timer, self._retry):
+            if call is not None and call.active():
+                call.cancel()
+        self._timer = self._retry = None
+        if self._writer is not None:
+            try:
+                await maybe_deferred_to_future(self._io.run(self._writer.close))
+            finally:
+                self._io.stop()
+        counts = self._counts
+        logger.info(
+            "MongoDB: %d items written to %s (%d new, %d updated), %d dead-lettered, %d spilled",
+            counts["written"],
+            self.config.database,
+            counts["upserted"],
+            counts["updated"],
+            counts["failed"],
+            counts["spilled"],
+        )
+        if counts["spilled"] and self._spill is not None:
+            self._log_spill(self._spill.records)
+
+    # ------------------------------------------------------------------ documents
+
+    def _document(self, item: Any) -> Doc:
+        item_type = type(item)
+        type_name = f"{item_type.__module__}.{item_type.__qualname__}"
+        collection = self.config.collection_for(item_type, self._default_collection)
+        if not ItemAdapter.is_item(item):
+            return Doc(
+                collection,
+                {"value": repr(item)},
+                item_type=type_name,
+                error="not an item (itemadapter does not support this type)",
+            )
+        data = ItemAdapter(item).asdict()
+        try:
+            key = self._key(data)
+        except NoKey as exc:
+            return Doc(collection, data, item_type=type_name, error=f"no key: {exc}")
+        doc: dict[str, Any] = {"_id": key}
+        doc.update((k, v) for k, v in data.items() if k != "_id")
+        return Doc(collection, doc, key=key, item_type=type_name)
+
+    def _key(self, data: dict[str, Any]) -> Any:
+        """The item's ``_id``: its own, or the hash of DISTCRAWL_MONGO_KEY_FIELDS, or (by
+        default) the request fingerprint of its URL, the key Redis dedups pages by."""
+        if data.get("_id") is not None:
+            return data["_id"]
+        if self.config.key_fields:
+            return key_from_fields(data, self.config.key_fields)
+        name = self.config.url_field
+        url = data.get(name)
+        if not isinstance(url, str) or not url:
+            raise NoKey(
+                f"the item has no {name!r} field; set DISTCRAWL_MONGO_KEY_FIELDS for items "
+                "without a URL"
+            )
+        try:
+            request = Request(url)
+        except (TypeError, ValueError) as exc:
+            raise NoKey(f"{name!r} is not a URL: {exc}") from None
+        return self.crawler.request_fingerprinter.fingerprint(request).hex()
+
+    # ------------------------------------------------------------------ batching
+
+    def _queued(self) -> int:
+        return len(self._buffer) + len(self._in_flight)
+
+    def _kick(self) -> None:
+        """Start a write if one is due; otherwise make sure a timer will start it."""
+        if self._in_flight or self._retry is not None or not self._buffer:
+            if not self._queued():
+                self._fire_drained()
+            return
+        wait = self._buffer[0].since + self.config.flush_interval - time.monotonic()
+        if (
+            len(self._buffer) >= self.config.batch_size
+            or wait <= 0
+            or self._closing_since is not None
+        ):
+            self._write()
+        elif self._timer is None:
+            self._timer = _call_later(wait, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._kick()
+
+    def _take(self, size: int) -> list[_Pending]:
+        if self._timer is not None:
+            if self._timer.active():
+                self._timer.cancel()
+            self._timer = None
+        batch = [self._buffer.popleft() for _ in range(min(size, len(self._buffer)))]
+        self._in_flight = batch
+        return batch
+
+    def _write(self) -> None:
+        assert self._writer is not None
+        batch = self._take(self.config.batch_size)
+        started = time.monotonic()
+        d = self._io.run(self._writer.write, [p.doc for p in batch])
+        d.addCallbacks(
+            self._on_written,
+            self._on_failed,
+            callbackArgs=(batch, started),
+            errbackArgs=(batch,),
+        )
+
+    def _on_written(self, result: FlushResult, batch: list[_Pending], started: float) -> None:
+        elapsed = time.monotonic() - started
+        self._in_flight = []
+        if self._down_since is not None:
+            logger.info(
+                "MongoDB at %s is back after %.1fs; writing the %d items that waited",
+                self.config.shown_uri,
+                time.monotonic() - self._down_since,
+                self._queued() + len(batch),
+            )
+            self._down_since = None
+        self._retry_delay = 0.0
+        self._inc("flushes")
+        self._inc("flush_time_ms", round(elapsed * 1000))
+        self._max("flush_time_max_ms", round(elapsed * 1000))
+        self._max("batch_max", len(batch))
+        self._count(result)
+        for i, reason in sorted(result.reasons.items()):
+            doc = batch[i].doc
+            logger.warning(
+                "MongoDB: an item of %s (key %r) was dead-lettered to %s.%s%s: %s",
+                doc.item_type,
+                doc.key,
+                self.config.database,
+                doc.collection,
+                DEAD_SUFFIX,
+                reason,
+            )
+        self._finish(batch, result.outcomes)
+
+    def _on_failed(self, failure: Failure, batch: list[_Pending]) -> None:
+        self._in_flight = []
+        self._buffer.extendleft(reversed(batch))
+        self._inc("retries")
+        exc = failure.value
+        now = time.monotonic()
+        if self._down_since is None:
+            self._down_since = now
+            transient = is_transient(exc)
+            logger.log(
+                logging.WARNING if transient else logging.ERROR,
+                "MongoDB at %s: write failed (%s: %s); keeping %d items and retrying "
+                "with backoff up to %.0fs",
+                self.config.shown_uri,
+                type(exc).__name__,
+                _reason(exc, self.config.uri or ""),
+                self._queued(),
+                RETRY_MAX_DELAY,
+                exc_info=None if transient else (type(exc), exc, exc.__traceback__),
+            )
+        self._retry_delay = min(RETRY_MAX_DELAY, max(RETRY_MIN_DELAY, self._retry_delay * 2))
+        self._retry_at = now + self._retry_delay
+        self._schedule_tick()
+
+    def _schedule_tick(self) -> None:
+        self._retry = _call_later(
+            max(0.0, min(TICK, self._retry_at - time.monotonic())), self._tick
+        )
+
+    def _tick(self) -> None:
+        """While MongoDB is down: retry when the backoff is over, spill when closing."""
+        self._retry = None
+        try:
+            self._tick_once()
+        except Exception:
+            # this loop is what eventually returns every waiting item: it must not stop
+            logger.exception("MongoDB pipeline: error in the retry loop; retrying")
+            self._retry_at = time.monotonic() + RETRY_MAX_DELAY
+            if self._retry is None and not self._in_flight:
+                self._schedule_tick()
+
+    def _tick_once(self) -> None:
+        if not self._buffer:
+            self._kick()
+            return
+        now = time.monotonic()
+        if self._closing_since is None and self._engine_closing():
+            self._closing_since = now
+        if self._closing_since is not None:
+            waited = now - self._closing_since
+            if not self._closing_logged:
+                self._closing_logged = True
+                logger.warning(
+                    "MongoDB still unavailable while the crawl closes: %d items wait for "
+                    "it; in %.0fs they go to the spill file",
+                    self._queued(),
+                    max(0.0, self.config.close_timeout - waited),
+                )
+            if waited >= self.config.close_timeout:
+                self._spill_all()
+                return
+        if now >= self._retry_at:
+            self._write()
+        else:
+            self._schedule_tick()
+
+    def _spill_all(self) -> None:
+        assert self._writer is not None
+        batch = self._take(len(self._buffer))
+        d = self._io.run(self._writer.spill, [p.doc for p in batch], "MongoDB unreachable at close")
+        d.addCallbacks(
+            self._on_spilled, self._on_spill_failed, callbackArgs=(batch,), errbackArgs=(batch,)
+        )
+
+    def _on_spilled(self, result: FlushResult, batch: list[_Pending]) -> None:
+        self._in_flight = []
+        self._count(result)
+        assert self._spill is not None
+        self._log_spill(len(batch))
+        self._finish(batch, result.outcomes)
+
+    def _on_spill_failed(self, failure: Failure, batch: list[_Pending]) -> None:
+        # Nowhere to put them: keep them (their requests stay unacknowledged, so even a
+        # SIGKILL now loses nothing) and try again.
+        self._in_flight = []
+        self._buffer.extendleft(reversed(batch))
+        logger.critical(
+            "MongoDB unreachable and the spill file %s cannot be written (%s); %d items "
+            "wait; their requests stay leased",
+            self._spill.path if self._spill else "?",
+            failure.getErrorMessage(),
+            self._queued(),
+        )
+        self._retry_delay = RETRY_MAX_DELAY
+        self._retry_at = time.monotonic() + self._retry_delay
+        self._schedule_tick()
+
+    def _finish(self, batch: list[_Pending], outcomes: list[str]) -> None:
+        for pending, outcome in zip(batch, outcomes, strict=True):
+            pending.done.callback(outcome)
+        for _ in range(min(len(batch), len(self._space))):
+            self._space.popleft().callback(None)
+        self._kick()
+
+    def _fire_drained(self) -> None:
+        drained, self._drained = self._drained, []
+        for d in drained:
+            d.callback(None)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _engine_closing(self) -> bool:
+        try:
+            engine = self.crawler.engine
+        except (AttributeError, RuntimeError):  # not started, or already gone
+            return True
+        if engine is None or not getattr(engine, "running", True):
+            return True  # engine.stop(): SIGTERM, crawler.stop()
+        # close_spider() (idle timeout, CLOSESPIDER_*): Scrapy sets _slot.closing
+        slot = getattr(engine, "_slot", None)
+        return slot is None or getattr(slot, "closing", None) is not None
+
+    def _log_spill(self, count: int) -> None:
+        assert self._spill is not None
+        logger.error(
+            "MongoDB at %s was unreachable at close: %d items are in the spill file %s. "
+            'Write them to MongoDB with: distcrawl mongo replay %s --mongo-uri "$MONGO_URI"',
+            self.config.shown_uri,
+            count,
+            self._spill.path.resolve(),
+            self._spill.path.resolve(),
+        )
+
+    def _log_unreachable_at_open(self, failure: Failure) -> None:
+        logger.warning(
+            "MongoDB at %s is not reachable yet (%s); items will wait for it",
+            self.config.shown_uri,
+            scrub(failure.getErrorMessage(), self.config.uri or ""),
+        )
+
+    def _count(self, result: FlushResult) -> None:
+        upserted, updated = result.count("upserted"), result.count("updated")
+        for name, value in (
+            ("written", upserted + updated),
+            ("upserted", upserted),
+            ("updated", updated),
+            ("failed", result.count("dead")),
+            ("spilled", result.count("spilled")),
+        ):
+            self._counts[name] += value
+            if value:
+                self._inc(name, value)
+
+    def _inc(self, name: str, value: int = 1) -> None:
+        if self.crawler.stats is not None:
+            self.crawler.stats.inc_value(f"{STATS}/{name}", value)
+
+    def _max(self, name: str, value: int) -> None:
+        if self.crawler.stats is not None:
+            self.crawler.stats.max_value(f"{STATS}/{name}", value)
