@@ -31,6 +31,9 @@ class Addon:
         settings.set_in_component_priority_dict(
             "SPIDER_MIDDLEWARES", CallbackRetryMiddleware, CALLBACK_RETRY_ORDER
         )
+        from distcrawl.extensions import WorkerMonitor
+
+        settings.set_in_component_priority_dict("EXTENSIONS", WorkerMonitor, 500)
         if settings.get("MONGO_URI"):
             pipelines = settings["ITEM_PIPELINES"]
             if isinstance(pipelines, BaseSettings):

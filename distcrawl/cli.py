@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timezone
 from typing import Any
@@ -237,15 +238,66 @@ def cmd_push(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def cmd_status(args: argparse.Namespace, ctx: Context) -> int:
-    sizes = ctx.frontier(args.spider).sizes()
+    from distcrawl import dashboard
+
+    snap = dashboard.snapshot(ctx.frontier(args.spider), args.stale_after)
     if ctx.as_json:
-        _emit_json(sizes)
-        return EXIT_OK
-    name_width = max(len(name) for name in sizes)
-    value_width = max(len(str(value)) for value in sizes.values())
-    for name, value in sizes.items():
-        print(f"{name:<{name_width}}  {value:>{value_width}}")
+        _emit_json(snap)
+    else:
+        print(dashboard.render_status(snap))
     return EXIT_OK
+
+
+def cmd_watch(args: argparse.Namespace, ctx: Context) -> int:
+    from distcrawl import dashboard
+
+    frontier = ctx.frontier(args.spider)
+    watch = dashboard.Watch()
+    deadline = time.monotonic() + args.duration if args.duration else None
+    try:
+        while deadline is None or time.monotonic() < deadline:
+            snap = dashboard.snapshot(frontier, args.stale_after)
+            watch.add(snap)
+            if ctx.as_json:
+                print(
+                    json.dumps(
+                        {
+                            "time": snap["time"],
+                            "totals": snap["totals"],
+                            "queue": snap["queue"],
+                            "leased": snap["leased"],
+                        }
+                    ),
+                    flush=True,
+                )
+            else:
+                print("\x1b[H\x1b[2J" + watch.render(snap), flush=True)
+            time.sleep(args.interval)
+    except KeyboardInterrupt:
+        pass
+    return EXIT_OK
+
+
+def _set_paused(args: argparse.Namespace, ctx: Context, paused: bool) -> int:
+    keys: FrontierKeys = args.spider
+    if paused:
+        ctx.client.set(keys.paused, b"1")
+    else:
+        ctx.client.delete(keys.paused)
+    word = "paused" if paused else "resumed"
+    if ctx.as_json:
+        _emit_json({"paused": paused})
+    else:
+        print(f"{word} {keys.namespace!r}: workers see it within one heartbeat")
+    return EXIT_OK
+
+
+def cmd_pause(args: argparse.Namespace, ctx: Context) -> int:
+    return _set_paused(args, ctx, True)
+
+
+def cmd_resume(args: argparse.Namespace, ctx: Context) -> int:
+    return _set_paused(args, ctx, False)
 
 
 # ---------------------------------------------------------------------- reset
@@ -493,7 +545,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="wrap plain URLs into JSON with this meta object",
     )
 
-    command(commands, "status", cmd_status, "show the frontier sizes")
+    status = command(commands, "status", cmd_status, "queue sizes, workers, totals, domains")
+    watch = command(commands, "watch", cmd_watch, "live dashboard with rates, every second")
+    for sub in (status, watch):
+        sub.add_argument(
+            "--stale-after",
+            type=float,
+            default=10.0,
+            metavar="SECONDS",
+            help="report a worker as stale when its last heartbeat is older (default 10)",
+        )
+    watch.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
+    watch.add_argument(
+        "--duration", type=float, default=0, help="stop after this many seconds (0: never)"
+    )
+    command(commands, "pause", cmd_pause, "workers stop taking requests and finish theirs")
+    command(commands, "resume", cmd_resume, "workers take requests again")
 
     reset = command(commands, "reset", cmd_reset, "delete every key of this crawl")
     reset.add_argument("--yes", action="store_true", help="do not ask for confirmation")

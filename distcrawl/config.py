@@ -114,6 +114,8 @@ class DistcrawlConfig:
     retry_jitter: float = 0.2
     retry_after_max: float = 600.0
     callback_retries: int = 2
+    heartbeat_interval: float = 1.0
+    metrics_port: int | None = None
 
     @classmethod
     def from_settings(cls, settings: BaseSettings) -> DistcrawlConfig:
@@ -165,4 +167,8 @@ class DistcrawlConfig:
                 settings, "DISTCRAWL_RETRY_AFTER_MAX", 600.0, _at_least(0.0, float)
             ),
             callback_retries=_get(settings, "DISTCRAWL_CALLBACK_RETRIES", 2, _at_least(0, int)),
+            heartbeat_interval=_get(
+                settings, "DISTCRAWL_HEARTBEAT_INTERVAL", 1.0, _positive(float)
+            ),
+            metrics_port=_get(settings, "DISTCRAWL_METRICS_PORT", None, _at_least(0, int)),
         )

@@ -61,6 +61,26 @@ class FrontierKeys:
         """LIST of JSON dead-letter records (newest first)."""
         return self._key("dead")
 
+    @property
+    def workers(self) -> str:
+        """HASH worker id -> JSON heartbeat (host, pid, counters, last beat); kept after exit."""
+        return self._key("workers")
+
+    @property
+    def stats(self) -> str:
+        """HASH of counters summed over all workers (HINCRBY): pages, items, errors, ..."""
+        return self._key("stats")
+
+    @property
+    def domains(self) -> str:
+        """ZSET domain -> pages fetched, for the busiest domains."""
+        return self._key("domains")
+
+    @property
+    def paused(self) -> str:
+        """STRING present while the crawl is paused (``distcrawl pause``)."""
+        return self._key("paused")
+
     def all(self) -> tuple[str, ...]:
         """Every key of this crawl, for an explicit reset."""
         return (
@@ -72,4 +92,8 @@ class FrontierKeys:
             self.seen,
             self.seq,
             self.dead,
+            self.workers,
+            self.stats,
+            self.domains,
+            self.paused,
         )

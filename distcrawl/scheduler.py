@@ -122,6 +122,7 @@ class Scheduler(BaseScheduler):
         self._active: dict[str, Request] = {}
         self._busy = False
         self._closing = False
+        self._paused = False
         self._kick_pending = False
         self._loop: task.LoopingCall | None = None
         self._remote_queue = 0
@@ -257,7 +258,29 @@ class Scheduler(BaseScheduler):
         self._outgoing.append(Entry("d", b"", 0, record))
         self._inc(f"distcrawl/dead/{source}")
 
+    def pause(self) -> None:
+        """Stop handing out requests; unstarted leased ones go back to the shared queue."""
+        if not self._paused:
+            logger.info(
+                "Crawl paused: finishing the requests in progress", extra={"spider": self.spider}
+            )
+        self._paused = True
+        self._kick()
+
+    def resume(self) -> None:
+        if self._paused:
+            logger.info("Crawl resumed", extra={"spider": self.spider})
+        self._paused = False
+        self._next_lease = self._next_peek = time.monotonic()
+        self._kick()
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
     def next_request(self) -> Request | None:
+        if self._paused:
+            return None
         if not self._ready:
             self._kick()
             return None
@@ -356,6 +379,10 @@ class Scheduler(BaseScheduler):
         if now >= self._next_reclaim:
             op.reclaim = True
             self._next_reclaim = now + self.config.reclaim_interval
+        if self._paused:
+            op.release = [lease_id for lease_id, _ in self._ready]
+            self._ready.clear()
+            return op
         prefetch = self.config.prefetch
         if len(self._ready) <= prefetch // 2 and now >= self._next_lease:
             op.want = prefetch - len(self._ready)
@@ -426,7 +453,9 @@ class Scheduler(BaseScheduler):
             )
             self._failing = False
             self._retry_delay = 0.0
+            self._inc("distcrawl/redis_reconnects")
         self._apply_commit(res)
+        self._inc("distcrawl/released", res.released)
         if res.renewed < len(op.renew):
             logger.debug(
                 "%d of %d leases had expired before renewal",
@@ -578,6 +607,7 @@ class Scheduler(BaseScheduler):
             timeout is None
             or self._busy
             or self._failing  # cannot tell whether the shared queue is empty
+            or self._paused
             or self._remote_delayed  # retries will come due
             or self.has_pending_requests()
             or self._active

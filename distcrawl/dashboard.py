@@ -1,0 +1,152 @@
+"""What ``distcrawl status`` and ``distcrawl watch`` show: one snapshot of a crawl from Redis.
+
+Everything comes from keys the workers maintain (heartbeats, crawl-wide counters, domains)
+and from the frontier itself, read in one pipeline, so a snapshot is cheap enough to take
+every second during a large crawl (no scan of the queue: priority bands are ZCOUNTs).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections import deque
+from typing import Any
+
+from distcrawl.frontier import Frontier
+
+#: a worker whose last heartbeat is older than this is reported as stale (dead or stuck)
+STALE_AFTER = 10.0
+SPARKS = "▁▂▃▄▅▆▇█"
+
+
+def snapshot(frontier: Frontier, stale_after: float = STALE_AFTER) -> dict[str, Any]:
+    k = frontier.keys
+    pipe = frontier.client.pipeline(transaction=False)
+    pipe.zcount(k.queue, "-inf", "(0")  # score = -priority: priority > 0
+    pipe.zcount(k.queue, 0, 0)
+    pipe.zcount(k.queue, "(0", "+inf")
+    pipe.zcard(k.leases)
+    pipe.zcard(k.delayed)
+    pipe.scard(k.seen)
+    pipe.llen(k.start_urls)
+    pipe.llen(k.dead)
+    pipe.exists(k.paused)
+    pipe.hgetall(k.stats)
+    pipe.hgetall(k.workers)
+    pipe.zrevrange(k.domains, 0, 9, withscores=True)
+    pipe.time()
+    (
+        high,
+        normal,
+        low,
+        leased,
+        delayed,
+        seen,
+        start_urls,
+        dead,
+        paused,
+        totals,
+        workers,
+        domains,
+        server_time,
+    ) = pipe.execute()
+    now = server_time[0] + server_time[1] / 1e6
+    return {
+        "namespace": k.namespace,
+        "time": now,
+        "queue": high + normal + low,
+        "queue_by_priority": {"high": high, "normal": normal, "low": low},
+        "leased": leased,
+        "delayed": delayed,
+        "seen": seen,
+        "start_urls": start_urls,
+        "dead": dead,
+        "paused": bool(paused),
+        "totals": {key.decode(): int(value) for key, value in totals.items()},
+        "workers": _workers(workers, now, stale_after),
+        "domains": [[d.decode(), int(n)] for d, n in domains],
+    }
+
+
+def _workers(raw: dict[bytes, bytes], now: float, stale_after: float) -> list[dict[str, Any]]:
+    out = []
+    for wid, beat in raw.items():
+        try:
+            info = json.loads(beat)
+        except ValueError:
+            continue
+        age = now - float(info.get("last_beat", 0))
+        closed = info.get("state") not in ("running", "paused")
+        info.update(
+            id=wid.decode(),
+            age=round(age, 1),
+            status="exited" if closed else ("stale" if age > stale_after else "alive"),
+        )
+        out.append(info)
+    return sorted(out, key=lambda w: (w["status"] != "alive", w["id"]))
+
+
+def render_status(snap: dict[str, Any]) -> str:
+    bands = snap["queue_by_priority"]
+    lines = [
+        f"crawl {snap['namespace']!r}" + ("  (PAUSED)" if snap["paused"] else ""),
+        f"  pending     {snap['queue']:>10}   (priority >0: {bands['high']}, 0: "
+        f"{bands['normal']}, <0: {bands['low']})",
+        f"  in flight   {snap['leased']:>10}",
+        f"  retrying    {snap['delayed']:>10}",
+        f"  dead        {snap['dead']:>10}",
+        f"  seen        {snap['seen']:>10}",
+        f"  start_urls  {snap['start_urls']:>10}",
+    ]
+    totals = snap["totals"]
+    lines.append("  totals      " + ", ".join(f"{k} {v}" for k, v in sorted(totals.items())))
+    alive = sum(1 for w in snap["workers"] if w["status"] == "alive")
+    lines.append(f"workers: {alive} alive of {len(snap['workers'])}")
+    for w in snap["workers"]:
+        lines.append(
+            f"  {w['id']:<28} {w['status']:<7} {w.get('state', ''):<8} last beat "
+            f"{w['age']:>6.1f}s ago  pages {w.get('pages', 0):>7}  "
+            f"{w.get('pages_per_min', 0):>7.0f}/min  items {w.get('items', 0):>7}"
+        )
+    if snap["domains"]:
+        lines.append("busiest domains:")
+        lines += [f"  {n:>8}  {d}" for d, n in snap["domains"]]
+    return "\n".join(lines)
+
+
+def sparkline(values: list[float], width: int) -> str:
+    values = values[-width:]
+    if not values:
+        return ""
+    top = max(values) or 1.0
+    return "".join(SPARKS[min(len(SPARKS) - 1, int(v / top * (len(SPARKS) - 1)))] for v in values)
+
+
+class Watch:
+    """Rates between successive snapshots, kept for the charts."""
+
+    SERIES = ("pages", "items", "errors")
+
+    def __init__(self, width: int = 60) -> None:
+        self.width = width
+        self.rates: dict[str, deque[float]] = {s: deque(maxlen=width) for s in self.SERIES}
+        self.last: dict[str, Any] | None = None
+
+    def add(self, snap: dict[str, Any]) -> None:
+        if self.last is not None:
+            elapsed = max(snap["time"] - self.last["time"], 1e-6)
+            for s in self.SERIES:
+                delta = snap["totals"].get(s, 0) - self.last["totals"].get(s, 0)
+                self.rates[s].append(max(0.0, delta / elapsed))
+        self.last = snap
+
+    def render(self, snap: dict[str, Any]) -> str:
+        width = min(self.width, max(10, shutil.get_terminal_size((100, 40)).columns - 30))
+        charts = []
+        for s in self.SERIES:
+            series = list(self.rates[s])
+            now = series[-1] if series else 0.0
+            charts.append(f"{s + '/s':<9}{now:>8.1f}  {sparkline(series, width)}")
+        stamp = time.strftime("%H:%M:%S", time.localtime(snap["time"]))
+        return f"distcrawl watch  {stamp}\n" + "\n".join(charts) + "\n\n" + render_status(snap)

@@ -1,0 +1,214 @@
+"""Worker heartbeats, shared counters, pause/resume and Prometheus metrics (EXTENSIONS).
+
+Every ``DISTCRAWL_HEARTBEAT_INTERVAL`` a worker writes, in one pipeline on the crawler's
+Redis thread: its heartbeat (``<ns>:workers``), the growth of its counters since the last
+beat into the crawl-wide totals (``<ns>:stats``, HINCRBY, so totals are exact however many
+workers write and survive every worker), the domains it fetched (``<ns>:domains``), and it
+reads the frontier sizes and the pause flag. ``distcrawl status`` and ``watch`` read those
+keys; an operator's ``distcrawl pause`` reaches every worker within one beat.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from collections import Counter, deque
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+import redis
+from scrapy import signals
+from scrapy.exceptions import NotConfigured
+from twisted.internet import task
+
+from distcrawl.config import DistcrawlConfig
+from distcrawl.connection import RedisIO, redis_io
+from distcrawl.frontier import Frontier, worker_id
+from distcrawl.keys import FrontierKeys
+from distcrawl.scheduler import scheduler_of
+
+if TYPE_CHECKING:
+    from scrapy import Spider
+    from scrapy.crawler import Crawler
+
+logger = logging.getLogger(__name__)
+
+#: crawl-wide counter -> the Scrapy stat whose growth it adds up
+COUNTERS = {
+    "pages": "response_received_count",
+    "items": "item_scraped_count",
+    "errors": "log_count/ERROR",
+    "retries": "distcrawl/retry/scheduled",
+    "dead_letters": "distcrawl/dead_letters",
+    "lease_expired": "distcrawl/lease_expired",
+    "download_errors": "downloader/exception_count",
+}
+
+
+class WorkerMonitor:
+    def __init__(self, crawler: Crawler, config: DistcrawlConfig, io: RedisIO) -> None:
+        self.crawler = crawler
+        self.config = config
+        self.io = io
+        self.id = worker_id()
+        self.started = time.time()
+        self.keys: FrontierKeys | None = None
+        self.frontier: Frontier | None = None
+        self.sent: Counter[str] = Counter()
+        self.domains: Counter[str] = Counter()
+        self.history: deque[tuple[float, int]] = deque(maxlen=120)
+        self.sizes: dict[str, int] = {}
+        self._loop: task.LoopingCall | None = None
+        self._busy = False
+        self._metrics_port: Any = None
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> WorkerMonitor:
+        config = DistcrawlConfig.from_settings(crawler.settings)
+        if not crawler.settings.getbool("DISTCRAWL_MONITOR_ENABLED", True):
+            raise NotConfigured
+        monitor = cls(crawler, config, redis_io(crawler))
+        crawler.signals.connect(monitor.spider_opened, signal=signals.spider_opened)
+        crawler.signals.connect(monitor.spider_closed, signal=signals.spider_closed)
+        crawler.signals.connect(monitor.response_received, signal=signals.response_received)
+        return monitor
+
+    def spider_opened(self, spider: Spider) -> None:
+        self.keys = FrontierKeys(self.config.namespace or spider.name)
+        self.io.start()
+        self.frontier = Frontier(self.io.client, self.keys)
+        self._loop = task.LoopingCall(self.beat)
+        self._loop.start(self.config.heartbeat_interval, now=True)
+        if self.config.metrics_port is not None:
+            self._listen(self.config.metrics_port)
+
+    def response_received(self, response: Any, request: Any, spider: Spider) -> None:
+        self.domains[urlsplit(response.url).hostname or "?"] += 1
+
+    async def spider_closed(self, spider: Spider, reason: str) -> None:
+        if self._loop is not None and self._loop.running:
+            self._loop.stop()
+        if self._metrics_port is not None:
+            await self._metrics_port.stopListening()
+        if self.frontier is not None:
+            try:
+                from scrapy.utils.defer import maybe_deferred_to_future
+
+                await maybe_deferred_to_future(self.io.run(self._publish, *self._snapshot(reason)))
+            except redis.RedisError as exc:
+                logger.warning("Last heartbeat not stored: %s", exc)
+        self.io.stop()
+
+    # -- the beat ------------------------------------------------------------------------
+
+    def _snapshot(self, state: str) -> tuple[dict[str, int], dict[str, int], dict[str, Any]]:
+        stats = self.crawler.stats
+        now = {
+            name: int(stats.get_value(key, 0) or 0) if stats else 0
+            for name, key in COUNTERS.items()
+        }
+        deltas = {k: v - self.sent[k] for k, v in now.items() if v != self.sent[k]}
+        domains, self.domains = dict(self.domains), Counter()
+        self.history.append((time.monotonic(), now["pages"]))
+        heartbeat = {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "started": self.started,
+            "last_beat": time.time(),
+            "state": state,
+            "pages_per_min": self._pages_per_minute(),
+            **now,
+        }
+        self.sent.update(deltas)
+        return deltas, domains, heartbeat
+
+    def _pages_per_minute(self) -> float:
+        if len(self.history) < 2:
+            return 0.0
+        (t0, p0), (t1, p1) = self.history[0], self.history[-1]
+        return round((p1 - p0) * 60 / (t1 - t0), 1) if t1 > t0 else 0.0
+
+    def beat(self) -> None:
+        if self._busy or self.frontier is None:
+            return
+        scheduler = scheduler_of(self.crawler)
+        state = "paused" if scheduler is not None and scheduler.paused else "running"
+        deltas, domains, heartbeat = self._snapshot(state)
+        self._busy = True
+        d = self.io.run(self._publish, deltas, domains, heartbeat)
+        d.addCallbacks(self._published, self._failed, errbackArgs=(deltas, domains))
+
+    def _publish(
+        self, deltas: dict[str, int], domains: dict[str, int], heartbeat: dict[str, Any]
+    ) -> tuple[bool, dict[str, int]]:
+        """Runs on the Redis thread: one round trip."""
+        assert self.keys is not None and self.frontier is not None
+        k = self.keys
+        pipe = self.io.client.pipeline(transaction=False)
+        pipe.hset(k.workers, self.id, json.dumps(heartbeat, separators=(",", ":")))
+        for name, delta in deltas.items():
+            pipe.hincrby(k.stats, name, delta)
+        for domain, count in domains.items():
+            pipe.zincrby(k.domains, count, domain)
+        pipe.exists(k.paused)
+        for key in (k.queue, k.leases, k.delayed):
+            pipe.zcard(key)
+        pipe.llen(k.dead)
+        *_, paused, queue, leased, delayed, dead = pipe.execute()
+        return bool(paused), {"queue": queue, "leased": leased, "delayed": delayed, "dead": dead}
+
+    def _published(self, result: tuple[bool, dict[str, int]]) -> None:
+        self._busy = False
+        paused, self.sizes = result
+        scheduler = scheduler_of(self.crawler)
+        if scheduler is not None and paused != scheduler.paused:
+            scheduler.pause() if paused else scheduler.resume()
+
+    def _failed(self, failure: Any, deltas: dict[str, int], domains: dict[str, int]) -> None:
+        """Redis is away: the counts are sent with the next beat instead."""
+        self._busy = False
+        for name, delta in deltas.items():
+            self.sent[name] -= delta
+        self.domains.update(domains)
+        if not failure.check(redis.RedisError):
+            logger.error("Heartbeat failed: %s", failure.getErrorMessage())
+
+    # -- Prometheus ----------------------------------------------------------------------
+
+    def metrics(self) -> str:
+        """This worker's counters and the frontier sizes, in Prometheus' text format."""
+        stats = self.crawler.stats
+        lines = []
+        for name, key in COUNTERS.items():
+            value = int(stats.get_value(key, 0) or 0) if stats else 0
+            lines += [f"# TYPE distcrawl_{name}_total counter", f"distcrawl_{name}_total {value}"]
+        for name, value in sorted(self.sizes.items()):
+            lines += [f"# TYPE distcrawl_{name} gauge", f"distcrawl_{name} {value}"]
+        scheduler = scheduler_of(self.crawler)
+        paused = int(scheduler is not None and scheduler.paused)
+        lines += ["# TYPE distcrawl_paused gauge", f"distcrawl_paused {paused}"]
+        return "\n".join(lines) + "\n"
+
+    def _listen(self, port: int) -> None:
+        from twisted.internet import reactor
+        from twisted.web import resource, server
+
+        monitor = self
+
+        class Metrics(resource.Resource):
+            isLeaf = True
+
+            def render_GET(self, request: Any) -> bytes:
+                request.setHeader(b"content-type", b"text/plain; version=0.0.4")
+                return monitor.metrics().encode()
+
+        site = server.Site(Metrics())
+        site.noisy = False
+        host = self.crawler.settings.get("DISTCRAWL_METRICS_HOST", "127.0.0.1")
+        self._metrics_port = reactor.listenTCP(port, site, interface=host)  # type: ignore[attr-defined,arg-type,unused-ignore]
+        logger.info(
+            "Prometheus metrics on http://%s:%d/metrics", host, self._metrics_port.getHost().port
+        )

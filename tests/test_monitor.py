@@ -1,0 +1,122 @@
+"""Operating a running crawl: status, pause/resume, stale heartbeats, metrics; real workers."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+
+from distcrawl import cli
+from distcrawl.demo.redis_server import find_free_port
+from distcrawl.demo.workers import worker_agent
+from tests.test_crawl import page_fetches, wait_until
+
+FAST = {"DISTCRAWL_HEARTBEAT_INTERVAL": 0.5}
+
+
+def status(capsys, redis_url: str, *extra: str) -> dict:
+    capsys.readouterr()
+    assert cli.main(["--redis-url", redis_url, "--json", "status", "site", *extra]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_status_numbers_match_the_site_and_the_queue(
+    demo_site, workers, redis_client, redis_url, capsys
+):
+    site = demo_site(pages=300)
+    redis_client.lpush("site:start_urls", site.url + "/")
+    pool = [workers(i, DISTCRAWL_IDLE_TIMEOUT=2, **FAST) for i in (1, 2)]
+    for w in pool:
+        assert w.wait(120) == 0, w.log()[-2000:]
+    snap = status(capsys, redis_url)
+    answered = [line for line in site.read_log() if line.status not in (0, 499)]
+    assert snap["totals"]["pages"] == len(answered)  # every response, robots.txt included
+    assert snap["totals"]["items"] == len(page_fetches(site)) == 301
+    assert snap["queue"] == snap["leased"] == snap["delayed"] == 0
+    assert snap["seen"] == redis_client.scard("site:seen")
+    assert {w["pid"] for w in snap["workers"]} == {w.pid for w in pool}
+    assert all(w["status"] == "exited" for w in snap["workers"])
+    per_worker = {w["pid"]: w["pages"] for w in snap["workers"]}
+    by_agent = {
+        w.pid: sum(1 for line in answered if line.user_agent == worker_agent(w.index)) for w in pool
+    }
+    assert per_worker == by_agent
+    ((domain, count),) = snap["domains"]
+    assert domain == "127.0.0.1" and count == len(answered)
+    assert cli.main(["--redis-url", redis_url, "status", "site"]) == 0
+    assert "workers: 0 alive of 2" in capsys.readouterr().out
+
+
+def test_pause_stops_fetches_and_resume_finishes_the_crawl(
+    demo_site, workers, redis_client, redis_url, capsys
+):
+    site = demo_site(pages=400, delay=0.2)
+    redis_client.lpush("site:start_urls", site.url + "/")
+    pool = [workers(i, DISTCRAWL_IDLE_TIMEOUT=3, **FAST) for i in (1, 2)]
+    assert wait_until(lambda: len(page_fetches(site)) >= 60, timeout=60)
+    assert cli.main(["--redis-url", redis_url, "pause", "site"]) == 0
+    paused_at = time.time()
+    time.sleep(4)
+    late = [line for line in site.read_log() if line.time > paused_at + 2.0]
+    assert late == []  # no new fetch 2 s after the pause
+    snap = status(capsys, redis_url)
+    assert snap["paused"] and {w["state"] for w in snap["workers"]} == {"paused"}
+    assert snap["leased"] == 0  # unstarted requests went back to the queue
+    for w in pool:
+        assert w.alive()  # a paused worker waits, it does not close
+    assert cli.main(["--redis-url", redis_url, "resume", "site"]) == 0
+    for w in pool:
+        assert w.wait(120) == 0
+    assert set(page_fetches(site)) == site.expected_pages()
+
+
+def test_a_killed_worker_goes_stale(demo_site, workers, redis_client, redis_url, capsys):
+    site = demo_site(pages=300, delay=0.1)
+    redis_client.lpush("site:start_urls", site.url + "/")
+    victim, survivor = workers(1, **FAST), workers(2, **FAST)
+    assert wait_until(lambda: len(page_fetches(site)) >= 30, timeout=60)
+    assert wait_until(
+        lambda: sum(w["status"] == "alive" for w in status(capsys, redis_url)["workers"]) == 2,
+        timeout=10,
+    )
+    victim.kill()
+    assert wait_until(
+        lambda: (
+            {
+                w["pid"]: w["status"]
+                for w in status(capsys, redis_url, "--stale-after", "2")["workers"]
+            }.get(victim.pid)
+            == "stale"
+        ),
+        timeout=10,
+    )
+    snap = status(capsys, redis_url, "--stale-after", "2")
+    assert {w["pid"]: w["status"] for w in snap["workers"]}[survivor.pid] == "alive"
+
+
+def test_metrics_endpoint_serves_the_counters(demo_site, workers, redis_client):
+    site = demo_site(pages=50)
+    port = find_free_port()
+    redis_client.lpush("site:start_urls", site.url + "/")
+    worker = workers(1, DISTCRAWL_METRICS_PORT=port, **FAST)
+    assert wait_until(lambda: len(page_fetches(site)) == 51, timeout=60)
+
+    def pages_metric() -> int:
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+        metrics = dict(
+            line.split() for line in body.decode().splitlines() if not line.startswith("#")
+        )
+        return int(metrics["distcrawl_pages_total"])
+
+    assert wait_until(lambda: pages_metric() >= 51, timeout=10)
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    for name in (
+        "distcrawl_items_total",
+        "distcrawl_queue",
+        "distcrawl_leased",
+        "distcrawl_retries_total",
+        "distcrawl_lease_expired_total",
+        "distcrawl_paused",
+    ):
+        assert f"\n{name} " in "\n" + body
+    worker.stop()
