@@ -46,6 +46,16 @@ COUNTERS = {
     "lease_expired": "distcrawl/lease_expired",
     "download_errors": "downloader/exception_count",
 }
+#: robots.txt and offsite refusals are decisions, not download errors
+IGNORED = "downloader/exception_type_count/scrapy.exceptions.IgnoreRequest"
+
+
+def counters(stats: Any) -> dict[str, int]:
+    if stats is None:
+        return dict.fromkeys(COUNTERS, 0)
+    values = {name: int(stats.get_value(key, 0) or 0) for name, key in COUNTERS.items()}
+    values["download_errors"] -= int(stats.get_value(IGNORED, 0) or 0)
+    return values
 
 
 class WorkerMonitor:
@@ -105,11 +115,7 @@ class WorkerMonitor:
     # -- the beat ------------------------------------------------------------------------
 
     def _snapshot(self, state: str) -> tuple[dict[str, int], dict[str, int], dict[str, Any]]:
-        stats = self.crawler.stats
-        now = {
-            name: int(stats.get_value(key, 0) or 0) if stats else 0
-            for name, key in COUNTERS.items()
-        }
+        now = counters(self.crawler.stats)
         deltas = {k: v - self.sent[k] for k, v in now.items() if v != self.sent[k]}
         domains, self.domains = dict(self.domains), Counter()
         self.history.append((time.monotonic(), now["pages"]))
@@ -180,10 +186,8 @@ class WorkerMonitor:
 
     def metrics(self) -> str:
         """This worker's counters and the frontier sizes, in Prometheus' text format."""
-        stats = self.crawler.stats
         lines = []
-        for name, key in COUNTERS.items():
-            value = int(stats.get_value(key, 0) or 0) if stats else 0
+        for name, value in counters(self.crawler.stats).items():
             lines += [f"# TYPE distcrawl_{name}_total counter", f"distcrawl_{name}_total {value}"]
         for name, value in sorted(self.sizes.items()):
             lines += [f"# TYPE distcrawl_{name} gauge", f"distcrawl_{name} {value}"]

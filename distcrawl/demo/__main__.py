@@ -16,6 +16,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from distcrawl import cli
 from distcrawl.demo.redis_server import RedisServer
 from distcrawl.demo.site import DemoSite
 from distcrawl.demo.workers import Worker, worker_agent
@@ -45,7 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     site = DemoSite(pages=args.pages, log_path=args.dir / "site.log").start()
     pool: list[Worker] = []
     try:
-        print(f"Redis       {redis_server.url}")
+        print(
+            f"Redis       {redis_server.url}   (watch it live from another terminal: "
+            f".venv/bin/distcrawl --redis-url {redis_server.url} watch site)"
+        )
         print(f"Demo site   {site.url}/ ({args.pages} pages, 17 links each)")
         for i in range(1, args.workers + 1):
             pool.append(
@@ -75,7 +79,10 @@ def main(argv: list[str] | None = None) -> int:
                     f"queue {client.zcard('site:queue')}  leased {client.zcard('site:leases')}"
                 )
         elapsed = time.time() - started
-        return summary(site, pool, client, expected, elapsed)
+        code = summary(site, pool, client, expected, elapsed)
+        print("\n$ distcrawl status site")
+        cli.main(["--redis-url", redis_server.url, "status", "site"])
+        return code
     finally:
         for w in pool:
             w.stop()
