@@ -1,0 +1,161 @@
+"""Real ``scrapy crawl site`` workers storing their items in a real MongoDB (secantusd-py).
+
+Which pages exist and which were fetched comes from the demo site, not from the crawler;
+what was stored comes from MongoDB itself.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import pytest
+
+from distcrawl.demo.site import DemoSite
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def wait_until(predicate, timeout: float, step: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step)
+    return predicate()
+
+
+def mongo_stats(log: str) -> Counter[str]:
+    """The distcrawl/mongo/* stats of a worker, from Scrapy's stats dump in its log."""
+    return Counter(
+        {name: int(value) for name, value in re.findall(r"'distcrawl/mongo/(\w+)': (\d+)", log)}
+    )
+
+
+def fetched_ok(site: DemoSite) -> set[str]:
+    expected = site.expected_pages()
+    return {ln.path for ln in site.read_log() if ln.path in expected and ln.status == 200}
+
+
+def test_two_workers_store_every_page_once_and_a_recrawl_updates_them(
+    demo_site, workers, redis_client, mongo_uri, mongo_client
+):
+    site = demo_site(pages=2000)
+    pages = mongo_client.distcrawl["site"]
+    settings = {"MONGO_URI": mongo_uri, "DISTCRAWL_IDLE_TIMEOUT": 3}
+
+    redis_client.lpush("site:start_urls", site.url + "/")
+    first = [workers(i, **settings) for i in (1, 2)]
+    for w in first:
+        assert w.wait(180) == 0, w.log()[-3000:]
+    docs = list(pages.find({}, {"url": 1, "fetched_at": 1, "title": 1}))
+    assert len(docs) == 2001  # exactly one document per page
+    assert {d["url"] for d in docs} == site.expected_urls()
+    assert all(d["title"] for d in docs)
+    stats = sum((mongo_stats(w.log()) for w in first), Counter())
+    assert stats["upserted"] == stats["written"] == 2001, stats
+    assert stats["updated"] == stats["failed"] == stats["spilled"] == 0
+    for w in first:
+        assert mongo_stats(w.log())["written"] > 2001 * 0.2  # both workers wrote
+    last_first_run = max(d["fetched_at"] for d in docs)
+
+    # the same crawl again over the same collection: a fresh frontier, the same MongoDB
+    redis_client.delete(*redis_client.keys("site:*"))
+    redis_client.lpush("site:start_urls", site.url + "/")
+    second = [workers(i, **settings) for i in (3, 4)]
+    for w in second:
+        assert w.wait(180) == 0, w.log()[-3000:]
+    docs = list(pages.find({}, {"url": 1, "fetched_at": 1}))
+    assert len(docs) == 2001
+    assert {d["url"] for d in docs} == site.expected_urls()
+    assert min(d["fetched_at"] for d in docs) > last_first_run  # every one replaced
+    stats = sum((mongo_stats(w.log()) for w in second), Counter())
+    assert stats["updated"] == stats["written"] == 2001, stats
+    assert stats["upserted"] == 0
+    assert mongo_client.distcrawl["site_dead"].count_documents({}) == 0
+    for w in first + second:
+        assert "ERROR" not in w.log()
+
+
+def test_mongodb_restart_mid_crawl_loses_no_item(
+    demo_site, workers, redis_client, mongo_server, mongo_client
+):
+    site = demo_site(pages=2000, delay=0.01)
+    pages = mongo_client.distcrawl["site"]
+    settings = {
+        "MONGO_URI": mongo_server.uri,
+        "DISTCRAWL_IDLE_TIMEOUT": 3,
+        "DISTCRAWL_MONGO_MAX_BUFFER": 200,  # the bound is reached during the outage
+        "DISTCRAWL_MONGO_BATCH_SIZE": 100,
+    }
+    redis_client.lpush("site:start_urls", site.url + "/")
+    pool = [workers(i, **settings) for i in (1, 2)]
+    assert wait_until(lambda: pages.estimated_document_count() >= 300, timeout=60)
+    mongo_server.pause()
+    stopped_at = time.monotonic()
+    time.sleep(10)
+    during_outage = len(fetched_ok(site))
+    mongo_server.resume()
+    outage = time.monotonic() - stopped_at
+    for w in pool:
+        assert w.wait(180) == 0, w.log()[-3000:]
+
+    docs = list(pages.find({}, {"url": 1}))
+    assert len(docs) == 2001, f"{len(docs)} documents after a {outage:.0f}s outage"
+    assert {d["url"] for d in docs} == site.expected_urls()
+    logs = [w.log() for w in pool]
+    assert any("write failed" in log for log in logs)
+    assert any("is back after" in log for log in logs)
+    stats = sum((mongo_stats(log) for log in logs), Counter())
+    assert stats["retries"] >= 1 and stats["spilled"] == 0, stats
+    assert stats["buffer_max"] <= 2 * 200
+    assert during_outage < 2001  # the crawl really was going on while MongoDB was down
+    print(f"restart test: {outage:.1f}s outage, {during_outage} pages fetched by its end")
+
+
+def test_spill_file_when_mongodb_stays_down_past_close_then_replay(
+    demo_site, workers, redis_client, mongo_server, mongo_client, tmp_path
+):
+    site = demo_site(pages=400, delay=0.2)  # slow pages: the crawl is still going at the stop
+    pages = mongo_client.distcrawl["site"]
+    spill_dir = tmp_path / "spill"
+    redis_client.lpush("site:start_urls", site.url + "/")
+    worker = workers(
+        1,
+        MONGO_URI=mongo_server.uri,
+        DISTCRAWL_MONGO_CLOSE_TIMEOUT=2,
+        DISTCRAWL_MONGO_TIMEOUT=1,
+        DISTCRAWL_MONGO_SPILL_DIR=str(spill_dir),
+    )
+    assert wait_until(lambda: pages.estimated_document_count() >= 30, timeout=60)
+    mongo_server.pause()
+    try:
+        time.sleep(1.5)
+        worker.stop(timeout=60)  # SIGTERM: close while MongoDB is down
+        assert worker.proc is not None and worker.proc.returncode == 0, worker.log()[-3000:]
+    finally:
+        mongo_server.resume()
+    log = worker.log()
+    assert "was unreachable at close" in log and "distcrawl mongo replay" in log
+    (spill,) = spill_dir.glob("*.jsonl")
+    stats = mongo_stats(log)
+    assert stats["spilled"] > 0 and stats["written"] >= 30, stats
+    assert pages.count_documents({}) == stats["written"]
+
+    replayed = subprocess.run(
+        [sys.executable, "-m", "distcrawl.cli", "mongo", "replay", str(spill)],
+        env={**os.environ, "MONGO_URI": mongo_server.uri},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert replayed.returncode == 0, replayed.stderr
+    assert f"replayed {stats['spilled']} documents" in replayed.stdout
+    stored = {d["url"] for d in pages.find({}, {"url": 1})}
+    # every page the site served to the worker is in MongoDB, and nothing else
+    assert stored == {site.url + p for p in fetched_ok(site)}
+    assert len(stored) == stats["written"] + stats["spilled"]
