@@ -1,9 +1,9 @@
 """The quick start: ``python -m distcrawl.demo`` (or ``bash .ci/demo``).
 
-Starts a throwaway Redis and the bundled demo site on 127.0.0.1, runs two real
-``scrapy crawl site`` workers that share the frontier, pushes the start URL the way any
-producer would, and prints what the site itself saw: pages per worker, duplicates, missing
-pages and time.
+Starts a throwaway Redis, a MongoDB (secantusd-py) and the bundled demo site on 127.0.0.1,
+runs two real ``scrapy crawl site`` workers that share the frontier and store their items in
+MongoDB, pushes the start URL the way any producer would, and prints what the site itself
+saw (pages per worker, duplicates, missing pages and time) and what MongoDB holds.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from distcrawl import cli
+from distcrawl.demo.mongo_server import MongoServer
 from distcrawl.demo.redis_server import RedisServer
 from distcrawl.demo.site import DemoSite
 from distcrawl.demo.workers import Worker, worker_agent
@@ -34,6 +35,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=2, help="worker processes")
     p.add_argument("--dir", type=Path, default=ROOT / ".demo", help="logs and Redis data")
     p.add_argument("--timeout", type=float, default=600, help="give up after this many seconds")
+    p.add_argument("--no-mongo", action="store_true", help="do not store the items in MongoDB")
     return p.parse_args(argv)
 
 
@@ -45,19 +47,27 @@ def main(argv: list[str] | None = None) -> int:
     redis_server = RedisServer(directory=args.dir / "redis").start()
     site = DemoSite(pages=args.pages, log_path=args.dir / "site.log").start()
     pool: list[Worker] = []
+    mongo: MongoServer | None = None
     try:
+        if not args.no_mongo:
+            mongo = MongoServer(directory=args.dir / "mongo").start()
         print(
             f"Redis       {redis_server.url}   (watch it live from another terminal: "
             f".venv/bin/distcrawl --redis-url {redis_server.url} watch site)"
         )
+        if mongo is not None:
+            print(f"MongoDB     {mongo.uri}   (secantusd-py; items go to distcrawl.site)")
         print(f"Demo site   {site.url}/ ({args.pages} pages, 17 links each)")
+        settings: dict[str, Any] = {"DISTCRAWL_IDLE_TIMEOUT": 5}
+        if mongo is not None:
+            settings["MONGO_URI"] = mongo.uri
         for i in range(1, args.workers + 1):
             pool.append(
                 Worker(
                     i,
                     redis_url=redis_server.url,
                     log_path=args.dir / f"worker-{i}.log",
-                    settings={"DISTCRAWL_IDLE_TIMEOUT": 5},
+                    settings=settings,
                 ).start()
             )
         print(f"Workers     {args.workers} x `scrapy crawl site` (logs in {args.dir}/)")
@@ -80,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
                 )
         elapsed = time.time() - started
         code = summary(site, pool, client, expected, elapsed)
+        if mongo is not None:
+            code = mongo_summary(mongo, site) or code
         print("\n$ distcrawl status site")
         cli.main(["--redis-url", redis_server.url, "status", "site"])
         return code
@@ -88,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
             w.stop()
         site.stop()
         redis_server.stop()
+        if mongo is not None:
+            mongo.stop()  # its data stays in --dir/mongo/data
 
 
 def summary(
@@ -119,6 +133,41 @@ def summary(
     print(f"  dead letters:  {client.llen('site:dead')}")
     ok = missing == 0 and duplicates == 0
     print("OK: every page fetched exactly once" if ok else "PROBLEM: see the worker logs")
+    return 0 if ok else 1
+
+
+def mongo_summary(mongo: MongoServer, site: DemoSite) -> int:
+    """What the item pipeline stored, and a few queries to show how to read it."""
+    with mongo.client() as client:
+        db = client.distcrawl
+        urls = db.site.distinct("url")
+        count = db.site.count_documents({})
+        dead = db.site_dead.count_documents({})
+        missing = len(site.expected_urls() - set(urls))
+        print("\nMongoDB (what the workers' item pipeline stored)")
+        print(f"  documents in distcrawl.site: {count} ({len(urls)} distinct URLs)")
+        print(f"  missing pages:               {missing}")
+        print(f"  dead letters (site_dead):    {dead}")
+        url = site.url_for("/page/42")
+        queries: list[tuple[str, Any]] = [
+            (
+                f'db.site.find_one({{"url": "{url}"}}, {{"title": 1, "depth": 1}})',
+                lambda: db.site.find_one({"url": url}, {"title": 1, "depth": 1}),
+            ),
+            (
+                'db.site.count_documents({"depth": {"$lte": 2}})',
+                lambda: db.site.count_documents({"depth": {"$lte": 2}}),
+            ),
+            (
+                'db.site.find({"title": {"$regex": "^Page 99"}}).distinct("title")',
+                lambda: db.site.find({"title": {"$regex": "^Page 99"}}).distinct("title"),
+            ),
+        ]
+        print("\nQuerying it with pymongo (db = MongoClient(MONGO_URI).distcrawl):")
+        for shown, query in queries:
+            print(f">>> {shown}\n{query()}")
+    ok = count == len(urls) == len(site.expected_urls()) and missing == 0
+    print("OK: one document per page" if ok else "PROBLEM: see the worker logs")
     return 0 if ok else 1
 
 
