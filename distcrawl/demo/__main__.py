@@ -159,8 +159,8 @@ def mongo_summary(mongo: MongoServer, site: DemoSite) -> int:
                 lambda: db.site.count_documents({"depth": {"$lte": 2}}),
             ),
             (
-                'db.site.find({"title": {"$regex": "^Page 99"}}).distinct("title")',
-                lambda: db.site.find({"title": {"$regex": "^Page 99"}}).distinct("title"),
+                f'db.site.count_documents({{"links": "{url}"}})  # pages linking to it',
+                lambda: db.site.count_documents({"links": url}),
             ),
         ]
         print("\nQuerying it with pymongo (db = MongoClient(MONGO_URI).distcrawl):")
