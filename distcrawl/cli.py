@@ -476,6 +476,19 @@ def cmd_mongo_replay(args: argparse.Namespace, ctx: Context) -> int:
     return EXIT_PARTIAL if refused else EXIT_OK
 
 
+# ---------------------------------------------------------------------- scrapyd
+
+
+def cmd_scrapyd(args: argparse.Namespace, ctx: Context) -> int:
+    """``distcrawl scrapyd ACTION``: the actions are in :mod:`distcrawl.scrapyd`."""
+    from distcrawl.scrapyd import ConfigProblem
+
+    try:
+        return int(args.scrapyd_action(args, as_json=ctx.as_json))
+    except ConfigProblem as exc:
+        raise UsageError(str(exc)) from None
+
+
 # ---------------------------------------------------------------------- parser
 
 
@@ -623,6 +636,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--database", metavar="NAME", help="write here instead of the database in each record"
     )
     replay.set_defaults(handler=cmd_mongo_replay)
+    from distcrawl import scrapyd
+
+    scrapyd.add_parser(commands, common, cmd_scrapyd)
     return parser
 
 
