@@ -1,0 +1,211 @@
+"""``python -m benchmarks``: plain Scrapy vs scrapy-redis 0.9.1 vs distcrawl, on one machine.
+
+One command, nothing to set up but redis-server and the ``baseline`` extra: it starts its own
+Redis and demo sites on 127.0.0.1, and runs, each against a fresh Redis and a fresh site:
+
+1. the capacity of the demo site alone (so that it is visibly not the bottleneck);
+2. the timed crawls: plain Scrapy (one process), scrapy-redis with 1 and 2 workers,
+   distcrawl with 1 and 2 workers, all the same ``site`` parsing on the same site;
+3. a protocol pass: a smaller crawl per Redis-based crawler under ``MONITOR``, to split the
+   commands the workers send from those their scripts run (never during the timed crawls);
+4. the storage pass: both frontiers filled with the same requests, bytes per request and URL.
+
+It prints the tables and the targets of issue 8, and writes everything to
+``benchmarks/results/latest.json`` (logs of every process stay in ``benchmarks/results/run``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--pages", type=int, default=5000, help="pages of the demo site (timed crawls)")
+    p.add_argument("--monitor-pages", type=int, default=500, help="pages of the protocol pass")
+    p.add_argument("--fill", type=int, default=100_000, help="requests of the storage pass")
+    p.add_argument("--timeout", type=float, default=300, help="seconds allowed per crawl")
+    p.add_argument("--only", nargs="*", help="run only these configurations (for development)")
+    p.add_argument("--output", type=Path, default=RESULTS / "latest.json")
+    return p.parse_args(argv)
+
+
+def check_requirements() -> str | None:
+    """A clear message instead of a traceback half-way through a ten-minute run."""
+    if shutil.which("redis-server") is None and not os.environ.get("DISTCRAWL_REDIS_SERVER"):
+        return "redis-server not found (apt-get install redis-server redis-tools)"
+    if shutil.which("redis-cli") is None:
+        return "redis-cli not found (apt-get install redis-tools)"
+    try:
+        version = importlib.metadata.version("scrapy-redis")
+    except importlib.metadata.PackageNotFoundError:
+        return "scrapy-redis is not installed: pip install -e '.[baseline]'"
+    if version != "0.9.1":
+        return f"scrapy-redis {version} installed; the baseline is 0.9.1"
+    return None
+
+
+def environment() -> dict[str, Any]:
+    def version(name: str) -> str:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            return "-"
+
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "versions": {n: version(n) for n in ("scrapy", "scrapy-redis", "redis", "twisted")},
+    }
+
+
+def site_capacity(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    from benchmarks.capacity import measure_site
+    from benchmarks.crawl import LINKS
+
+    print("Demo site alone: 16 keep-alive connections for 3 s ...")
+    cap = measure_site(args.pages, LINKS, workdir / "capacity")
+    print(
+        f"  {cap['requests_per_s']:.0f} requests/s, site CPU {cap['site_cpu_utilisation']:.0%} "
+        "of one core (single-threaded: ~100% means this is the site's own limit)"
+    )
+    return cap
+
+
+def timed_crawls(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    from benchmarks.crawl import CONFIGS, run_crawl
+    from benchmarks.metrics import crawl_metrics
+
+    out: dict[str, Any] = {}
+    for config in CONFIGS:
+        if args.only and config.key not in args.only:
+            continue
+        print(f"Crawl: {config.label}, {args.pages} pages ...")
+        run = run_crawl(config, args.pages, workdir / config.key, args.timeout)
+        out[config.key] = row = crawl_metrics(run)
+        print(
+            f"  {row['pages']} pages in {row['crawl_seconds']:.1f}s = {row['pages_per_s']:.1f}/s, "
+            f"{row['duplicates']} duplicates, {row['missing']} missing "
+            f"({row['wall_seconds']:.0f}s with start-up and close; other load on the machine "
+            f"{row['background_cpu_cores']:.2f} CPUs)"
+        )
+    return out
+
+
+def protocol_pass(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    from benchmarks.crawl import Config, run_crawl
+    from benchmarks.metrics import monitor_metrics
+
+    out: dict[str, Any] = {}
+    passes = [Config("scrapy-redis-1", "scrapy-redis", 1), Config("distcrawl-1", "distcrawl", 1)]
+    for config in passes:
+        if args.only and config.key not in args.only:
+            continue
+        print(f"Protocol pass (MONITOR): {config.label}, {args.monitor_pages} pages ...")
+        where = workdir / f"monitor-{config.key}"
+        run = run_crawl(config, args.monitor_pages, where, args.timeout, monitor=True)
+        assert run.monitor is not None
+        out[config.key] = monitor_metrics(run, run.monitor)
+    return out
+
+
+def storage_pass(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    from benchmarks.redisstats import calibrate
+    from benchmarks.storage import distcrawl_storage, scrapy_redis_storage
+    from distcrawl.demo.redis_server import RedisServer
+
+    print(f"Storage pass: {args.fill} requests into each frontier ...")
+    (workdir / "storage").mkdir(parents=True, exist_ok=True)
+    with RedisServer(directory=workdir / "storage") as server:
+        client = server.client()
+        try:
+            return {
+                "requests": args.fill,
+                "counter_calibration": calibrate(client),
+                "distcrawl": distcrawl_storage(client, args.fill),
+                "scrapy-redis": scrapy_redis_storage(client, args.fill),
+            }
+        finally:
+            client.close()
+
+
+def print_report(results: dict[str, Any]) -> None:
+    from benchmarks.report import (
+        crawl_table,
+        load_warning,
+        protocol_table,
+        storage_table,
+        targets_table,
+    )
+
+    meta = results["meta"]
+    cap = results["site_capacity"]
+    print()
+    print(
+        f"Timed crawls: DemoSite(pages={meta['pages']}, links=17), {meta['cpus']} CPUs; "
+        f"site capacity alone {cap['requests_per_s']:.0f} req/s"
+    )
+    print(crawl_table(results))
+    warning = load_warning(results)
+    if warning:
+        print(warning)
+    if results.get("protocol"):
+        print(f"\nRedis commands per page under MONITOR ({meta['monitor_pages']} pages, 1 worker)")
+        print(protocol_table(results["protocol"]))
+    if results.get("storage"):
+        print(f"\nRedis memory, {results['storage']['requests']} queued requests")
+        print(storage_table(results["storage"]))
+    print("\nTargets of issue 8")
+    print(targets_table(results["targets"]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    problem = check_requirements()
+    if problem:
+        print(f"benchmarks: {problem}", file=sys.stderr)
+        return 2
+    from benchmarks.report import targets
+
+    started = time.monotonic()
+    workdir = args.output.parent / "run"
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    results: dict[str, Any] = {
+        "meta": {**environment(), "pages": args.pages, "monitor_pages": args.monitor_pages},
+        "site_capacity": site_capacity(args, workdir),
+        "configurations": timed_crawls(args, workdir),
+        "protocol": protocol_pass(args, workdir),
+        "storage": storage_pass(args, workdir),
+    }
+    results["targets"] = targets(results)
+    results["meta"]["suite_seconds"] = time.monotonic() - started
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    print_report(results)
+    print(f"\nSuite time {results['meta']['suite_seconds']:.0f}s; JSON: {args.output}")
+    print(f"Logs of every worker, site and Redis: {workdir}/")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
