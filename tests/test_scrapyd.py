@@ -484,6 +484,21 @@ def assert_no_secret_anywhere(cluster) -> None:
         assert not any(secret in listing for secret in SECRETS)
 
 
+def crawl_commands(cluster) -> list[str]:
+    """Command lines of the running crawl processes of both nodes."""
+    out = []
+    for node in cluster.nodes:
+        for pid in node.children():
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue  # ended meanwhile
+            text = cmdline.replace(b"\0", b" ").decode(errors="replace")
+            if " crawl " in text:
+                out.append(text)
+    return out
+
+
 def stored(uri: str) -> list[dict[str, Any]]:
     with pymongo.MongoClient(uri, serverSelectionTimeoutMS=5000) as client:
         return list(client.distcrawl["site"].find({}, {"url": 1}))
@@ -505,13 +520,10 @@ def test_four_jobs_on_two_nodes_fetch_every_page_once(
     jobs = schedule_run(capsys, monkeypatch, cluster, "full")
 
     # while the jobs run, no secret is on a crawl process's command line
-    assert wait_until(lambda: sum(len(n.children()) for n in cluster.nodes) >= 4, timeout=30)
-    for node in cluster.nodes:
-        for pid in node.children():
-            with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                cmdline = fh.read().decode(errors="replace")
-            assert "distcrawl.scrapyd" in cmdline
-            assert not any(secret in cmdline for secret in SECRETS), cmdline
+    assert wait_until(lambda: len(crawl_commands(cluster)) >= 4, timeout=30)
+    for cmdline in crawl_commands(cluster):
+        assert "-m distcrawl.scrapyd crawl site" in cmdline
+        assert not any(secret in cmdline for secret in SECRETS), cmdline
 
     found = wait_finished(capsys, "full", jobs, timeout=150)
     assert {found[j]["reason"] for j in jobs} == {"finished"}, found
