@@ -12,6 +12,11 @@ def test_key_names_are_pinned():
     assert k.seen == "site:seen"
     assert k.seq == "site:seq"
     assert k.dead == "site:dead"
+    assert k.delayed == "site:delayed"
+    assert k.workers == "site:workers"
+    assert k.stats == "site:stats"
+    assert k.domains == "site:domains"
+    assert k.paused == "site:paused"
     assert set(k.all()) == {
         "site:start_urls",
         "site:queue",
@@ -21,6 +26,10 @@ def test_key_names_are_pinned():
         "site:seen",
         "site:seq",
         "site:dead",
+        "site:workers",
+        "site:stats",
+        "site:domains",
+        "site:paused",
     }
 
 
@@ -33,7 +42,3 @@ def test_every_key_is_in_its_namespace():
 def test_invalid_namespace_is_refused(bad):
     with pytest.raises(ValueError):
         FrontierKeys(bad)
-
-
-def test_delayed_key_is_pinned():
-    assert FrontierKeys("site").delayed == "site:delayed"

@@ -75,8 +75,10 @@ def test_transient_failures_are_retried_with_backoff_and_nothing_is_lost(
         assert len(attempts) >= 2 if mode == "drop" else len(attempts) == 3, (path, times)
         for n, (before, after) in enumerate(itertools.pairwise(attempts), 1):
             backoff = 2 ** (n - 1)  # base 1 s, factor 2, +-20% jitter
-            # the upper bound allows for the idle poll and a loaded machine
-            assert 0.75 * backoff <= after - before <= 1.2 * backoff + 2.0, (path, times)
+            # never before it is due; after that a retry waits its turn in the queue
+            # (RETRY_PRIORITY_ADJUST=-1 puts it behind the pending pages), hence the loose
+            # upper bound
+            assert 0.75 * backoff <= after - before <= 1.2 * backoff + 10.0, (path, times)
     # the retries were taken by any worker, not only by the one that failed
     agents = {line.user_agent for line in site.read_log() if line.path in failing}
     assert len(agents) == 2
