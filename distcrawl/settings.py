@@ -17,6 +17,8 @@ NEWSPIDER_MODULE = "distcrawl.spiders"
 ADDONS = {"distcrawl.Addon": 0}
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+# the MongoDB item pipeline is enabled by the add-on when this is set
+MONGO_URI = os.environ.get("MONGO_URI")
 
 ROBOTSTXT_OBEY = True
 USER_AGENT = "distcrawl (+https://github.com/distcrawl/distcrawl)"
