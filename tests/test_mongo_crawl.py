@@ -144,7 +144,10 @@ def test_spill_file_when_mongodb_stays_down_past_close_then_replay(
     (spill,) = spill_dir.glob("*.jsonl")
     stats = mongo_stats(log)
     assert stats["spilled"] > 0 and stats["written"] >= 30, stats
-    assert pages.count_documents({}) == stats["written"]
+    # a batch MongoDB applied just as it went away, without acknowledging it, is spilled
+    # too: it is then in both places, and the replay rewrites it
+    stored_before = pages.count_documents({})
+    assert stats["written"] <= stored_before <= stats["written"] + stats["spilled"], stats
 
     replayed = subprocess.run(
         [sys.executable, "-m", "distcrawl.cli", "mongo", "replay", str(spill)],
@@ -158,4 +161,4 @@ def test_spill_file_when_mongodb_stays_down_past_close_then_replay(
     stored = {d["url"] for d in pages.find({}, {"url": 1})}
     # every page the site served to the worker is in MongoDB, and nothing else
     assert stored == {site.url + p for p in fetched_ok(site)}
-    assert len(stored) == stats["written"] + stats["spilled"]
+    assert stats["written"] + stats["spilled"] - len(stored) == stored_before - stats["written"]
