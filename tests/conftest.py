@@ -127,3 +127,30 @@ def mongo_client(mongo_server: MongoServer) -> Iterator[pymongo.MongoClient]:
         yield client
     finally:
         client.close()
+
+
+@pytest.fixture
+def mongo_workers(
+    tmp_path: Path, redis_url: str, mongo_uri: str
+) -> Iterator[Callable[..., Worker]]:
+    """Like ``workers``, with MONGO_URI in their environment: they store items in the test
+    MongoDB through the bundled settings, as a deployment would (no URI on a command line)."""
+    started: list[Worker] = []
+
+    def factory(index: int, spider: str = "site", **settings: object) -> Worker:
+        worker = Worker(
+            index,
+            redis_url=redis_url,
+            spider=spider,
+            settings=settings,
+            log_path=tmp_path / f"worker-{index}.log",
+            mongo_uri=mongo_uri,
+        )
+        started.append(worker)
+        return worker.start()
+
+    try:
+        yield factory
+    finally:
+        for worker in started:
+            worker.stop(timeout=30)

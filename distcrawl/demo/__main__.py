@@ -58,16 +58,14 @@ def main(argv: list[str] | None = None) -> int:
         if mongo is not None:
             print(f"MongoDB     {mongo.uri}   (secantusd-py; items go to distcrawl.site)")
         print(f"Demo site   {site.url}/ ({args.pages} pages, 17 links each)")
-        settings: dict[str, Any] = {"DISTCRAWL_IDLE_TIMEOUT": 5}
-        if mongo is not None:
-            settings["MONGO_URI"] = mongo.uri
         for i in range(1, args.workers + 1):
             pool.append(
                 Worker(
                     i,
                     redis_url=redis_server.url,
                     log_path=args.dir / f"worker-{i}.log",
-                    settings=settings,
+                    settings={"DISTCRAWL_IDLE_TIMEOUT": 5},
+                    mongo_uri=mongo.uri if mongo is not None else None,
                 ).start()
             )
         print(f"Workers     {args.workers} x `scrapy crawl site` (logs in {args.dir}/)")

@@ -33,6 +33,7 @@ class Worker:
         spider: str = "site",
         settings: Mapping[str, Any] | None = None,
         env: Mapping[str, str] | None = None,
+        mongo_uri: str | None = None,
     ) -> None:
         self.index = index
         self.redis_url = redis_url
@@ -40,6 +41,9 @@ class Worker:
         self.spider = spider
         self.settings = dict(settings or {})
         self.env = dict(env or {})
+        #: given to the worker as the MONGO_URI environment variable (the bundled settings read
+        #: it), never on its command line; None: the worker stores no items
+        self.mongo_uri = mongo_uri
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -56,6 +60,9 @@ class Worker:
 
     def start(self) -> Worker:
         env = dict(os.environ)
+        env.pop("MONGO_URI", None)  # a MONGO_URI of the caller's shell is not for this worker
+        if self.mongo_uri:
+            env["MONGO_URI"] = self.mongo_uri
         env.update(
             {
                 "REDIS_URL": self.redis_url,
