@@ -519,15 +519,21 @@ class MongoWriter:
 
     def prepare(self, name: str) -> None:
         """Once per collection: the unique index on DISTCRAWL_MONGO_KEY_FIELDS, if set
-        (``_id``, the default key, is unique anyway), and a time index on the dead letters."""
+        (``_id``, the default key, is unique anyway); for a dead-letter collection, an index
+        on ``time``. Connects, so the first call also tells whether MongoDB is reachable."""
         if name in self._prepared:
             return
+        if not name.endswith(DEAD_SUFFIX) and not self.key_fields:
+            self.ping()  # nothing to create
+            self._prepared.add(name)
+            return
         try:
-            if self.key_fields and not name.endswith(DEAD_SUFFIX):
+            if name.endswith(DEAD_SUFFIX):
+                self.collection(name).create_index("time", name="distcrawl_time")
+            else:
                 self.collection(name).create_index(
                     [(f, 1) for f in self.key_fields], unique=True, name="distcrawl_key"
                 )
-            self.collection(name + DEAD_SUFFIX).create_index("time", name="distcrawl_time")
         except OperationFailure as exc:
             if is_transient(exc):
                 raise
@@ -616,6 +622,7 @@ class MongoWriter:
             result.outcomes[i] = "dead"
             result.reasons[i] = reason
         for name, members in records.items():
+            self.prepare(name)
             ops: list[ReplaceOne[Any]] = [
                 ReplaceOne({"_id": r["_id"]}, r, upsert=True) for _, r in members
             ]

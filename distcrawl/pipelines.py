@@ -448,7 +448,7 @@ class MongoPipeline:
         logger.warning(
             "MongoDB at %s is not reachable yet (%s); items will wait for it",
             self.config.shown_uri,
-            scrub(failure.getErrorMessage(), self.config.uri or ""),
+            _reason(failure.value, self.config.uri or ""),
         )
 
     def _count(self, result: FlushResult) -> None:

@@ -234,6 +234,7 @@ async def test_bad_items_are_dead_lettered_with_reasons_and_the_rest_written(
     assert refused["_id"] == fingerprint(pipe, f"{base}/validator")
     for record in dead:
         assert record["collection"] == "items" and record["source"].startswith("items@")
+    assert "distcrawl_time" in db["items_dead"].index_information()
 
     assert stat(pipe, "written") == stat(pipe, "upserted") == 20
     assert stat(pipe, "failed") == 6
