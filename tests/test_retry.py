@@ -69,11 +69,7 @@ def test_transient_failures_are_retried_with_backoff_and_nothing_is_lost(
     assert len(failing) >= 5  # ~10% of 151 pages, each failing twice
     for path, times in failing.items():
         assert len(times) == 3, (path, times)  # two failures, then the success
-        # Twisted re-sends a request at once, by itself, when a reused connection dies
-        # before answering: such re-sends (< 0.3 s apart) are one attempt for distcrawl.
-        attempts = [t for i, t in enumerate(times) if i == 0 or t - times[i - 1] > 0.3]
-        assert len(attempts) >= 2 if mode == "drop" else len(attempts) == 3, (path, times)
-        for n, (before, after) in enumerate(itertools.pairwise(attempts), 1):
+        for n, (before, after) in enumerate(itertools.pairwise(times), 1):
             backoff = 2 ** (n - 1)  # base 1 s, factor 2, +-20% jitter
             # never before it is due; after that a retry waits its turn in the queue
             # (RETRY_PRIORITY_ADJUST=-1 puts it behind the pending pages), hence the loose

@@ -292,11 +292,16 @@ def _build_site(cfg: SiteConfig, request_log: RequestLog) -> Any:
             path = request.path.decode("utf-8", "replace")
             if fails_first(path, cfg) and attempts.get(path, 0) < cfg.fail_times:
                 attempts[path] = attempts.get(path, 0) + 1
-                if cfg.fail_mode == "drop":  # the connection dies without an answer
+                if cfg.fail_mode == "drop":
+                    # the connection dies in the middle of the answer: the client sees data
+                    # loss (a reset before any byte would make Twisted's HTTP client re-send
+                    # the request at once by itself, hiding the failure from the crawler)
                     method, uri, ua = describe(request)
                     request_log.write(method, uri, DROPPED_STATUS, ua)
+                    request.setHeader(b"content-length", b"100000")
+                    request.write(b"<html><body>partial")
                     transport: Any = request.channel.transport
-                    transport.abortConnection()
+                    transport.loseConnection()
                     return server.NOT_DONE_YET
                 request.setResponseCode(503)
                 return b"<html><body>try again</body></html>"
