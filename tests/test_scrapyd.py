@@ -588,6 +588,13 @@ def test_cancelling_a_job_mid_crawl_loses_nothing(
     assert not any(ln.user_agent.endswith(victim) for ln in after)
     assert_drained(frontier)
     docs = stored(cluster.mongo.uri)
-    assert len(docs) == len(site.expected_pages())  # each item exactly once
+    by_url = Counter(d["url"] for d in docs)
+    by_id = Counter(d["_id"] for d in docs)
+    extra = {
+        "urls stored twice": [u for u, n in by_url.items() if n > 1],
+        "ids stored twice": [i for i, n in by_id.items() if n > 1],
+        "unexpected urls": sorted(set(by_url) - site.expected_urls()),
+    }
+    assert len(docs) == len(site.expected_pages()), extra  # each item exactly once
     assert {d["url"] for d in docs} == site.expected_urls()
     assert_no_secret_anywhere(cluster)
