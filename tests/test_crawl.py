@@ -12,27 +12,8 @@ import subprocess
 import time
 from collections import Counter
 
-from distcrawl.demo.site import DemoSite
 from distcrawl.demo.workers import worker_agent
-
-
-def page_fetches(site: DemoSite, *, ok_only: bool = True) -> Counter[str]:
-    """Fetches per page; with ok_only=False also those whose client went away (status 499)."""
-    expected = site.expected_pages()
-    return Counter(
-        line.path
-        for line in site.read_log()
-        if line.path in expected and (line.status == 200 or not ok_only)
-    )
-
-
-def wait_until(predicate, timeout: float, step: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step)
-    return predicate()
+from tests.support import page_fetches, wait_until
 
 
 def assert_frontier_drained(redis_client) -> None:

@@ -16,17 +16,9 @@ from collections import Counter
 import pytest
 
 from distcrawl.demo.site import DemoSite
+from tests.support import wait_until
 
 pytestmark = pytest.mark.timeout(240)
-
-
-def wait_until(predicate, timeout: float, step: float = 0.1) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step)
-    return predicate()
 
 
 def mongo_stats(log: str) -> Counter[str]:

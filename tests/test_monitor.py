@@ -9,7 +9,7 @@ import urllib.request
 from distcrawl import cli
 from distcrawl.demo.redis_server import find_free_port
 from distcrawl.demo.workers import worker_agent
-from tests.test_crawl import page_fetches, wait_until
+from tests.support import page_fetches, wait_until
 
 FAST = {"DISTCRAWL_HEARTBEAT_INTERVAL": 0.5}
 

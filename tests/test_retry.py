@@ -15,7 +15,7 @@ from distcrawl import cli
 from distcrawl.demo.site import DemoSite
 from distcrawl.retry import Backoff, parse_retry_after
 from distcrawl.spiders import RedisSpider
-from tests.test_crawl import page_fetches, wait_until
+from tests.support import page_fetches, wait_until
 from tests.test_scheduler import crawl
 
 FAST_BACKOFF = {

@@ -33,21 +33,13 @@ from distcrawl.cli import main
 from distcrawl.demo.mongo_server import MongoServer
 from distcrawl.demo.redis_server import HOST, RedisServer, find_free_port
 from distcrawl.demo.site import DemoSite
+from tests.support import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 REDIS_PASSWORD = "redis-pw-7f3a"
 MONGO_PASSWORD = "mongo-pw-91c2"
 NODE_USER, NODE_PASSWORD = "operator", "scrapyd-pw-44d8"
 SECRETS = (REDIS_PASSWORD, MONGO_PASSWORD, NODE_PASSWORD)
-
-
-def wait_until(predicate, timeout: float, step: float = 0.1) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step)
-    return predicate()
 
 
 # ---------------------------------------------------------------------- unit tests
