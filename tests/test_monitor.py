@@ -120,3 +120,50 @@ def test_metrics_endpoint_serves_the_counters(demo_site, workers, redis_client):
     ):
         assert f"\n{name} " in "\n" + body
     worker.stop()
+
+
+def test_watch_reports_rates_between_snapshots(redis_client, redis_url, capsys):
+    from distcrawl.dashboard import Watch, sparkline
+
+    redis_client.hset("site:stats", mapping={"pages": 10, "items": 5})
+    capsys.readouterr()
+    assert (
+        cli.main(
+            [
+                "--redis-url",
+                redis_url,
+                "--json",
+                "watch",
+                "site",
+                "--duration",
+                "1.2",
+                "--interval",
+                "0.5",
+            ]
+        )
+        == 0
+    )
+    frames = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(frames) >= 2 and frames[0]["totals"] == {"pages": 10, "items": 5}
+
+    watch = Watch(width=10)
+    watch.add({"time": 100.0, "totals": {"pages": 0, "items": 0}})
+    snap = {
+        "time": 102.0,
+        "totals": {"pages": 50, "items": 20},
+        "namespace": "site",
+        "paused": False,
+        "queue": 0,
+        "queue_by_priority": {"high": 0, "normal": 0, "low": 0},
+        "leased": 0,
+        "delayed": 0,
+        "dead": 0,
+        "seen": 0,
+        "start_urls": 0,
+        "workers": [],
+        "domains": [],
+    }
+    watch.add(snap)
+    assert list(watch.rates["pages"]) == [25.0] and list(watch.rates["items"]) == [10.0]
+    assert "pages/s      25.0" in watch.render(snap)
+    assert sparkline([0, 5, 10], 10) == "▁▄█"
