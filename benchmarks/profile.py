@@ -10,7 +10,8 @@ the Redis thread or the reactor, and start-up is not profiled), then attributes 
 - ``spider``: the ``site`` spider's parsing, the same code in every configuration;
 - otherwise the library the sampled function belongs to (scrapy, twisted, lxml, ...).
 
-Samples are converted to CPU milliseconds per page, so that profiles of different crawlers
+Sample shares are converted to CPU milliseconds per page (the worker's CPU time from /proc
+over the crawl, divided by the pages fetched), so that profiles of different crawlers
 (``--kind scrapy`` for plain Scrapy) can be compared line by line. The collapsed stacks are
 kept (``benchmarks/results/profile-<kind>.txt``) and open in speedscope.app as they are.
 """
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.crawl import Attach, Config, run_crawl
+from benchmarks.metrics import crawl_metrics
 from distcrawl.demo.workers import Worker
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,9 +109,13 @@ def category(stack: list[str]) -> tuple[str, str]:
     return library(path), ""
 
 
-def summarize(stacks: list[tuple[list[str], int]], pages: int, rate: int) -> dict[str, Any]:
-    """CPU ms per page by category, by distcrawl function and by leaf function."""
-    per_page = 1000 / rate / max(pages, 1)
+def summarize(stacks: list[tuple[list[str], int]], cpu_ms_per_page: float) -> dict[str, Any]:
+    """CPU ms per page by category, by frontier function and by leaf function.
+
+    py-spy samples on a wall clock: a worker preempted by other load while holding the GIL
+    still yields samples. So samples only give *shares*, and the shares are scaled by the
+    worker's real CPU per page (utime + stime from /proc over the crawl window).
+    """
     categories: Counter[str] = Counter()
     machinery: Counter[str] = Counter()
     leaves: Counter[str] = Counter()
@@ -120,14 +126,16 @@ def summarize(stacks: list[tuple[list[str], int]], pages: int, rate: int) -> dic
             machinery[detail] += count
         func, path = split_frame(stack[-1])
         leaves[f"{func} ({path})"] += count
+    total = sum(categories.values())
+    per_sample = cpu_ms_per_page / max(total, 1)
 
     def scale(counter: Counter[str], n: int) -> dict[str, float]:
-        return {k: round(v * per_page, 3) for k, v in counter.most_common(n)}
+        return {k: round(v * per_sample, 3) for k, v in counter.most_common(n)}
 
-    total = sum(categories.values())
     return {
         "samples": total,
-        "cpu_ms_per_page": round(total * per_page, 3),
+        "cpu_ms_per_page": round(cpu_ms_per_page, 3),
+        "frontier_share": categories["frontier"] / max(total, 1),
         "by_category": scale(categories, 20),
         "frontier_functions": scale(machinery, 25),
         "top_leaf_functions": scale(leaves, 25),
@@ -160,15 +168,17 @@ def profile(kind: str, pages: int, rate: int, timeout: float) -> dict[str, Any]:
     raw.unlink(missing_ok=True)
     config = Config(f"profile-{kind}", kind, 1)
     run = run_crawl(config, pages, RESULTS / "run" / config.key, timeout, attach=py_spy(raw, rate))
-    summary = summarize(parse_collapsed(raw.read_text()), run.fetch.pages, rate)
+    cpu = crawl_metrics(run)["cpu_ms_per_page"]["workers"]
+    summary = summarize(parse_collapsed(raw.read_text()), cpu)
     summary.update(kind=kind, pages=run.fetch.pages, pages_per_s=run.fetch.pages_per_s)
     return summary
 
 
 def print_summary(summary: dict[str, Any]) -> None:
     print(
-        f"\n{summary['kind']}: {summary['pages']} pages, {summary['cpu_ms_per_page']:.2f} CPU "
-        f"ms/page sampled ({summary['pages_per_s']:.1f} pages/s under the profiler)"
+        f"\n{summary['kind']}: {summary['pages']} pages, {summary['cpu_ms_per_page']:.2f} worker "
+        f"CPU ms/page, {summary['frontier_share']:.1%} of it in the frontier "
+        f"({summary['samples']} samples, {summary['pages_per_s']:.1f} pages/s under the profiler)"
     )
     for title, key in (
         ("by category", "by_category"),
