@@ -456,6 +456,12 @@ class Scheduler(BaseScheduler):
             self._inc("distcrawl/redis_reconnects")
         self._apply_commit(res)
         self._inc("distcrawl/released", res.released)
+        lease_now = bool(res.committed and res.committed.queue_size and not op.want)
+        if lease_now:
+            # work just arrived (e.g. from a start URL): ask for it now, not at the next
+            # idle poll
+            self._idle_delay = 0.0
+            self._next_lease = now
         if res.renewed < len(op.renew):
             logger.debug(
                 "%d of %d leases had expired before renewal",
@@ -485,7 +491,8 @@ class Scheduler(BaseScheduler):
                 self._next_peek = self._next_lease
             else:
                 self._next_peek = now + BUSY_PEEK_INTERVAL
-        if self._outgoing or self._acks or (got and len(self._ready) <= self.config.prefetch // 2):
+        low = len(self._ready) <= self.config.prefetch // 2
+        if self._outgoing or self._acks or ((got or lease_now) and low):
             self._kick()
 
     def _apply_commit(self, res: _Result) -> None:

@@ -62,6 +62,7 @@ def test_push_to_idle_workers_starts_the_crawl_within_a_second(
     )
     assert wait_until(lambda: "/" in page_fetches(site), timeout=10)
     first = min(line.time for line in site.read_log() if line.path == "/")
+    print(f"push to first fetch: {first - pushed_at:.3f}s")
     assert first - pushed_at < 1.0
     assert wait_until(lambda: len(page_fetches(site)) == 31, timeout=60)
     for w in pool:
