@@ -28,6 +28,13 @@ class Addon:
 
         settings.set_in_component_priority_dict("DOWNLOADER_MIDDLEWARES", ScrapyRetry, None)
         settings.set_in_component_priority_dict("DOWNLOADER_MIDDLEWARES", RetryMiddleware, 550)
+        # Scrapy's lets requests that waited for a robots.txt through (see distcrawl.robots)
+        from scrapy.downloadermiddlewares.robotstxt import RobotsTxtMiddleware as ScrapyRobots
+
+        from distcrawl.robots import RobotsTxtMiddleware
+
+        settings.set_in_component_priority_dict("DOWNLOADER_MIDDLEWARES", ScrapyRobots, None)
+        settings.set_in_component_priority_dict("DOWNLOADER_MIDDLEWARES", RobotsTxtMiddleware, 100)
         settings.set_in_component_priority_dict(
             "SPIDER_MIDDLEWARES", CallbackRetryMiddleware, CALLBACK_RETRY_ORDER
         )
