@@ -41,6 +41,23 @@ def check(crawler: Crawler) -> None:
         )
 
 
+def local_delays_off(crawler: Crawler) -> None:
+    """distcrawl spaces a slot's requests for the whole cluster when it leases them, so
+    the downloader's own per-process DOWNLOAD_DELAY (and DOWNLOAD_SLOTS delays) would only
+    add a second wait on top: set them to 0 in this process."""
+    engine = crawler.engine
+    downloader = getattr(engine, "downloader", None) if engine is not None else None
+    if downloader is None or not hasattr(downloader, "_delay"):
+        raise EngineIncompatible("this Scrapy version's downloader has no _delay")
+    downloader._delay = 0.0
+    downloader.per_slot_settings = {
+        slot: {**values, "delay": 0.0}
+        for slot, values in getattr(downloader, "per_slot_settings", {}).items()
+    }
+    for slot in getattr(downloader, "slots", {}).values():
+        slot.delay = 0.0
+
+
 def in_progress(crawler: Crawler) -> Collection[Request]:
     slot = _slot(crawler)
     return slot.inprogress if slot is not None else ()

@@ -28,7 +28,8 @@ class Addon:
 
         settings.set_in_component_priority_dict("DOWNLOADER_MIDDLEWARES", ScrapyRetry, None)
         settings.set_in_component_priority_dict("DOWNLOADER_MIDDLEWARES", RetryMiddleware, 550)
-        # Scrapy's lets requests that waited for a robots.txt through (see distcrawl.robots)
+        # robots.txt read once per cluster; Scrapy's own lets requests that waited for a
+        # robots.txt through (see distcrawl.robots)
         from scrapy.downloadermiddlewares.robotstxt import RobotsTxtMiddleware as ScrapyRobots
 
         from distcrawl.robots import RobotsTxtMiddleware
@@ -41,6 +42,11 @@ class Addon:
         from distcrawl.extensions import WorkerMonitor
 
         settings.set_in_component_priority_dict("EXTENSIONS", WorkerMonitor, 500)
+        # AUTOTHROTTLE_* settings drive the cluster-wide adaptive delay (commit.lua); Scrapy's
+        # extension would add a second, per-process one on top
+        from scrapy.extensions.throttle import AutoThrottle
+
+        settings.set_in_component_priority_dict("EXTENSIONS", AutoThrottle, None)
         if settings.get("MONGO_URI"):
             pipelines = settings["ITEM_PIPELINES"]
             if isinstance(pipelines, BaseSettings):

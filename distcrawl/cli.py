@@ -37,6 +37,7 @@ EXIT_OK = 0
 EXIT_PARTIAL = 1
 EXIT_USAGE = 2
 EXIT_UNREACHABLE = 3
+EXIT_FULL = 4
 
 #: how much of an entry or dead-letter field a human-readable line shows
 SHOW_CHARS = 200
@@ -219,6 +220,16 @@ def cmd_push(args: argparse.Namespace, ctx: Context) -> int:
             print(f"refused: {_show_entry(raw)} ({exc})", file=sys.stderr)
             continue
         valid.append(entry)
+    room = ctx.frontier(args.spider).pending_room() if valid else None
+    if room is not None and len(valid) > room:
+        print(
+            f"refused: the crawl is at its pending cap (DISTCRAWL_MAX_PENDING); room for "
+            f"{room} more entries, {len(valid)} given; nothing pushed",
+            file=sys.stderr,
+        )
+        if ctx.as_json:
+            _emit_json({"pushed": 0, "refused": refused + len(valid), "room": room})
+        return EXIT_FULL
     if valid:
         key = args.spider.start_urls
         # LPUSH in input order: workers take the oldest (tail) first, so the first line
@@ -232,6 +243,44 @@ def cmd_push(args: argparse.Namespace, ctx: Context) -> int:
     else:
         print(f"pushed {len(valid)}, refused {refused}")
     return EXIT_PARTIAL if refused else EXIT_OK
+
+
+# ---------------------------------------------------------------------- politeness
+
+
+def cmd_domains(args: argparse.Namespace, ctx: Context) -> int:
+    states = ctx.frontier(args.spider).slot_states(args.limit)
+    if ctx.as_json:
+        _emit_json(states)
+        return EXIT_OK
+    print(
+        f"{'slot':<32} {'queued':>8} {'in flight':>9} {'next in':>8} {'throttle':>8} "
+        f"{'crawl-delay':>11}  override"
+    )
+    for st in states:
+        crawl_delay = "-" if st["crawl_delay"] is None else f"{st['crawl_delay']:.1f}s"
+        print(
+            f"{st['slot']:<32} {st['queued']:>8} {st['in_flight']:>9} {st['next_in']:>7.1f}s "
+            f"{st['throttle_delay']:>7.1f}s {crawl_delay:>11}  {st['override'] or '-'}"
+        )
+    return EXIT_OK
+
+
+def cmd_limit(args: argparse.Namespace, ctx: Context) -> int:
+    if args.clear and (args.delay is not None or args.concurrency is not None):
+        raise UsageError("--clear cannot be combined with --delay or --concurrency")
+    if not args.clear and args.delay is None and args.concurrency is None:
+        raise UsageError("give --delay and/or --concurrency, or --clear")
+    ctx.frontier(args.spider).set_limit(args.slot, args.delay, args.concurrency)
+    if ctx.as_json:
+        _emit_json({"slot": args.slot, "delay": args.delay, "concurrency": args.concurrency})
+    elif args.clear:
+        print(f"{args.slot}: override removed, the workers' settings apply")
+    else:
+        print(
+            f"{args.slot}: delay {args.delay}, concurrency {args.concurrency} (from the next lease)"
+        )
+    return EXIT_OK
 
 
 # ---------------------------------------------------------------------- status
@@ -521,7 +570,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="distcrawl",
         description="Seed, inspect and clean a distcrawl frontier in Redis.",
-        epilog="exit codes: 0 ok, 1 partial failure/refused, 2 usage error, 3 Redis unreachable",
+        epilog="exit codes: 0 ok, 1 partial failure/refused, 2 usage error, 3 Redis unreachable, "
+        "4 pending cap reached",
     )
     _global_options(parser, defaults=True)
     common = argparse.ArgumentParser(add_help=False)
@@ -572,6 +622,15 @@ def build_parser() -> argparse.ArgumentParser:
     watch.add_argument(
         "--duration", type=float, default=0, help="stop after this many seconds (0: never)"
     )
+    domains = command(
+        commands, "domains", cmd_domains, "per-domain queue, in-flight count and delays"
+    )
+    domains.add_argument("--limit", type=_non_negative_int, default=20, metavar="N")
+    limit = command(commands, "limit", cmd_limit, "set a domain's delay or concurrency live")
+    limit.add_argument("slot", metavar="DOMAIN", help="host name, IP or download_slot")
+    limit.add_argument("--delay", type=float, metavar="SECONDS", help="minimum gap, cluster-wide")
+    limit.add_argument("--concurrency", type=int, metavar="N", help="most requests in flight")
+    limit.add_argument("--clear", action="store_true", help="remove the override")
     command(commands, "pause", cmd_pause, "workers stop taking requests and finish theirs")
     command(commands, "resume", cmd_resume, "workers take requests again")
 

@@ -116,6 +116,24 @@ class DistcrawlConfig:
     callback_retries: int = 2
     heartbeat_interval: float = 1.0
     metrics_port: int | None = None
+    # cluster-wide politeness (see politeness.py)
+    domain_delay: float = 0.0
+    domain_concurrency: int = 8
+    slots_by_ip: bool = False
+    #: DOWNLOAD_SLOTS as ((slot, delay or None, concurrency or None), ...)
+    slot_overrides: tuple[tuple[str, float | None, int | None], ...] = ()
+    robots_obey: bool = False
+    robots_ttl: float = 86400.0
+    robots_probe_timeout: float = 60.0
+    crawl_delay_max: float = 30.0
+    throttle_codes: tuple[int, ...] = (429, 503)
+    throttle_start_delay: float = 1.0
+    throttle_max_delay: float = 60.0
+    #: AUTOTHROTTLE_TARGET_CONCURRENCY when AUTOTHROTTLE_ENABLED, else 0 (no latency rule)
+    throttle_target_concurrency: float = 0.0
+    max_pending: int | None = None
+    max_pending_keep_priority: int | None = None
+    maxmemory_warn: float = 0.8
 
     @classmethod
     def from_settings(cls, settings: BaseSettings) -> DistcrawlConfig:
@@ -171,4 +189,79 @@ class DistcrawlConfig:
                 settings, "DISTCRAWL_HEARTBEAT_INTERVAL", 1.0, _positive(float)
             ),
             metrics_port=_get(settings, "DISTCRAWL_METRICS_PORT", None, _at_least(0, int)),
+            **_politeness(settings),
         )
+
+
+def _slot_overrides(settings: BaseSettings) -> tuple[tuple[str, float | None, int | None], ...]:
+    out = []
+    for slot, values in settings.getdict("DOWNLOAD_SLOTS").items():
+        if not isinstance(values, dict):
+            raise ConfigError(f"DOWNLOAD_SLOTS[{slot!r}]={values!r}: expected a dict")
+        try:
+            delay = values.get("delay")
+            conc = values.get("concurrency")
+            delay = None if delay is None else float(delay)
+            conc = None if conc is None else int(conc)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"DOWNLOAD_SLOTS[{slot!r}]={values!r}: {exc}") from None
+        if (delay is not None and delay < 0) or (conc is not None and conc < 1):
+            raise ConfigError(
+                f"DOWNLOAD_SLOTS[{slot!r}]={values!r}: delay must be >= 0, concurrency >= 1"
+            )
+        out.append((str(slot), delay, conc))
+    return tuple(out)
+
+
+def _politeness(settings: BaseSettings) -> dict[str, Any]:
+    """Scrapy's own per-slot settings become cluster-wide limits, with DISTCRAWL_ names
+    to override them for distcrawl alone."""
+    per_ip = _get(settings, "CONCURRENT_REQUESTS_PER_IP", 0, _at_least(0, int))
+    per_domain = _get(settings, "CONCURRENT_REQUESTS_PER_DOMAIN", 8, _positive(int))
+    autothrottle = _get(settings, "AUTOTHROTTLE_ENABLED", False, _bool)
+    codes = settings.getlist("DISTCRAWL_THROTTLE_HTTP_CODES", [429, 503])
+    try:
+        throttle_codes = tuple(int(c) for c in codes)
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f"DISTCRAWL_THROTTLE_HTTP_CODES={codes!r}: expected status codes"
+        ) from None
+    return {
+        "domain_delay": _get(
+            settings,
+            "DISTCRAWL_DOMAIN_DELAY",
+            _get(settings, "DOWNLOAD_DELAY", 0.0, _at_least(0.0, float)),
+            _at_least(0.0, float),
+        ),
+        "domain_concurrency": _get(
+            settings, "DISTCRAWL_DOMAIN_CONCURRENCY", per_ip or per_domain, _positive(int)
+        ),
+        "slots_by_ip": per_ip > 0,
+        "slot_overrides": _slot_overrides(settings),
+        "robots_obey": _get(settings, "ROBOTSTXT_OBEY", False, _bool),
+        "robots_ttl": _get(settings, "DISTCRAWL_ROBOTS_TTL", 86400.0, _positive(float)),
+        "robots_probe_timeout": _get(
+            settings, "DISTCRAWL_ROBOTS_PROBE_TIMEOUT", 60.0, _positive(float)
+        ),
+        "crawl_delay_max": _get(settings, "DISTCRAWL_CRAWL_DELAY_MAX", 30.0, _at_least(0.0, float)),
+        "throttle_codes": throttle_codes,
+        "throttle_start_delay": _get(
+            settings, "DISTCRAWL_THROTTLE_START_DELAY", 1.0, _at_least(0.0, float)
+        ),
+        "throttle_max_delay": _get(
+            settings,
+            "DISTCRAWL_THROTTLE_MAX_DELAY",
+            _get(settings, "AUTOTHROTTLE_MAX_DELAY", 60.0, _at_least(0.0, float)),
+            _at_least(0.0, float),
+        ),
+        "throttle_target_concurrency": (
+            _get(settings, "AUTOTHROTTLE_TARGET_CONCURRENCY", 1.0, _positive(float))
+            if autothrottle
+            else 0.0
+        ),
+        "max_pending": _get(settings, "DISTCRAWL_MAX_PENDING", None, _positive(int)),
+        "max_pending_keep_priority": _get(
+            settings, "DISTCRAWL_MAX_PENDING_KEEP_PRIORITY", None, int
+        ),
+        "maxmemory_warn": _get(settings, "DISTCRAWL_MAXMEMORY_WARN", 0.8, _fraction),
+    }

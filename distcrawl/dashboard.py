@@ -2,7 +2,7 @@
 
 Everything comes from keys the workers maintain (heartbeats, crawl-wide counters, domains)
 and from the frontier itself, read in one pipeline, so a snapshot is cheap enough to take
-every second during a large crawl (no scan of the queue: priority bands are ZCOUNTs).
+every second during a large crawl (no scan of the queue).
 """
 
 from __future__ import annotations
@@ -23,9 +23,8 @@ SPARKS = "▁▂▃▄▅▆▇█"
 def snapshot(frontier: Frontier, stale_after: float = STALE_AFTER) -> dict[str, Any]:
     k = frontier.keys
     pipe = frontier.client.pipeline(transaction=False)
-    pipe.zcount(k.queue, "-inf", "(0")  # score = -priority: priority > 0
-    pipe.zcount(k.queue, 0, 0)
-    pipe.zcount(k.queue, "(0", "+inf")
+    pipe.zcard(k.queue)
+    pipe.zcard(k.ready)
     pipe.zcard(k.leases)
     pipe.zcard(k.delayed)
     pipe.scard(k.seen)
@@ -37,9 +36,8 @@ def snapshot(frontier: Frontier, stale_after: float = STALE_AFTER) -> dict[str, 
     pipe.zrevrange(k.domains, 0, 9, withscores=True)
     pipe.time()
     (
-        high,
-        normal,
-        low,
+        queue,
+        slots,
         leased,
         delayed,
         seen,
@@ -55,8 +53,8 @@ def snapshot(frontier: Frontier, stale_after: float = STALE_AFTER) -> dict[str, 
     return {
         "namespace": k.namespace,
         "time": now,
-        "queue": high + normal + low,
-        "queue_by_priority": {"high": high, "normal": normal, "low": low},
+        "queue": queue,
+        "queue_slots": slots,
         "leased": leased,
         "delayed": delayed,
         "seen": seen,
@@ -88,11 +86,10 @@ def _workers(raw: dict[bytes, bytes], now: float, stale_after: float) -> list[di
 
 
 def render_status(snap: dict[str, Any]) -> str:
-    bands = snap["queue_by_priority"]
     lines = [
         f"crawl {snap['namespace']!r}" + ("  (PAUSED)" if snap["paused"] else ""),
-        f"  pending     {snap['queue']:>10}   (priority >0: {bands['high']}, 0: "
-        f"{bands['normal']}, <0: {bands['low']})",
+        f"  pending     {snap['queue']:>10}   (in {snap['queue_slots']} domains or slots; "
+        "see distcrawl domains)",
         f"  in flight   {snap['leased']:>10}",
         f"  retrying    {snap['delayed']:>10}",
         f"  dead        {snap['dead']:>10}",

@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from distcrawl.frontier import Frontier
+from distcrawl.politeness import slot_for
 from distcrawl.serialize import DecodeError, RequestCodec, SerializationError
 
 #: meta keys that count attempts: a re-driven request starts again from zero
@@ -58,7 +59,7 @@ def read(frontier: Frontier, limit: int = 0) -> Iterator[DeadLetter]:
         yield DeadLetter(raw, record if isinstance(record, dict) else {"reason": "?"})
 
 
-def _requeue_payload(letter: DeadLetter, codec: RequestCodec) -> tuple[int, bytes] | None:
+def _requeue_payload(letter: DeadLetter, codec: RequestCodec) -> tuple[str, int, bytes] | None:
     record = letter.record
     if record.get("payload"):
         try:
@@ -70,10 +71,12 @@ def _requeue_payload(letter: DeadLetter, codec: RequestCodec) -> tuple[int, byte
             data["M"] = meta
         else:
             data.pop("M", None)
-        return int(data.get("p", 0)), codec.encode_dict(data)
+        slot = slot_for(str(data.get("u", "")), data.get("M"))
+        return slot, int(data.get("p", 0)), codec.encode_dict(data)
     if record.get("url") and record.get("source") != "queue":
         try:
-            return int(record.get("priority") or 0), codec.encode_dict({"u": record["url"]})
+            payload = codec.encode_dict({"u": record["url"]})
+            return slot_for(record["url"], None), int(record.get("priority") or 0), payload
         except SerializationError:
             return None
     return None
@@ -88,7 +91,7 @@ def redrive(
     source: str | None = None,
 ) -> tuple[int, int]:
     """Re-drive the matching dead letters; returns (re-driven, matching but not re-drivable)."""
-    moves: list[tuple[bytes, str, int, bytes]] = []
+    moves: list[tuple[bytes, str, str, int, bytes]] = []
     unusable = 0
     for letter in read(frontier):
         if not letter.matches(error=error, domain=domain, source=source):
@@ -96,11 +99,11 @@ def redrive(
         if letter.record.get("source") == "start_urls" and letter.record.get("raw") is not None:
             raw = str(letter.record["raw"])
             encoding = letter.record.get("raw_encoding", "utf-8")
-            moves.append((letter.raw, "u", 0, raw.encode(encoding)))
+            moves.append((letter.raw, "u", "", 0, raw.encode(encoding)))
             continue
         requeue = _requeue_payload(letter, codec)
         if requeue is None:
             unusable += 1
             continue
-        moves.append((letter.raw, "q", requeue[0], requeue[1]))
+        moves.append((letter.raw, "q", *requeue))
     return frontier.redrive(moves), unusable

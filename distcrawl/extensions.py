@@ -45,7 +45,11 @@ COUNTERS = {
     "dead_letters": "distcrawl/dead_letters",
     "lease_expired": "distcrawl/lease_expired",
     "download_errors": "downloader/exception_count",
+    "dropped": "distcrawl/backpressure/dropped",
+    "throttled": "distcrawl/politeness/throttled",
 }
+#: how often a worker reads Redis' INFO memory to warn before maxmemory is reached
+MEMORY_CHECK_INTERVAL = 10.0
 #: robots.txt and offsite refusals are decisions, not download errors
 IGNORED = "downloader/exception_type_count/scrapy.exceptions.IgnoreRequest"
 
@@ -62,6 +66,8 @@ class WorkerMonitor:
     def __init__(self, crawler: Crawler, config: DistcrawlConfig, io: RedisIO) -> None:
         self.crawler = crawler
         self.config = config
+        self._next_memory_check = 0.0
+        self._warned_policy = ""
         self.io = io
         self.id = worker_id()
         self.started = time.time()
@@ -163,8 +169,35 @@ class WorkerMonitor:
         for key in (k.queue, k.leases, k.delayed):
             pipe.zcard(key)
         pipe.llen(k.dead)
+        if time.monotonic() >= self._next_memory_check:
+            # on its own: a full Redis refuses the writes above, and this must still be said
+            self._next_memory_check = time.monotonic() + MEMORY_CHECK_INTERVAL
+            self._check_memory(self.io.client.info("memory"))
         *_, paused, queue, leased, delayed, dead = pipe.execute()
         return bool(paused), {"queue": queue, "leased": leased, "delayed": delayed, "dead": dead}
+
+    def _check_memory(self, info: dict[str, Any]) -> None:
+        """Loud before Redis is full: past maxmemory, writes fail (noeviction) or, worse,
+        keys are evicted, i.e. queued requests and seen fingerprints silently lost."""
+        used, limit = int(info.get("used_memory", 0)), int(info.get("maxmemory", 0))
+        policy = str(info.get("maxmemory_policy", "noeviction"))
+        if policy != "noeviction" and policy != self._warned_policy:
+            self._warned_policy = policy
+            logger.error(
+                "Redis maxmemory-policy is %s: when Redis is full it evicts keys, which loses "
+                "queued requests and seen fingerprints without a word; use noeviction",
+                policy,
+            )
+        if limit and used >= self.config.maxmemory_warn * limit:
+            logger.error(
+                "Redis memory at %.0f%% of maxmemory (%d of %d bytes; DISTCRAWL_MAXMEMORY_WARN="
+                "%s): set DISTCRAWL_MAX_PENDING, use DISTCRAWL_SEEN='bloom', or give Redis more "
+                "memory before it refuses writes",
+                100 * used / limit,
+                used,
+                limit,
+                self.config.maxmemory_warn,
+            )
 
     def _published(self, result: tuple[bool, dict[str, int]]) -> None:
         self._busy = False

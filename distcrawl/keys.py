@@ -28,12 +28,13 @@ class FrontierKeys:
 
     @property
     def queue(self) -> str:
-        """ZSET of request ids, score = -priority; ties pop in id (FIFO) order."""
+        """ZSET of queue entries ``<slot>\\0<priority><seq><payload>``, all scores 0, so that
+        one slot's requests are a lexicographic range, best priority first (lua/lib.lua)."""
         return self._key("queue")
 
     @property
     def requests(self) -> str:
-        """HASH request id -> ``<priority>:<payload>``, for queued and leased requests."""
+        """HASH request id -> queue entry, for leased requests and retries waiting."""
         return self._key("requests")
 
     @property
@@ -77,6 +78,52 @@ class FrontierKeys:
         return self._key("domains")
 
     @property
+    def ready(self) -> str:
+        """ZSET politeness slot -> when its next request may be leased (server ms); holds
+        exactly the slots with queued requests."""
+        return self._key("ready")
+
+    @property
+    def slots(self) -> str:
+        """HASH slot -> earliest time of the slot's next request (server ms)."""
+        return self._key("slots")
+
+    @property
+    def inflight(self) -> str:
+        """HASH slot -> requests leased to some worker and not acknowledged yet."""
+        return self._key("inflight")
+
+    @property
+    def throttle(self) -> str:
+        """HASH slot -> adaptive delay (ms) raised by 429/503 answers and slow responses."""
+        return self._key("throttle")
+
+    @property
+    def limits(self) -> str:
+        """HASH slot -> ``<delay ms>:<concurrency>``, set by ``distcrawl limit`` while the
+        crawl runs; it wins over the settings."""
+        return self._key("limits")
+
+    @property
+    def robots(self) -> str:
+        """HASH slot -> robots.txt Crawl-delay (ms); negative while one worker reads it."""
+        return self._key("robots")
+
+    @property
+    def robotstxt(self) -> str:
+        """HASH netloc -> JSON {fetched, status, body} of robots.txt, read once per cluster."""
+        return self._key("robotstxt")
+
+    def robots_lock(self, netloc: str) -> str:
+        """STRING held (with a TTL) by the one worker downloading this netloc's robots.txt."""
+        return self._key(f"robotstxt:lock:{netloc}")
+
+    @property
+    def settings(self) -> str:
+        """HASH of values workers publish for producers, e.g. the pending cap."""
+        return self._key("settings")
+
+    @property
     def paused(self) -> str:
         """STRING present while the crawl is paused (``distcrawl pause``)."""
         return self._key("paused")
@@ -95,5 +142,13 @@ class FrontierKeys:
             self.workers,
             self.stats,
             self.domains,
+            self.ready,
+            self.slots,
+            self.inflight,
+            self.throttle,
+            self.limits,
+            self.robots,
+            self.robotstxt,
+            self.settings,
             self.paused,
         )

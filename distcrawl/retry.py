@@ -19,7 +19,6 @@ import random
 import time
 import traceback
 from collections.abc import Callable, Iterable
-from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any
 
 from scrapy import Request
@@ -32,6 +31,7 @@ from scrapy.utils.python import global_object_name
 from scrapy.utils.response import response_status_message
 
 from distcrawl.config import DistcrawlConfig
+from distcrawl.politeness import parse_retry_after
 from distcrawl.scheduler import RETRY_DELAY_META, scheduler_of
 
 if TYPE_CHECKING:
@@ -78,21 +78,6 @@ class Backoff:
         if retry_after is not None:
             delay = max(delay, min(retry_after, self.retry_after_max))
         return max(0.0, delay)
-
-
-def parse_retry_after(value: bytes | str | None, now: float | None = None) -> float | None:
-    """Seconds to wait from a ``Retry-After`` header: delta-seconds or an HTTP date."""
-    if not value:
-        return None
-    text = value.decode("latin-1") if isinstance(value, bytes) else value
-    text = text.strip()
-    if text.isdigit():
-        return float(text)
-    try:
-        when = parsedate_to_datetime(text).timestamp()
-    except (TypeError, ValueError, IndexError, OverflowError):
-        return None
-    return max(0.0, when - (time.time() if now is None else now))
 
 
 def with_error(request: Request, error: str, status: int | None) -> list[dict[str, Any]]:

@@ -1,5 +1,14 @@
-"""Scrapy's RobotsTxtMiddleware, minus a bug that lets disallowed requests through.
+"""Scrapy's RobotsTxtMiddleware, read once per cluster, minus a bug that lets disallowed
+requests through.
 
+Sharing: each netloc's robots.txt is kept in Redis (``<ns>:robotstxt``) for
+DISTCRAWL_ROBOTS_TTL seconds. The first worker to need it takes a short lock, downloads it,
+and stores it; the others wait for it instead of downloading their own copy. Its
+Crawl-delay (up to DISTCRAWL_CRAWL_DELAY_MAX) becomes the slot's cluster-wide delay
+(``robots.lua``); until it is known, lease.lua hands out only the one request that makes a
+worker read robots.txt, so no burst goes out before the delay is known.
+
+The bug:
 While a netloc's robots.txt is being downloaded, ``RobotsTxtMiddleware._parsers[netloc]``
 holds one shared, unfired Deferred, and every request to that netloc that arrives meanwhile
 waits for it. Since Scrapy 2.13 (``async def process_request``, scrapy/scrapy#6802) each
@@ -18,16 +27,34 @@ not the shared Deferred the download will fire.
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import TYPE_CHECKING, TypeVar
 
+import redis
+from protego import Protego
+from scrapy import Request, signals
 from scrapy.downloadermiddlewares.robotstxt import RobotsTxtMiddleware as ScrapyRobotsTxtMiddleware
+from scrapy.exceptions import IgnoreRequest
+from scrapy.http.request import NO_CALLBACK
 from scrapy.utils.defer import maybe_deferred_to_future
 from scrapy.utils.httpobj import urlparse_cached
+from scrapy.utils.misc import build_from_crawler
+from twisted.internet import task
 from twisted.internet.defer import Deferred
 
+from distcrawl.config import DistcrawlConfig
+from distcrawl.politeness import slot_of
+
 if TYPE_CHECKING:
-    from scrapy import Request
+    from scrapy.crawler import Crawler
     from scrapy.robotstxt import RobotParser
+
+    from distcrawl.scheduler import Scheduler
+
+logger = logging.getLogger(__name__)
+#: how often a worker looks for the robots.txt another worker is downloading
+SHARED_POLL = 0.2
 
 _T = TypeVar("_T")
 
@@ -38,13 +65,154 @@ def _relay(result: _T, waiter: Deferred[_T]) -> _T:
     return result
 
 
+async def _sleep(seconds: float) -> None:
+    from twisted.internet import reactor
+
+    await maybe_deferred_to_future(task.deferLater(reactor, seconds))
+
+
 class RobotsTxtMiddleware(ScrapyRobotsTxtMiddleware):
+    def __init__(self, crawler: Crawler) -> None:
+        super().__init__(crawler)
+        self.config = DistcrawlConfig.from_settings(crawler.settings)
+
     async def robot_parser(self, request: Request) -> RobotParser | None:
-        parser = self._parsers.get(urlparse_cached(request).netloc)
-        if isinstance(parser, Deferred):  # robots.txt being downloaded: wait for it
+        netloc = urlparse_cached(request).netloc
+        parser = self._parsers.get(netloc)
+        if isinstance(parser, Deferred):  # robots.txt being read: wait for it
             waiter: Deferred[RobotParser | None] = Deferred()
             parser.addCallback(_relay, waiter)
             return await maybe_deferred_to_future(waiter)
-        # known, or not asked for yet (then the base class downloads it; the request that
-        # starts the download reads the result from _parsers, not from the Deferred)
-        return await super().robot_parser(request)
+        if netloc in self._parsers:
+            return parser
+        from distcrawl.scheduler import scheduler_of
+
+        scheduler = scheduler_of(self.crawler)
+        if scheduler is None or scheduler.frontier is None:
+            # not a distcrawl crawl: Scrapy's own download (the request that starts it
+            # reads the result from _parsers, not from the Deferred)
+            return await super().robot_parser(request)
+        shared: Deferred[RobotParser | None] = Deferred()
+        self._parsers[netloc] = shared
+        body, fetched = await self._shared_body(request, netloc, scheduler)
+        rp = None
+        if body is not None:
+            rp = build_from_crawler(self._parserimpl, self.crawler, body)
+            await self.crawler.signals.send_catch_log_async(
+                signal=signals.robots_parsed, robotparser=rp, request=request
+            )
+        wait = await self._record_crawl_delay(request, body, fetched, scheduler)
+        self._parsers[netloc] = rp
+        shared.callback(rp)
+        if wait > 0:
+            # the robots.txt download took this slot's turn: this request gets the next
+            self._stats.inc_value("distcrawl/robots/crawl_delay_waits")
+            await _sleep(wait)
+        return rp
+
+    async def _shared_body(
+        self, request: Request, netloc: str, scheduler: Scheduler
+    ) -> tuple[bytes | None, bool]:
+        """robots.txt from Redis, downloaded by this worker only if nobody else is doing
+        it; returns (body or None when it could not be read, downloaded here)."""
+        frontier, io = scheduler.frontier, scheduler.io
+        assert frontier is not None
+        lock_ms = int(self.config.robots_probe_timeout * 1000)
+        give_up = time.monotonic() + self.config.robots_probe_timeout
+        try:
+            while True:
+                cached = await maybe_deferred_to_future(io.run(frontier.robots_txt, netloc))
+                if cached is not None and time.time() - cached[0] < self.config.robots_ttl:
+                    self._stats.inc_value("distcrawl/robots/shared")
+                    return (cached[2] if cached[1] else None), False
+                if time.monotonic() > give_up or await maybe_deferred_to_future(
+                    io.run(frontier.lock_robots_txt, netloc, lock_ms)
+                ):
+                    break
+                await _sleep(SHARED_POLL)
+        except redis.RedisError as exc:
+            logger.warning(
+                "Could not read the shared robots.txt of %s (%s); downloading it",
+                netloc,
+                exc,
+                extra={"spider": self.crawler.spider},
+            )
+            return await self._download(request), True
+        status, body = await self._download_with_status(request)
+        try:
+            await maybe_deferred_to_future(
+                io.run(frontier.store_robots_txt, netloc, status, body or b"")
+            )
+        except redis.RedisError as exc:
+            logger.warning(
+                "Could not share the robots.txt of %s (%s)",
+                netloc,
+                exc,
+                extra={"spider": self.crawler.spider},
+            )
+        return body, True
+
+    async def _download(self, request: Request) -> bytes | None:
+        return (await self._download_with_status(request))[1]
+
+    async def _download_with_status(self, request: Request) -> tuple[int, bytes | None]:
+        """Like Scrapy's own download of robots.txt; (0, None) when it failed, which
+        Scrapy reads as "allowed"."""
+        url = urlparse_cached(request)
+        robotsreq = Request(
+            f"{url.scheme}://{url.netloc}/robots.txt",
+            priority=self.DOWNLOAD_PRIORITY,
+            meta={"dont_obey_robotstxt": True},
+            callback=NO_CALLBACK,
+        )
+        self._stats.inc_value("robotstxt/request_count")
+        try:
+            assert self.crawler.engine is not None
+            response = await self.crawler.engine.download_async(robotsreq)
+        except Exception as exc:
+            if not isinstance(exc, IgnoreRequest):
+                logger.error(
+                    "Error downloading %(request)s: %(f_exception)s",
+                    {"request": robotsreq, "f_exception": exc},
+                    exc_info=True,
+                    extra={"spider": self.crawler.spider},
+                )
+                self._stats.inc_value(f"robotstxt/exception_count/{type(exc)}")
+            return 0, None
+        self._stats.inc_value("robotstxt/response_count")
+        self._stats.inc_value(f"robotstxt/response_status_count/{response.status}")
+        return response.status, response.body
+
+    async def _record_crawl_delay(
+        self, request: Request, body: bytes | None, fetched: bool, scheduler: Scheduler
+    ) -> float:
+        delay = 0.0
+        if body:
+            useragent = self._robotstxt_useragent or request.headers.get(
+                b"User-Agent", self._default_useragent
+            )
+            if isinstance(useragent, bytes):
+                useragent = useragent.decode("latin-1")
+            found = Protego.parse(body.decode("utf-8", "ignore")).crawl_delay(useragent or "*")
+            delay = min(float(found or 0.0), self.config.crawl_delay_max)
+        assert scheduler.frontier is not None
+        slot = slot_of(request, by_ip=self.config.slots_by_ip)
+        try:
+            return float(
+                await maybe_deferred_to_future(
+                    scheduler.io.run(
+                        scheduler.frontier.record_crawl_delay,
+                        slot,
+                        int(delay * 1000),
+                        fetched=fetched,
+                    )
+                )
+            )
+        except redis.RedisError as exc:
+            logger.warning(
+                "Could not record the Crawl-delay of %s (%s)",
+                slot,
+                exc,
+                extra={"spider": self.crawler.spider},
+            )
+            return delay if fetched else 0.0

@@ -38,8 +38,9 @@ from distcrawl import _engine
 from distcrawl.config import DistcrawlConfig
 from distcrawl.connection import RedisIO, redact_url, redis_io
 from distcrawl.dupefilter import RedisDupeFilter
-from distcrawl.frontier import CommitResult, Entry, Frontier, dead_letter
+from distcrawl.frontier import CommitResult, Entry, Feedback, Frontier, dead_letter
 from distcrawl.keys import FrontierKeys
+from distcrawl.politeness import FeedbackBuffer, politeness, slot_of
 from distcrawl.serialize import DecodeError, RequestCodec, SerializationError
 from distcrawl.start_urls import InvalidEntry, parse_entry, request_from_entry
 
@@ -58,6 +59,7 @@ MAX_RETRY_DELAY = 15.0
 class _Op:
     acks: list[str] = field(default_factory=list)
     entries: list[Entry] = field(default_factory=list)
+    feedback: list[Feedback] = field(default_factory=list)
     renew: list[str] = field(default_factory=list)
     reclaim: bool = False
     want: int = 0
@@ -68,6 +70,7 @@ class _Op:
         return not (
             self.acks
             or self.entries
+            or self.feedback
             or self.renew
             or self.reclaim
             or self.want
@@ -85,6 +88,7 @@ class _Result:
     leased: list[tuple[str, Request | DecodeError, bytes]] = field(default_factory=list)
     queue_size: int | None = None
     delayed: int | None = None
+    wait: float | None = None
     promoted: int = 0
     peeked: list[bytes] = field(default_factory=list)
     error: Exception | None = None
@@ -117,6 +121,8 @@ class Scheduler(BaseScheduler):
         self.frontier: Frontier | None = None
         self.codec: RequestCodec | None = None
         self._outgoing: deque[Entry] = deque()
+        self._feedback = FeedbackBuffer(config)
+        self._warned_full = 0.0
         self._acks: list[str] = []
         self._ready: deque[tuple[str, Request]] = deque()
         self._active: dict[str, Request] = {}
@@ -158,16 +164,23 @@ class Scheduler(BaseScheduler):
         self.keys = FrontierKeys(self.config.namespace or spider.name)
         self.codec = RequestCodec(self.config.serializer, spider)
         self.io.start()
-        self.frontier = Frontier(self.io.client, self.keys)
+        self.frontier = Frontier(self.io.client, self.keys, politeness(self.config))
         self.crawler.signals.connect(self._on_idle, signal=signals.spider_idle)
+        self.crawler.signals.connect(self._on_response, signal=signals.response_received)
+        _engine.local_delays_off(self.crawler)
         _SCHEDULERS[self.crawler] = self
         logger.info(
-            "distcrawl frontier %r on %s (lease %.0fs, prefetch %d, serializer %s)",
+            "distcrawl frontier %r on %s (lease %.0fs, prefetch %d, serializer %s); per "
+            "%s, cluster-wide: delay %.2fs, concurrency %d%s",
             self.keys.namespace,
             redact_url(self.config.redis_url),
             self.config.lease_timeout,
             self.config.prefetch,
             self.config.serializer,
+            "IP" if self.config.slots_by_ip else "domain",
+            self.config.domain_delay,
+            self.config.domain_concurrency,
+            ", robots.txt Crawl-delay" if self.config.robots_obey else "",
             extra={"spider": spider},
         )
         d = self.io.run(self._open_frontier)
@@ -183,6 +196,7 @@ class Scheduler(BaseScheduler):
                 removed,
                 self.frontier.keys.namespace,
             )
+        self.frontier.publish_settings(max_pending=self.config.max_pending)
         return self.frontier.sizes()
 
     def _opened(self, sizes: dict[str, int]) -> None:
@@ -226,10 +240,12 @@ class Scheduler(BaseScheduler):
             return False
         if delay is not None:
             delay_ms = str(max(0, int(float(delay) * 1000))).encode()
-            self._outgoing.append(Entry("l", b"", request.priority, payload, delay_ms))
+            slot = slot_of(request, by_ip=self.config.slots_by_ip)
+            self._outgoing.append(Entry("l", b"", request.priority, payload, delay_ms, slot))
             self._inc("distcrawl/retry/scheduled")
         else:
-            self._outgoing.append(Entry("r", fp, request.priority, payload))
+            slot = slot_of(request, by_ip=self.config.slots_by_ip)
+            self._outgoing.append(Entry("r", fp, request.priority, payload, b"", slot))
         self._last_work = time.monotonic()
         self._inc("scheduler/enqueued/redis")
         if len(self._outgoing) >= self.config.push_batch_size:
@@ -370,6 +386,7 @@ class Scheduler(BaseScheduler):
     def _build_op(self, now: float) -> _Op:
         op = _Op()
         op.acks, self._acks = self._acks, []
+        op.feedback = self._feedback.drain()
         batch = self.config.push_batch_size
         while self._outgoing and len(op.entries) < batch:
             op.entries.append(self._outgoing.popleft())
@@ -386,7 +403,7 @@ class Scheduler(BaseScheduler):
         prefetch = self.config.prefetch
         if len(self._ready) <= prefetch // 2 and now >= self._next_lease:
             op.want = prefetch - len(self._ready)
-        if self._start_pending == 0 and now >= self._next_peek:
+        if self._start_pending == 0 and now >= self._next_peek and not self._full():
             op.peek = self.config.start_urls_batch
         return op
 
@@ -396,11 +413,11 @@ class Scheduler(BaseScheduler):
         frontier, res = self.frontier, _Result()
         lease_ms = int(self.config.lease_timeout * 1000)
         try:
-            if op.acks or op.entries:
+            if op.acks or op.entries or op.feedback:
                 if final:
                     self._commit_in_chunks(op, res)
                 else:
-                    res.committed = frontier.commit(op.acks, op.entries)
+                    res.committed = frontier.commit(op.acks, op.entries, op.feedback)
             if op.release:
                 res.released = frontier.release(op.release)
             if op.renew:
@@ -409,7 +426,7 @@ class Scheduler(BaseScheduler):
                 res.requeued = frontier.requeue_expired()
             if op.want:
                 lease = frontier.lease(op.want, lease_ms)
-                res.queue_size, res.delayed, res.promoted = lease[1:]
+                res.queue_size, res.delayed, res.promoted, res.wait = lease[1:]
                 for item in lease.items:
                     try:
                         res.leased.append((item.id, self.codec.decode(item.payload), item.payload))
@@ -424,11 +441,12 @@ class Scheduler(BaseScheduler):
     def _commit_in_chunks(self, op: _Op, res: _Result) -> None:
         assert self.frontier is not None
         batch = self.config.push_batch_size
-        totals = [0, 0, 0, 0, 0]
+        totals = [0] * len(vars(CommitResult()))
         entries = op.entries
         for start in range(0, max(len(entries), 1), batch):
-            acks = op.acks if start + batch >= len(entries) else []
-            part = self.frontier.commit(acks, entries[start : start + batch])
+            last = start + batch >= len(entries)
+            acks, feedback = (op.acks, op.feedback) if last else ([], [])
+            part = self.frontier.commit(acks, entries[start : start + batch], feedback)
             totals = [a + b for a, b in zip(totals, vars(part).values(), strict=True)]
         res.committed = CommitResult(*totals)
 
@@ -482,7 +500,10 @@ class Scheduler(BaseScheduler):
                 self._next_lease = now
             else:
                 self._idle_delay = min(max(self._idle_delay * 2, 0.05), self.config.idle_poll_max)
-                self._next_lease = now + self._idle_delay
+                wait = self._idle_delay
+                if res.wait is not None:  # a slot's turn comes sooner: ask for it then
+                    wait = min(wait, max(res.wait, 0.005))
+                self._next_lease = now + wait
         if op.peek:
             self._handle_peeked(res.peeked)
             if len(res.peeked) >= op.peek:
@@ -505,6 +526,20 @@ class Scheduler(BaseScheduler):
         self._inc("distcrawl/dead_letters", c.dead)
         if c.duplicates:
             self._inc("dupefilter/filtered", c.duplicates)
+        if c.dropped or c.held:
+            self._inc("distcrawl/backpressure/dropped", c.dropped)
+            self._inc("distcrawl/backpressure/start_urls_held", c.held)
+            self._next_peek = time.monotonic() + BUSY_PEEK_INTERVAL
+            if time.monotonic() - self._warned_full >= 10.0:
+                self._warned_full = time.monotonic()
+                logger.warning(
+                    "The shared queue is at DISTCRAWL_MAX_PENDING=%d: %d new requests dropped "
+                    "and %d start URLs left waiting in Redis (stats: distcrawl/backpressure/)",
+                    self.config.max_pending,
+                    c.dropped,
+                    c.held,
+                    extra={"spider": self.spider},
+                )
 
     def _handle_leased(self, res: _Result) -> int:
         got = 0
@@ -554,7 +589,8 @@ class Scheduler(BaseScheduler):
             if not isinstance(request, Request):
                 raise InvalidEntry(f"make_request_from_data returned {type(request).__name__}")
             fp = b"" if request.dont_filter else self.df.fingerprint(request)
-            return Entry("s", fp, request.priority, self.codec.encode(request), raw)
+            slot = slot_of(request, by_ip=self.config.slots_by_ip)
+            return Entry("s", fp, request.priority, self.codec.encode(request), raw, slot)
         except (InvalidEntry, SerializationError) as exc:
             reason = str(exc)
         except Exception as exc:  # a spider hook failing on one entry must not stop the rest
@@ -586,8 +622,8 @@ class Scheduler(BaseScheduler):
         self._retry_at = time.monotonic() + self._retry_delay
         if not self._failing:
             logger.error(
-                "Redis unreachable at %s (%s: %s); keeping %d pushes and %d acknowledgements "
-                "and retrying",
+                "Redis %s at %s (%s: %s); keeping %d pushes and %d acknowledgements and retrying",
+                "refused a batch" if isinstance(exc, redis.ResponseError) else "unreachable",
                 redact_url(self.config.redis_url),
                 type(exc).__name__,
                 exc,
@@ -629,6 +665,15 @@ class Scheduler(BaseScheduler):
             timeout,
             extra={"spider": spider},
         )
+
+    def _full(self) -> bool:
+        cap = self.config.max_pending
+        return cap is not None and self._remote_queue >= cap
+
+    def _on_response(self, response: Any, request: Request, spider: Spider) -> None:
+        if self._feedback.add(request, response):
+            self._inc("distcrawl/politeness/throttled")
+            self._inc(f"distcrawl/politeness/throttled/{response.status}")
 
     def _inc(self, key: str, count: int = 1) -> None:
         if count and self.stats is not None:

@@ -81,7 +81,11 @@ def demo_site(tmp_path: Path) -> Iterator[Callable[..., DemoSite]]:
 
 @pytest.fixture
 def workers(tmp_path: Path, redis_url: str) -> Iterator[Callable[..., Worker]]:
-    """Factory of real ``scrapy crawl site`` processes on the test Redis; all stopped by PID."""
+    """Factory of real ``scrapy crawl site`` processes on the test Redis; all stopped by PID.
+
+    Workers share one local host, and the cluster-wide per-domain concurrency would let one
+    worker's prefetch take every place: tests that are not about politeness give the host
+    room for every worker (DISTCRAWL_DOMAIN_CONCURRENCY), as separate sites would."""
     started: list[Worker] = []
 
     def factory(index: int, spider: str = "site", **settings: object) -> Worker:
@@ -89,7 +93,11 @@ def workers(tmp_path: Path, redis_url: str) -> Iterator[Callable[..., Worker]]:
             index,
             redis_url=redis_url,
             spider=spider,
-            settings=settings,
+            settings={
+                key: value
+                for key, value in {"DISTCRAWL_DOMAIN_CONCURRENCY": 64, **settings}.items()
+                if value is not None  # None: leave the setting out
+            },
             log_path=tmp_path / f"worker-{index}.log",
         )
         started.append(worker)

@@ -13,6 +13,7 @@ import time
 from collections import Counter
 
 from distcrawl.demo.workers import worker_agent
+from distcrawl.frontier import make_entry
 from tests.support import page_fetches, wait_until
 
 
@@ -119,11 +120,10 @@ def test_bad_input_is_dead_lettered_and_workers_keep_going(demo_site, workers, r
     for raw in bad:
         redis_client.lpush("site:start_urls", raw)
     # entries written straight into the queue by someone else: garbage, and a pickle
-    redis_client.hset("site:requests", "zz-garbage", b"0:m\xc1\xc1not msgpack")
-    redis_client.zadd("site:queue", {"zz-garbage": 0})
     evil = b"p" + pickle.dumps({"u": site.url + "/page/2"})
-    redis_client.hset("site:requests", "zz-pickle", b"0:" + evil)
-    redis_client.zadd("site:queue", {"zz-pickle": 0})
+    for seq, payload in ((10**9, b"m\xc1\xc1not msgpack"), (10**9 + 1, evil)):
+        redis_client.zadd("site:queue", {make_entry("127.0.0.1", 0, seq, payload): 0})
+    redis_client.zadd("site:ready", {"127.0.0.1": 0})
     redis_client.lpush("site:start_urls", site.url + "/")
 
     assert wait_until(lambda: redis_client.llen("site:dead") == 7, timeout=20)

@@ -29,7 +29,7 @@ def test_priority_then_fifo(frontier):
         (b"e", -1, b"e-1"),
         (b"f", 0, b"f0"),
     )
-    leased, remaining, _, _ = frontier.lease(10, 10_000)
+    leased, remaining = frontier.lease(10, 10_000)[:2]
     assert [x.payload for x in leased] == [b"b5", b"d5", b"a0", b"c0", b"f0", b"e-1"]
     assert [x.priority for x in leased] == [5, 5, 0, 0, 0, -1]
     assert remaining == 0
@@ -155,10 +155,10 @@ def test_delayed_retry_is_not_filtered_by_the_seen_set(frontier):
 
 def test_redrive_moves_each_record_once(frontier, redis_client):
     redis_client.lpush("t:dead", b"rec-1", b"rec-2")
-    moves = [(b"rec-1", "q", 3, b"payload-1"), (b"rec-2", "u", 0, b"http://a.test/")]
+    moves = [(b"rec-1", "q", "a.test", 3, b"payload-1"), (b"rec-2", "u", "", 0, b"http://a.test/")]
     assert frontier.redrive(moves) == 2
     assert frontier.redrive(moves) == 0  # already taken: nothing twice
     assert redis_client.llen("t:dead") == 0
     assert redis_client.lrange("t:start_urls", 0, -1) == [b"http://a.test/"]
     (item,) = frontier.lease(5, 10_000).items
-    assert (item.payload, item.priority) == (b"payload-1", 3)
+    assert (item.payload, item.priority, item.slot) == (b"payload-1", 3, "a.test")

@@ -17,6 +17,15 @@ def test_key_names_are_pinned():
     assert k.stats == "site:stats"
     assert k.domains == "site:domains"
     assert k.paused == "site:paused"
+    assert k.ready == "site:ready"
+    assert k.slots == "site:slots"
+    assert k.inflight == "site:inflight"
+    assert k.throttle == "site:throttle"
+    assert k.limits == "site:limits"
+    assert k.robots == "site:robots"
+    assert k.robotstxt == "site:robotstxt"
+    assert k.settings == "site:settings"
+    assert k.robots_lock("a.test:8080") == "site:robotstxt:lock:a.test:8080"
     assert set(k.all()) == {
         "site:start_urls",
         "site:queue",
@@ -30,6 +39,14 @@ def test_key_names_are_pinned():
         "site:stats",
         "site:domains",
         "site:paused",
+        "site:ready",
+        "site:slots",
+        "site:inflight",
+        "site:throttle",
+        "site:limits",
+        "site:robots",
+        "site:robotstxt",
+        "site:settings",
     }
 
 

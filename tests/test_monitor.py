@@ -154,7 +154,7 @@ def test_watch_reports_rates_between_snapshots(redis_client, redis_url, capsys):
         "namespace": "site",
         "paused": False,
         "queue": 0,
-        "queue_by_priority": {"high": 0, "normal": 0, "low": 0},
+        "queue_slots": 0,
         "leased": 0,
         "delayed": 0,
         "dead": 0,

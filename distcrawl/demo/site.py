@@ -56,6 +56,10 @@ class LogLine(NamedTuple):
     path: str
     status: int
     user_agent: str
+    #: when the request arrived (``time`` is when it was answered)
+    arrived: float = 0.0
+    #: requests the site was serving when this one arrived, itself included
+    in_flight: int = 0
 
 
 # --------------------------------------------------------------------------- pure helpers
@@ -175,9 +179,21 @@ def read_log(path: str | os.PathLike[str]) -> list[LogLine]:
                 if not line.endswith("\n"):
                     break
                 parts = line.rstrip("\n").split("\t")
-                if len(parts) != 5:
+                if len(parts) == 5:
+                    parts += [parts[0], "0"]
+                if len(parts) != 7:
                     continue
-                out.append(LogLine(float(parts[0]), parts[1], parts[2], int(parts[3]), parts[4]))
+                out.append(
+                    LogLine(
+                        float(parts[0]),
+                        parts[1],
+                        parts[2],
+                        int(parts[3]),
+                        parts[4],
+                        float(parts[5]),
+                        int(parts[6]),
+                    )
+                )
     except FileNotFoundError:
         pass
     return out
@@ -202,6 +218,9 @@ class SiteConfig(NamedTuple):
     fail_rate: float = 0.0
     fail_times: int = 2
     fail_mode: str = "503"
+    #: the n-th request of a page answers 429 with Retry-After: retry_after (0: never)
+    throttle_at: int = 0
+    retry_after: float = 0.0
 
 
 def fails_first(path: str, cfg: SiteConfig) -> bool:
@@ -250,11 +269,22 @@ class RequestLog:
         if path:
             self._fh = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
 
-    def write(self, method: str, path: str, status: int, user_agent: str) -> None:
+    def write(
+        self,
+        method: str,
+        path: str,
+        status: int,
+        user_agent: str,
+        arrived: float = 0.0,
+        in_flight: int = 0,
+    ) -> None:
         if self._fh is None:
             return
         ua = user_agent.replace("\t", " ").replace("\n", " ").replace("\r", " ")
-        self._fh.write(f"{time.time():.6f}\t{method}\t{path}\t{status}\t{ua}\n")
+        now = time.time()
+        self._fh.write(
+            f"{now:.6f}\t{method}\t{path}\t{status}\t{ua}\t{arrived or now:.6f}\t{in_flight}\n"
+        )
 
     def close(self) -> None:
         if self._fh is not None:
@@ -278,6 +308,19 @@ def _build_site(cfg: SiteConfig, request_log: RequestLog) -> Any:
 
     reactor = _reactor()
     attempts: dict[str, int] = {}  # failures served so far, per path
+    counters = {"in_flight": 0, "pages": 0}
+
+    def arrive(request: Any) -> None:
+        counters["in_flight"] += 1
+        request.distcrawl_arrival = (time.time(), counters["in_flight"])
+
+    def leave(request: Any) -> tuple[float, int]:
+        arrival = getattr(request, "distcrawl_arrival", None)
+        if arrival is None:  # never arrived, or already logged (dropped, disconnected)
+            return 0.0, 0
+        request.distcrawl_arrival = None
+        counters["in_flight"] -= 1
+        return arrival
 
     def describe(request: http.Request) -> tuple[str, str, str]:
         method = request.method.decode("latin-1")
@@ -289,7 +332,14 @@ def _build_site(cfg: SiteConfig, request_log: RequestLog) -> Any:
         isLeaf = True
 
         def render_GET(self, request: server.Request) -> bytes | int:
+            arrive(request)
             path = request.path.decode("utf-8", "replace")
+            if path.startswith("/page/"):
+                counters["pages"] += 1
+                if counters["pages"] == cfg.throttle_at:
+                    request.setResponseCode(429)
+                    request.setHeader(b"retry-after", b"%d" % cfg.retry_after)
+                    return b"<html><body>slow down</body></html>"
             if fails_first(path, cfg) and attempts.get(path, 0) < cfg.fail_times:
                 attempts[path] = attempts.get(path, 0) + 1
                 if cfg.fail_mode == "drop":
@@ -297,7 +347,7 @@ def _build_site(cfg: SiteConfig, request_log: RequestLog) -> Any:
                     # loss (a reset before any byte would make Twisted's HTTP client re-send
                     # the request at once by itself, hiding the failure from the crawler)
                     method, uri, ua = describe(request)
-                    request_log.write(method, uri, DROPPED_STATUS, ua)
+                    request_log.write(method, uri, DROPPED_STATUS, ua, *leave(request))
                     request.setHeader(b"content-length", b"100000")
                     request.write(b"<html><body>partial")
                     transport: Any = request.channel.transport
@@ -328,12 +378,12 @@ def _build_site(cfg: SiteConfig, request_log: RequestLog) -> Any:
         if call.active():
             call.cancel()
         method, uri, ua = describe(request)
-        request_log.write(method, uri, DISCONNECTED_STATUS, ua)
+        request_log.write(method, uri, DISCONNECTED_STATUS, ua, *leave(request))
 
     class DemoSite(server.Site):
         def log(self, request: http.Request) -> None:
             method, uri, ua = describe(request)
-            request_log.write(method, uri, request.code, ua)
+            request_log.write(method, uri, request.code, ua, *leave(request))
 
     site = DemoSite(DemoResource())
     site.displayTracebacks = False
@@ -378,6 +428,13 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="503",
         help="answer 503, or drop the connection without an answer",
     )
+    p.add_argument(
+        "--throttle-at",
+        type=int,
+        default=0,
+        help="answer the n-th page request with 429 and Retry-After (0: never)",
+    )
+    p.add_argument("--retry-after", type=float, default=3.0, help="seconds, for --throttle-at")
     return p.parse_args(argv)
 
 
@@ -392,6 +449,8 @@ def main(argv: list[str] | None = None) -> int:
         args.fail_rate,
         args.fail_times,
         args.fail_mode,
+        args.throttle_at,
+        args.retry_after,
     )
     serve(args.host, args.port, cfg, args.log)
     return 0
@@ -450,8 +509,11 @@ class DemoSite:
         fail_rate: float = 0.0,
         fail_times: int = 2,
         fail_mode: str = "503",
+        throttle_at: int = 0,
+        retry_after: float = 3.0,
     ) -> None:
         self.fail_rate, self.fail_times, self.fail_mode = fail_rate, fail_times, fail_mode
+        self.throttle_at, self.retry_after = throttle_at, retry_after
         self.pages = pages
         self.links = links
         self.delay = delay
@@ -478,6 +540,8 @@ class DemoSite:
         if self.fail_rate:
             cmd += ["--fail-rate", str(self.fail_rate), "--fail-times", str(self.fail_times)]
             cmd += ["--fail-mode", self.fail_mode]
+        if self.throttle_at:
+            cmd += ["--throttle-at", str(self.throttle_at), "--retry-after", str(self.retry_after)]
         return cmd
 
     def start(self) -> DemoSite:

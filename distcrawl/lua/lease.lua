@@ -1,47 +1,139 @@
--- lease.lua: take the best requests from the queue and lease them instead of deleting them.
--- A leased request stays in Redis until it is acknowledged; if its worker dies, the lease
--- expires and requeue.lua puts it back. Deadlines use the Redis server clock, so workers'
--- clocks do not matter.
+-- lease.lua: take requests from the slots whose turn has come, and lease them instead of
+-- deleting them. A leased request stays in Redis until it is acknowledged; if its worker
+-- dies, the lease expires and requeue.lua puts it back. All times are the Redis server's
+-- clock, so workers' clocks do not matter, and the politeness state lives here, so a
+-- slot's delay and concurrency hold for the whole cluster, not per worker.
 --
--- KEYS[1] queue     ZSET  request id -> -priority (lowest score first, ties by id: FIFO)
--- KEYS[2] requests  HASH  request id -> "<priority>:<payload>"
--- KEYS[3] leases    ZSET  request id -> lease deadline (ms)
--- KEYS[4] delayed   ZSET  request id -> due time (ms) of a retry
+-- KEYS[1]  queue     ZSET  queue entries (see lib.lua), all scores 0
+-- KEYS[2]  requests  HASH  request id -> queue entry, for leased and delayed requests
+-- KEYS[3]  leases    ZSET  request id -> lease deadline (ms)
+-- KEYS[4]  delayed   ZSET  request id -> due time (ms) of a retry
+-- KEYS[5]  ready     ZSET  slot -> when its next request may be leased (ms)
+-- KEYS[6]  slots     HASH  slot -> earliest time of its next request (ms)
+-- KEYS[7]  inflight  HASH  slot -> requests leased and not acknowledged
+-- KEYS[8]  throttle  HASH  slot -> adaptive delay (ms)
+-- KEYS[9]  limits    HASH  slot -> "<delay ms>:<concurrency>" set while the crawl runs
+--                          (either part may be empty: the default applies)
+-- KEYS[10] robots    HASH  slot -> robots.txt Crawl-delay (ms); a negative value -T means
+--                          one worker is fetching robots.txt until time T
 --
 -- ARGV[1] how many requests to take at most
--- ARGV[2] lease duration in milliseconds
+-- ARGV[2] lease duration (ms)
 -- ARGV[3] how many due retries to move into the queue first, at most
+-- ARGV[4] how many ready slots to look at, at most
+-- ARGV[5] default delay between two requests of a slot (ms)
+-- ARGV[6] default concurrency of a slot
+-- ARGV[7] per-slot defaults from the settings, JSON {slot: [delay ms, concurrency]} (-1 for
+--         a value not set), or ''
+-- ARGV[8] '' when robots.txt is not obeyed, else "<probe timeout ms>:<max Crawl-delay ms>"
 --
--- Retries whose time has come join the queue at their priority before the take, so any
--- worker that asks for work also releases due retries: no clock process is needed.
+-- A slot with a delay gives one request per turn; one at its concurrency limit is parked
+-- until an acknowledgement or a requeue frees a place (arm() in lib.lua); one whose
+-- robots.txt nobody has read yet gives a single request, whose worker reads robots.txt
+-- and records its Crawl-delay (robots.lua) before the slot opens.
 --
--- Returns {queue length after the take, retries still waiting, retries released,
---          id1, value1, id2, value2, ...}.
+-- Returns {queue length, retries still waiting, retries released, ms until the next slot
+--          is ready (-1: none queued), id1, entry1, id2, entry2, ...}.
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local deadline = now + tonumber(ARGV[2])
+local now = now_ms()
+local want, lease_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
+local deadline = now + lease_ms
+local default_delay, default_conc = tonumber(ARGV[5]), tonumber(ARGV[6])
+local overrides = {}
+if ARGV[7] ~= '' then overrides = cjson.decode(ARGV[7]) end
+local probe_ms, crawl_delay_max = nil, nil
+if ARGV[8] ~= '' then
+  probe_ms, crawl_delay_max = string.match(ARGV[8], '^(%d+):(%d+)$')
+  probe_ms, crawl_delay_max = tonumber(probe_ms), tonumber(crawl_delay_max)
+end
+
 local due = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now, 'LIMIT', 0, tonumber(ARGV[3]))
 for _, id in ipairs(due) do
   redis.call('ZREM', KEYS[4], id)
-  local value = redis.call('HGET', KEYS[2], id)
-  if value then
-    redis.call('ZADD', KEYS[1], -tonumber(string.match(value, '^(-?%d+):')), id)
+  local entry = redis.call('HGET', KEYS[2], id)
+  if entry then
+    redis.call('HDEL', KEYS[2], id)
+    redis.call('ZADD', KEYS[1], 0, entry)
+    arm(KEYS[5], KEYS[6], entry_slot(entry), now, true)
   end
 end
-local ids = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)
-local out = {0, 0, #due}
-if #ids > 0 then
-  redis.call('ZREM', KEYS[1], unpack(ids))
-  for _, id in ipairs(ids) do
-    local value = redis.call('HGET', KEYS[2], id)
-    if value then
+
+local function limits(slot)
+  local delay, conc = default_delay, default_conc
+  local o = overrides[slot]
+  if o then
+    if o[1] >= 0 then delay = o[1] end
+    if o[2] >= 0 then conc = o[2] end
+  end
+  local set = redis.call('HGET', KEYS[9], slot)
+  if set then
+    local d, c = string.match(set, '^(%d*):(%d*)$')
+    delay, conc = tonumber(d) or delay, tonumber(c) or conc
+  end
+  return delay, conc
+end
+
+local out = {0, 0, #due, -1}
+local candidates = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now, 'LIMIT', 0, tonumber(ARGV[4]))
+for _, slot in ipairs(candidates) do
+  if want <= 0 then break end
+  local delay, conc = limits(slot)
+  local probe, wait_until = false, nil
+  if probe_ms then
+    local crawl_delay = tonumber(redis.call('HGET', KEYS[10], slot))
+    if crawl_delay == nil or (crawl_delay < 0 and -crawl_delay <= now) then
+      probe = true
+    elseif crawl_delay < 0 then
+      wait_until = -crawl_delay
+    else
+      delay = math.max(delay, math.min(crawl_delay, crawl_delay_max))
+    end
+  end
+  delay = math.max(delay, tonumber(redis.call('HGET', KEYS[8], slot)) or 0)
+  local inflight = tonumber(redis.call('HGET', KEYS[7], slot)) or 0
+  local take = math.min(conc - inflight, want)
+  if delay > 0 or probe then take = math.min(take, 1) end
+  if wait_until then
+    redis.call('ZADD', KEYS[5], wait_until, slot)
+  elseif take <= 0 then
+    redis.call('ZADD', KEYS[5], deadline, slot)  -- parked: arm() brings it back
+  else
+    local lo, hi = slot_range(slot)
+    local entries = redis.call('ZRANGEBYLEX', KEYS[1], lo, hi, 'LIMIT', 0, take + 1)
+    local taken = math.min(take, #entries)
+    for i = 1, taken do
+      local entry = entries[i]
+      local id = entry_id(entry)
+      redis.call('ZREM', KEYS[1], entry)
+      redis.call('HSET', KEYS[2], id, entry)
       redis.call('ZADD', KEYS[3], deadline, id)
       out[#out + 1] = id
-      out[#out + 1] = value
+      out[#out + 1] = entry
+    end
+    want = want - taken
+    if taken > 0 then
+      inflight = redis.call('HINCRBY', KEYS[7], slot, taken)
+    end
+    local next_at = now
+    if delay > 0 and taken > 0 then
+      next_at = now + delay
+      redis.call('HSET', KEYS[6], slot, next_at)
+    end
+    if probe and taken > 0 then
+      redis.call('HSET', KEYS[10], slot, -(now + probe_ms))
+      next_at = now + probe_ms
+    end
+    if #entries <= taken then
+      redis.call('ZREM', KEYS[5], slot)
+    elseif inflight >= conc then
+      redis.call('ZADD', KEYS[5], math.max(deadline, next_at), slot)
+    else
+      redis.call('ZADD', KEYS[5], next_at, slot)
     end
   end
 end
 out[1] = redis.call('ZCARD', KEYS[1])
 out[2] = redis.call('ZCARD', KEYS[4])
+local first = redis.call('ZRANGE', KEYS[5], 0, 0, 'WITHSCORES')
+if #first > 0 then out[4] = math.max(0, tonumber(first[2]) - now) end
 return out

@@ -1,0 +1,122 @@
+"""Cluster-wide politeness: the slot a request counts against, and what responses say.
+
+Scrapy's DOWNLOAD_DELAY, CONCURRENT_REQUESTS_PER_DOMAIN and AutoThrottle hold per process,
+so ten workers hit a site ten times as hard as one. distcrawl keeps each slot's turn,
+in-flight count and adaptive delay in Redis and applies them when it leases (lease.lua),
+so the limits hold for the whole cluster. Slots are Scrapy's download slots: the host
+name, its IP address when CONCURRENT_REQUESTS_PER_IP is set, or ``meta["download_slot"]``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from email.utils import parsedate_to_datetime
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from scrapy.resolver import dnscache
+from scrapy.utils.httpobj import urlparse_cached
+
+from distcrawl.frontier import Feedback, Politeness
+
+if TYPE_CHECKING:
+    from scrapy import Request
+    from scrapy.http import Response
+
+    from distcrawl.config import DistcrawlConfig
+
+DOWNLOAD_SLOT = "download_slot"
+
+
+def parse_retry_after(value: bytes | str | None, now: float | None = None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header: delta-seconds or an HTTP date."""
+    if not value:
+        return None
+    text = value.decode("latin-1") if isinstance(value, bytes) else value
+    text = text.strip()
+    if text.isdigit():
+        return float(text)
+    try:
+        when = parsedate_to_datetime(text).timestamp()
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    return max(0.0, when - (time.time() if now is None else now))
+
+
+def slot_for(url: str, meta: Mapping[str, Any] | None, *, by_ip: bool = False) -> str:
+    """Scrapy's download slot key (``Downloader.get_slot_key``), from a URL and meta."""
+    if meta and meta.get(DOWNLOAD_SLOT) is not None:
+        return str(meta[DOWNLOAD_SLOT])
+    host = urlsplit(url).hostname or ""
+    return dnscache.get(host, host) if by_ip else host
+
+
+def slot_of(request: Request, *, by_ip: bool = False) -> str:
+    slot = request.meta.get(DOWNLOAD_SLOT)
+    if slot is not None:
+        return str(slot)
+    host = urlparse_cached(request).hostname or ""
+    # like Scrapy: the IP once this process has resolved the host, its name before that
+    return dnscache.get(host, host) if by_ip else host
+
+
+def politeness(config: DistcrawlConfig) -> Politeness:
+    """The limits lease.lua and commit.lua apply, in milliseconds."""
+    overrides = {
+        slot: [-1 if d is None else int(d * 1000), -1 if c is None else c]
+        for slot, d, c in config.slot_overrides
+    }
+    robots = ""
+    if config.robots_obey:
+        robots = f"{int(config.robots_probe_timeout * 1000)}:{int(config.crawl_delay_max * 1000)}"
+    return Politeness(
+        delay_ms=int(config.domain_delay * 1000),
+        concurrency=config.domain_concurrency,
+        overrides=json.dumps(overrides, separators=(",", ":")) if overrides else "",
+        robots=robots,
+        throttle=(
+            f"{int(config.throttle_start_delay * 1000)}:{int(config.throttle_max_delay * 1000)}"
+            f":{config.throttle_target_concurrency:g}"
+        ),
+        max_pending=config.max_pending or 0,
+        keep_priority=(
+            2**31 if config.max_pending_keep_priority is None else config.max_pending_keep_priority
+        ),
+    )
+
+
+class FeedbackBuffer:
+    """Sums what responses said per slot until the next commit sends it to Redis: one
+    record per slot and batch, not one per response."""
+
+    def __init__(self, config: DistcrawlConfig) -> None:
+        self.codes = frozenset(config.throttle_codes)
+        self.retry_after_max = config.retry_after_max
+        self.by_ip = config.slots_by_ip
+        self._slots: dict[str, list[int]] = {}
+
+    def add(self, request: Request, response: Response) -> bool:
+        """Count one response; True when it asked to slow down."""
+        slot = slot_of(request, by_ip=self.by_ip)
+        record = self._slots.setdefault(slot, [0, 0, 0, 0])
+        throttled = response.status in self.codes
+        if throttled:
+            record[2] += 1
+            after = parse_retry_after(response.headers.get(b"Retry-After"))
+            if after is not None:
+                after_ms = int(min(after, self.retry_after_max) * 1000)
+                record[3] = max(record[3], after_ms)
+        else:
+            record[0] += 1
+            record[1] += int(float(request.meta.get("download_latency", 0.0)) * 1000)
+        return throttled
+
+    def __bool__(self) -> bool:
+        return bool(self._slots)
+
+    def drain(self) -> list[Feedback]:
+        out = [Feedback(slot, *values) for slot, values in self._slots.items()]
+        self._slots.clear()
+        return out

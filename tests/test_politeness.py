@@ -1,0 +1,216 @@
+"""Cluster-wide politeness with real worker processes and sites on several loopback hosts.
+
+Each site runs on its own address (127.0.0.2, 127.0.0.3), so that they are different hosts
+to Scrapy and to distcrawl, and records when each request arrived and how many it was
+serving at that moment: the assertions read the site's own view, not the crawler's.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+
+from distcrawl import cli
+from distcrawl.demo.site import DemoSite, LogLine
+from distcrawl.frontier import Frontier
+from distcrawl.keys import FrontierKeys
+from tests.support import page_fetches, wait_until
+
+SITE = FrontierKeys("site")
+
+
+def arrivals(site: DemoSite) -> list[LogLine]:
+    return sorted(site.read_log(), key=lambda line: line.arrived)
+
+
+def gaps(lines: list[LogLine]) -> list[float]:
+    return [b.arrived - a.arrived for a, b in itertools.pairwise(lines)]
+
+
+def finish(pool, timeout: float = 120) -> None:
+    for w in pool:
+        assert w.wait(timeout) == 0, w.log()[-3000:]
+
+
+def test_delay_holds_across_workers_while_another_host_runs_at_full_speed(
+    demo_site, workers, redis_client
+):
+    slow = demo_site(pages=8, links=3, host="127.0.0.2")
+    fast = demo_site(pages=300, host="127.0.0.3")
+    settings = {
+        "DOWNLOAD_SLOTS": json.dumps({"127.0.0.2": {"delay": 1.0}}),
+        "DISTCRAWL_IDLE_TIMEOUT": 3,
+    }
+    redis_client.lpush("site:start_urls", slow.url + "/", fast.url + "/")
+    pool = [workers(i, **settings) for i in (1, 2, 3)]
+    finish(pool)
+
+    assert set(page_fetches(slow)) == slow.expected_pages()
+    assert set(page_fetches(fast)) == fast.expected_pages()
+    slow_log, fast_log = arrivals(slow), arrivals(fast)
+    smallest = min(gaps(slow_log))
+    agents = {line.user_agent for line in slow_log}
+    print(
+        f"slow host: {len(slow_log)} requests, smallest gap {smallest:.3f}s, {len(agents)} workers"
+    )
+    assert smallest >= 0.9, gaps(slow_log)
+    assert len(agents) >= 2  # the delay was shared, not one worker doing all the slow host
+    # meanwhile the other host was crawled at full speed: all of it while the slow host
+    # was still being worked through
+    fast_done = fast_log[-1].arrived
+    assert fast_done < slow_log[-1].arrived
+    assert sum(1 for line in fast_log if line.arrived < slow_log[4].arrived) >= 100
+
+
+def test_per_domain_concurrency_is_cluster_wide(demo_site, workers, redis_client):
+    site = demo_site(pages=40, links=3, delay=0.3, host="127.0.0.2")
+    # Scrapy's own setting, which distcrawl makes cluster-wide
+    settings = {
+        "CONCURRENT_REQUESTS_PER_DOMAIN": 2,
+        "DISTCRAWL_DOMAIN_CONCURRENCY": None,
+        "DISTCRAWL_IDLE_TIMEOUT": 3,
+    }
+    redis_client.lpush("site:start_urls", site.url + "/")
+    pool = [workers(i, **settings) for i in (1, 2, 3)]
+    finish(pool)
+
+    assert set(page_fetches(site)) == site.expected_pages()
+    log = site.read_log()
+    most = max(line.in_flight for line in log)
+    agents = {line.user_agent for line in log}
+    print(f"most requests in flight at the site: {most}, workers: {len(agents)}")
+    assert most == 2  # reached, never passed
+    assert len(agents) >= 2
+
+
+def test_429_with_retry_after_holds_back_every_worker(demo_site, workers, redis_client):
+    site = demo_site(pages=40, links=3, host="127.0.0.2", throttle_at=12, retry_after=3)
+    settings = {"DISTCRAWL_DOMAIN_CONCURRENCY": 4, "DISTCRAWL_IDLE_TIMEOUT": 5}
+    redis_client.lpush("site:start_urls", site.url + "/")
+    pool = [workers(i, **settings) for i in (1, 2, 3)]
+    finish(pool)
+
+    assert set(page_fetches(site)) == site.expected_pages()
+    log = arrivals(site)
+    (throttled,) = [line for line in log if line.status == 429]
+    # requests already sent when the 429 was answered arrive just after it; every request
+    # sent once its worker could know waits out Retry-After
+    grace = 0.3
+    early = [
+        line for line in log if throttled.time + grace < line.arrived < throttled.time + 3.0 - 0.05
+    ]
+    after = [line.arrived - throttled.time for line in log if line.arrived > throttled.time]
+    print(f"after the 429: first request {min(x for x in after if x > grace):.3f}s later")
+    assert early == [], early
+    # the 429'd page itself was retried after Retry-After
+    retried = [line for line in log if line.path == throttled.path and line.status == 200]
+    assert retried and retried[0].arrived >= throttled.time + 2.95
+
+
+def test_robots_crawl_delay_is_shared_and_robots_txt_read_once(demo_site, workers, redis_client):
+    site = demo_site(pages=4, links=2, host="127.0.0.2", crawl_delay=2)
+    settings = {"DISTCRAWL_IDLE_TIMEOUT": 5}
+    redis_client.lpush("site:start_urls", site.url + "/")
+    pool = [workers(i, **settings) for i in (1, 2, 3)]
+    finish(pool)
+
+    assert set(page_fetches(site)) == site.expected_pages()
+    log = arrivals(site)
+    robots = [line for line in log if line.path == "/robots.txt"]
+    smallest = min(gaps(log))
+    agents = {line.user_agent for line in log}
+    print(f"{len(log)} requests, smallest gap {smallest:.3f}s, workers {len(agents)}")
+    assert len(robots) == 1
+    assert smallest >= 1.95, gaps(log)
+    assert len(agents) >= 2
+    assert redis_client.hget("site:robots", "127.0.0.2") == b"2000"
+
+
+def test_limit_set_while_the_crawl_runs_applies_to_every_worker(
+    demo_site, workers, redis_client, redis_url, capsys
+):
+    site = demo_site(pages=400, links=3, delay=0.05, host="127.0.0.2")
+    settings = {"DISTCRAWL_IDLE_TIMEOUT": 3}
+    redis_client.lpush("site:start_urls", site.url + "/")
+    pool = [workers(i, **settings) for i in (1, 2)]
+    assert wait_until(lambda: len(site.read_log()) >= 20, timeout=60)
+    code = cli.main(["--redis-url", redis_url, "limit", "site", "127.0.0.2", "--delay", "0.5"])
+    assert code == 0
+    capsys.readouterr()
+    changed = time.time()
+    assert wait_until(lambda: len([x for x in site.read_log() if x.arrived > changed]) >= 8, 60)
+    assert cli.main(["--redis-url", redis_url, "--json", "domains", "site"]) == 0
+    (state,) = json.loads(capsys.readouterr().out)
+    assert state["slot"] == "127.0.0.2" and state["override"] == "500:"
+    assert cli.main(["--redis-url", redis_url, "limit", "site", "127.0.0.2", "--clear"]) == 0
+    finish(pool)
+    # leased before the change: at most the prefetched requests still arrive close together
+    late = [x for x in arrivals(site) if x.arrived > changed + 1.0]
+    late = [x for x in late if x.arrived < late[0].arrived + 3.0]
+    assert min(gaps(late)) >= 0.45, gaps(late)
+    assert set(page_fetches(site)) == site.expected_pages()
+
+
+def test_pending_cap_drops_new_requests_and_refuses_pushes(demo_site, workers, redis_client):
+    site = demo_site(pages=500, links=17, delay=0.05, host="127.0.0.2")
+    cap = 40
+    settings = {"DISTCRAWL_MAX_PENDING": cap, "DISTCRAWL_IDLE_TIMEOUT": 3}
+    redis_client.lpush("site:start_urls", site.url + "/")
+    pool = [workers(i, **settings) for i in (1, 2)]
+    sizes = []
+    for _ in range(600):  # bounded: at most ~30 s of sampling
+        sizes.append(redis_client.zcard("site:queue"))
+        if all(not w.alive() for w in pool):
+            break
+        if len(sizes) > 100 and redis_client.hget("site:stats", "dropped"):
+            break
+        time.sleep(0.05)
+    assert max(sizes) <= cap, max(sizes)
+    assert max(sizes) >= cap * 3 // 4  # it was really filling up
+    assert wait_until(
+        lambda: int(redis_client.hget("site:stats", "dropped") or 0) > 0,
+        timeout=30,
+    )
+    assert any("DISTCRAWL_MAX_PENDING=40" in w.log() for w in pool)
+    for w in pool:
+        w.stop()
+
+
+def test_push_beyond_the_cap_is_refused(redis_client, redis_url, capsys):
+    frontier = Frontier(redis_client, SITE)
+    frontier.publish_settings(max_pending=3)
+    assert cli.main(["--redis-url", redis_url, "push", "site", "http://a.test/1"]) == 0
+    code = cli.main(
+        [
+            "--redis-url",
+            redis_url,
+            "push",
+            "site",
+            "http://a.test/2",
+            "http://a.test/3",
+            "http://a.test/4",
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code == 4
+    assert "pending cap" in err and "room for 2" in err
+    assert redis_client.llen(SITE.start_urls) == 1  # all or nothing
+    frontier.publish_settings(max_pending=None)
+    assert cli.main(["--redis-url", redis_url, "push", "site", "http://a.test/2"]) == 0
+
+
+def test_redis_near_maxmemory_is_reported_loudly(workers, redis_client):
+    used = int(redis_client.info("memory")["used_memory"])
+    redis_client.config_set("maxmemory", used * 2)
+    redis_client.config_set("maxmemory-policy", "allkeys-lru")
+    try:
+        worker = workers(1, DISTCRAWL_MAXMEMORY_WARN=0.4)
+        assert wait_until(lambda: "of maxmemory" in worker.log(), timeout=30), worker.log()
+        log = worker.log()
+        assert "ERROR: Redis memory at" in log
+        assert "maxmemory-policy is allkeys-lru" in log
+        assert worker.alive()
+    finally:
+        redis_client.config_set("maxmemory", 0)
+        redis_client.config_set("maxmemory-policy", "noeviction")
