@@ -79,13 +79,18 @@ def demo_site(tmp_path: Path) -> Iterator[Callable[..., DemoSite]]:
             site.stop()
 
 
+def worker_settings(settings: dict[str, object]) -> dict[str, object]:
+    """Workers share one local host, and the cluster-wide per-domain concurrency would let
+    one worker's prefetch take every place: tests that are not about politeness give the
+    host room for every worker (DISTCRAWL_DOMAIN_CONCURRENCY), as separate sites would.
+    A value of None leaves a setting out."""
+    merged = {"DISTCRAWL_DOMAIN_CONCURRENCY": 64, **settings}
+    return {key: value for key, value in merged.items() if value is not None}
+
+
 @pytest.fixture
 def workers(tmp_path: Path, redis_url: str) -> Iterator[Callable[..., Worker]]:
-    """Factory of real ``scrapy crawl site`` processes on the test Redis; all stopped by PID.
-
-    Workers share one local host, and the cluster-wide per-domain concurrency would let one
-    worker's prefetch take every place: tests that are not about politeness give the host
-    room for every worker (DISTCRAWL_DOMAIN_CONCURRENCY), as separate sites would."""
+    """Factory of real ``scrapy crawl site`` processes on the test Redis; all stopped by PID."""
     started: list[Worker] = []
 
     def factory(index: int, spider: str = "site", **settings: object) -> Worker:
@@ -93,11 +98,7 @@ def workers(tmp_path: Path, redis_url: str) -> Iterator[Callable[..., Worker]]:
             index,
             redis_url=redis_url,
             spider=spider,
-            settings={
-                key: value
-                for key, value in {"DISTCRAWL_DOMAIN_CONCURRENCY": 64, **settings}.items()
-                if value is not None  # None: leave the setting out
-            },
+            settings=worker_settings(settings),
             log_path=tmp_path / f"worker-{index}.log",
         )
         started.append(worker)
@@ -150,7 +151,7 @@ def mongo_workers(
             index,
             redis_url=redis_url,
             spider=spider,
-            settings=settings,
+            settings=worker_settings(settings),
             log_path=tmp_path / f"worker-{index}.log",
             mongo_uri=mongo_uri,
         )

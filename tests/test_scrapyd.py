@@ -419,6 +419,9 @@ def schedule_run(capsys, monkeypatch, cluster, prefix: str) -> list[str]:
         "site",
         "--setting",
         "USER_AGENT=distcrawl-job-{job}",
+        # room on the one local host for every job's prefetch (see conftest.worker_settings)
+        "--setting",
+        "DISTCRAWL_DOMAIN_CONCURRENCY=64",
         "--idle-timeout",
         "3",
     ]
