@@ -14,6 +14,7 @@ from collections import deque
 from typing import Any
 
 from distcrawl.frontier import Frontier
+from distcrawl.seen import BloomState
 
 #: a worker whose last heartbeat is older than this is reported as stale (dead or stuck)
 STALE_AFTER = 10.0
@@ -29,6 +30,7 @@ def snapshot(frontier: Frontier, stale_after: float = STALE_AFTER) -> dict[str, 
     pipe.zcard(k.leases)
     pipe.zcard(k.delayed)
     pipe.scard(k.seen)
+    pipe.hgetall(k.bloom)
     pipe.llen(k.start_urls)
     pipe.llen(k.dead)
     pipe.exists(k.paused)
@@ -43,6 +45,7 @@ def snapshot(frontier: Frontier, stale_after: float = STALE_AFTER) -> dict[str, 
         leased,
         delayed,
         seen,
+        bloom,
         start_urls,
         dead,
         paused,
@@ -59,7 +62,7 @@ def snapshot(frontier: Frontier, stale_after: float = STALE_AFTER) -> dict[str, 
         "queue_by_priority": {"high": high, "normal": normal, "low": low},
         "leased": leased,
         "delayed": delayed,
-        "seen": seen,
+        "seen": seen + BloomState.parse(bloom).count,
         "start_urls": start_urls,
         "dead": dead,
         "paused": bool(paused),

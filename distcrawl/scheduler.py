@@ -158,16 +158,23 @@ class Scheduler(BaseScheduler):
         self.keys = FrontierKeys(self.config.namespace or spider.name)
         self.codec = RequestCodec(self.config.serializer, spider)
         self.io.start()
-        self.frontier = Frontier(self.io.client, self.keys)
+        self.frontier = Frontier(
+            self.io.client,
+            self.keys,
+            seen=self.config.seen,
+            bloom_capacity=self.config.bloom_capacity,
+            bloom_error_rate=self.config.bloom_error_rate,
+        )
         self.crawler.signals.connect(self._on_idle, signal=signals.spider_idle)
         _SCHEDULERS[self.crawler] = self
         logger.info(
-            "distcrawl frontier %r on %s (lease %.0fs, prefetch %d, serializer %s)",
+            "distcrawl frontier %r on %s (lease %.0fs, prefetch %d, serializer %s, seen-set %s)",
             self.keys.namespace,
             redact_url(self.config.redis_url),
             self.config.lease_timeout,
             self.config.prefetch,
             self.config.serializer,
+            self.config.seen,
             extra={"spider": spider},
         )
         d = self.io.run(self._open_frontier)
@@ -353,6 +360,7 @@ class Scheduler(BaseScheduler):
         self._pump()
 
     def _pump(self) -> None:
+        self.df.flush_stats_if_due()
         if self._busy or self._closing or self.frontier is None:
             return
         now = time.monotonic()

@@ -3,12 +3,16 @@
 --
 -- KEYS[1] queue      ZSET  request id -> -priority
 -- KEYS[2] requests   HASH  request id -> "<priority>:<payload>"
--- KEYS[3] seen       SET   binary fingerprints
+-- KEYS[3] seen       SET   binary fingerprints (used by seen_set.lua; unused with the Bloom filter)
 -- KEYS[4] seq        STRING counter for request ids
 -- KEYS[5] leases     ZSET  request id -> lease deadline (ms)
 -- KEYS[6] start_urls LIST  raw entries pushed by producers
 -- KEYS[7] dead       LIST  dead-letter records (JSON)
 -- KEYS[8] delayed    ZSET  request id -> due time (ms)
+-- KEYS[9 ..]         the Bloom filter's keys with DISTCRAWL_SEEN = "bloom" (see seen_bloom.lua)
+--
+-- distcrawl/lua/__init__.py prepends the seen-set snippet (seen_set.lua or seen_bloom.lua),
+-- which defines seen_add(fp) and may end the script before anything is written.
 --
 -- ARGV[1]              number of acknowledged ids (A)
 -- ARGV[2 .. A+1]       the acknowledged request ids
@@ -22,7 +26,8 @@
 --   raw      the start_urls entry for 's' and 'x' (removed with LREM; if another worker
 --            removed it first the entry is skipped); the delay in ms for 'l'; '' otherwise
 --
--- Returns {enqueued, duplicates, dead, skipped, queue length}.
+-- Returns {enqueued, duplicates, dead, skipped, queue length}, or {'bloom', layers} from
+-- seen_bloom.lua, having written nothing.
 
 local acks = tonumber(ARGV[1])
 if acks > 0 then
@@ -61,7 +66,7 @@ for i = 0, n - 1 do
       redis.call('ZADD', KEYS[8], now + tonumber(raw), id)
       redis.call('HSET', KEYS[2], id, prio .. ':' .. payload)
       enqueued = enqueued + 1
-    elseif fp == '' or redis.call('SADD', KEYS[3], fp) == 1 then
+    elseif fp == '' or seen_add(fp) == 1 then
       local id = string.format('%012x', redis.call('INCR', KEYS[4]))
       redis.call('ZADD', KEYS[1], -tonumber(prio), id)
       redis.call('HSET', KEYS[2], id, prio .. ':' .. payload)
