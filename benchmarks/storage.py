@@ -3,7 +3,7 @@
 Both frontiers are filled with the same requests, the ones a crawl of the demo site queues
 (``/page/<n>`` with the ``parse`` callback, the scope meta and a depth), through the code each
 crawler really uses to store them: ``Frontier.commit`` with ``RequestCodec`` payloads and
-16-byte fingerprints for distcrawl; scrapy-redis' own ``PriorityQueue._encode_request`` (the
+12-byte fingerprints for distcrawl; scrapy-redis' own ``PriorityQueue._encode_request`` (the
 pickle its scheduler pushes), its ZADD score and its dupefilter's SHA1 fingerprints. Only the
 transport differs for scrapy-redis (a pipeline instead of one round trip per request), which
 changes nothing in what is stored. ``MEMORY USAGE ... SAMPLES 0`` measures each key exactly.

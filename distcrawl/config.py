@@ -14,6 +14,9 @@ from typing import Any, TypeVar
 
 from scrapy.settings import BaseSettings
 
+from distcrawl.lua import SEEN_MODES
+from distcrawl.seen import DEFAULT_CAPACITY, DEFAULT_ERROR_RATE
+
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 SERIALIZERS = ("msgpack", "json", "pickle")
 
@@ -81,6 +84,26 @@ def _at_least(low: float, kind: Callable[[Any], T]) -> Callable[[Any], T]:
     return convert
 
 
+def _probability(raw: Any) -> float:
+    value = float(raw)
+    if not 0.0 < value < 1.0:
+        raise ValueError("must be between 0 and 1, both excluded")
+    return value
+
+
+def _integer(raw: Any) -> int:
+    """An int, also from a float-like value such as ``1e8`` (a float only if whole)."""
+    if isinstance(raw, str):
+        raw = raw.strip().replace("_", "")
+        try:
+            return int(raw)
+        except ValueError:
+            raw = float(raw)
+    if isinstance(raw, float) and not raw.is_integer():
+        raise ValueError("expected a whole number")
+    return int(raw)
+
+
 def _fraction(raw: Any) -> float:
     value = float(raw)
     if not 0.0 <= value <= 1.0:
@@ -107,6 +130,9 @@ class DistcrawlConfig:
     start_url_max_bytes: int = 8192
     allowed_schemes: tuple[str, ...] = ("http", "https")
     local_seen_cache: int = 100_000
+    seen: str = "set"
+    bloom_capacity: int = DEFAULT_CAPACITY
+    bloom_error_rate: float = DEFAULT_ERROR_RATE
     socket_timeout: float = 10.0
     retry_backoff_base: float = 1.0
     retry_backoff_factor: float = 2.0
@@ -142,6 +168,9 @@ class DistcrawlConfig:
             raise ConfigError(
                 f"DISTCRAWL_SERIALIZER={serializer!r}: expected one of {', '.join(SERIALIZERS)}"
             )
+        seen = _get(settings, "DISTCRAWL_SEEN", "set", str).lower()
+        if seen not in SEEN_MODES:
+            raise ConfigError(f"DISTCRAWL_SEEN={seen!r}: expected one of {', '.join(SEEN_MODES)}")
         concurrency = _get(settings, "CONCURRENT_REQUESTS", 16, _positive(int))
         lease_timeout = _get(settings, "DISTCRAWL_LEASE_TIMEOUT", 30.0, _positive(float))
         schemes = settings.getlist("DISTCRAWL_ALLOWED_SCHEMES", ["http", "https"])
@@ -170,6 +199,13 @@ class DistcrawlConfig:
             ),
             allowed_schemes=tuple(s.lower() for s in schemes),
             local_seen_cache=_get(settings, "DISTCRAWL_LOCAL_SEEN_CACHE", 100_000, int),
+            seen=seen,
+            bloom_capacity=_get(
+                settings, "DISTCRAWL_BLOOM_CAPACITY", DEFAULT_CAPACITY, _positive(_integer)
+            ),
+            bloom_error_rate=_get(
+                settings, "DISTCRAWL_BLOOM_ERROR_RATE", DEFAULT_ERROR_RATE, _probability
+            ),
             socket_timeout=_get(settings, "DISTCRAWL_SOCKET_TIMEOUT", 10.0, _positive(float)),
             retry_backoff_base=_get(
                 settings, "DISTCRAWL_RETRY_BACKOFF_BASE", 1.0, _at_least(0.0, float)

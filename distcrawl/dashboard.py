@@ -14,6 +14,7 @@ from collections import deque
 from typing import Any
 
 from distcrawl.frontier import Frontier
+from distcrawl.seen import BloomState
 
 #: a worker whose last heartbeat is older than this is reported as stale (dead or stuck)
 STALE_AFTER = 10.0
@@ -28,6 +29,7 @@ def snapshot(frontier: Frontier, stale_after: float = STALE_AFTER) -> dict[str, 
     pipe.zcard(k.leases)
     pipe.zcard(k.delayed)
     pipe.scard(k.seen)
+    pipe.hgetall(k.bloom)
     pipe.llen(k.start_urls)
     pipe.llen(k.dead)
     pipe.exists(k.paused)
@@ -41,6 +43,7 @@ def snapshot(frontier: Frontier, stale_after: float = STALE_AFTER) -> dict[str, 
         leased,
         delayed,
         seen,
+        bloom,
         start_urls,
         dead,
         paused,
@@ -57,7 +60,7 @@ def snapshot(frontier: Frontier, stale_after: float = STALE_AFTER) -> dict[str, 
         "queue_slots": slots,
         "leased": leased,
         "delayed": delayed,
-        "seen": seen,
+        "seen": seen + BloomState.parse(bloom).count,
         "start_urls": start_urls,
         "dead": dead,
         "paused": bool(paused),

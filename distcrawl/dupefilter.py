@@ -10,6 +10,7 @@ per page that point to already-queued pages mostly never cost a byte of Redis tr
 from __future__ import annotations
 
 import logging
+import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
@@ -24,9 +25,15 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: bytes of the fingerprint kept in the seen-set; 128 bits make a collision negligible
-#: even at billions of URLs, and a 16-byte string fits Redis' smallest string allocation.
-FINGERPRINT_BYTES = 16
+#: bytes of the fingerprint kept in the seen-set. 96 bits of SHA1 are still safe: a new URL
+#: is wrongly skipped only if its fingerprint equals one of the n already stored, probability
+#: n / 2^96, about 1e-20 per URL at a billion URLs, so even a crawl of 1e9 URLs expects to
+#: lose 1e9 * 1e9 / 2^97 ~ 6e-12 of them. Stored in a SET, 12 bytes fit Redis' 16-byte
+#: allocation (1-byte header, NUL) where 16 bytes needed 24: 48 instead of 64 bytes per URL
+#: measured at 1e6 URLs. The Bloom filter takes its two 48-bit hashes from these 12 bytes.
+FINGERPRINT_BYTES = 12
+#: seconds between two flushes of the duplicate count to the stats
+STATS_FLUSH_INTERVAL = 1.0
 
 
 class RedisDupeFilter(BaseDupeFilter):
@@ -44,6 +51,10 @@ class RedisDupeFilter(BaseDupeFilter):
         self.crawler = crawler
         self._recent: OrderedDict[bytes, None] = OrderedDict()
         self._logged_first = False
+        # counted here and added to the stats at most once a second: inc_value per duplicate
+        # link (~17 per page) showed in profiles
+        self._filtered = 0
+        self._flushed_at = time.monotonic()
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> RedisDupeFilter:
@@ -87,8 +98,22 @@ class RedisDupeFilter(BaseDupeFilter):
                 extra={"spider": spider},
             )
             self._logged_first = True
-        if self.crawler is not None and self.crawler.stats is not None:
-            self.crawler.stats.inc_value("dupefilter/filtered")
+        self._filtered += 1
+        self.flush_stats_if_due()
+
+    def flush_stats_if_due(self) -> None:
+        """Also called by the scheduler's loop, so the stat does not lag behind for long
+        once duplicates stop coming."""
+        if self._filtered and time.monotonic() - self._flushed_at >= STATS_FLUSH_INTERVAL:
+            self.flush_stats()
+
+    def flush_stats(self) -> None:
+        """Add the duplicates counted since the last flush to ``dupefilter/filtered``."""
+        self._flushed_at = time.monotonic()
+        count, self._filtered = self._filtered, 0
+        if count and self.crawler is not None and self.crawler.stats is not None:
+            self.crawler.stats.inc_value("dupefilter/filtered", count)
 
     def close(self, reason: str) -> None:
+        self.flush_stats()
         self._recent.clear()

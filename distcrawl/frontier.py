@@ -18,7 +18,8 @@ from typing import Any, NamedTuple
 import redis
 
 from distcrawl.keys import FrontierKeys
-from distcrawl.lua import Scripts
+from distcrawl.lua import SEEN_MODES, Scripts
+from distcrawl.seen import DEFAULT_CAPACITY, DEFAULT_ERROR_RATE, BloomFilter, BloomState, part_keys
 
 
 class Entry(NamedTuple):
@@ -144,14 +145,35 @@ def dead_letter(
 
 
 class Frontier:
+    """``seen`` picks the seen-set, ``"set"`` or ``"bloom"`` (``DISTCRAWL_SEEN``); the Bloom
+    filter's capacity and error rate only matter to the worker that creates it."""
+
     def __init__(
-        self, client: redis.Redis, keys: FrontierKeys, politeness: Politeness | None = None
+        self,
+        client: redis.Redis,
+        keys: FrontierKeys,
+        politeness: Politeness | None = None,
+        *,
+        seen: str = "set",
+        bloom_capacity: int = DEFAULT_CAPACITY,
+        bloom_error_rate: float = DEFAULT_ERROR_RATE,
     ) -> None:
+        if seen not in SEEN_MODES:
+            raise ValueError(f"unknown seen-set {seen!r}: expected one of {', '.join(SEEN_MODES)}")
         self.client = client
         self.keys = keys
         self.politeness = politeness or Politeness()
         self._overrides = _overrides(self.politeness.overrides)
-        self.scripts = Scripts.register(client)
+        self.scripts = Scripts.register(client, seen)
+        self.bloom: BloomFilter | None = None
+        if seen == "bloom":
+            self.bloom = BloomFilter(
+                client,
+                keys,
+                self.scripts.bloom_grow,
+                capacity=bloom_capacity,
+                error_rate=bloom_error_rate,
+            )
 
     def commit(
         self, acks: Sequence[str], entries: Sequence[Entry], feedback: Sequence[Feedback] = ()
@@ -164,25 +186,43 @@ class Frontier:
         args.append(len(feedback))
         for f in feedback:
             args += list(f)
-        res = self.scripts.commit(
-            keys=[
-                k.queue,
-                k.requests,
-                k.seen,
-                k.seq,
-                k.leases,
-                k.start_urls,
-                k.dead,
-                k.delayed,
-                k.ready,
-                k.slots,
-                k.inflight,
-                k.throttle,
-                k.robots,
-            ],
-            args=args,
-        )
+        keys = [
+            k.queue,
+            k.requests,
+            k.seen,
+            k.seq,
+            k.leases,
+            k.start_urls,
+            k.dead,
+            k.delayed,
+            k.ready,
+            k.slots,
+            k.inflight,
+            k.throttle,
+            k.robots,
+        ]
+        if self.bloom is not None:
+            res = self.bloom.run(self.scripts.commit, keys, args)
+        else:
+            res = self.scripts.commit(keys=keys, args=args)
         return CommitResult(*(int(x) for x in res))
+
+    def add_seen(self, fingerprints: Sequence[bytes]) -> list[bool]:
+        """Mark fingerprints seen without queueing anything (URLs crawled elsewhere);
+        True for each one that was new."""
+        return [bool(x) for x in self._seen("add", fingerprints)]
+
+    def has_seen(self, fingerprints: Sequence[bytes]) -> list[bool]:
+        """Whether each fingerprint is (probably, for the Bloom filter) in the seen-set."""
+        return [bool(x) for x in self._seen("has", fingerprints)]
+
+    def _seen(self, op: str, fingerprints: Sequence[bytes]) -> list[int]:
+        if not fingerprints:
+            return []
+        args: list[Any] = [op, *fingerprints]
+        if self.bloom is not None:
+            return list(self.bloom.run(self.scripts.seen, [], args))
+        return list(self.scripts.seen(keys=[self.keys.seen], args=args))
 
     def lease(self, count: int, lease_ms: int, *, promote: int = 1000) -> LeaseResult:
         """Lease up to ``count`` requests from the slots whose turn has come, after moving
@@ -352,17 +392,21 @@ class Frontier:
         pipe.zcard(k.leases)
         pipe.zcard(k.delayed)
         pipe.scard(k.seen)
+        pipe.hgetall(k.bloom)
         pipe.llen(k.start_urls)
         pipe.llen(k.dead)
-        queue, leases, delayed, seen, start_urls, dead = pipe.execute()
+        queue, leases, delayed, seen, bloom, start_urls, dead = pipe.execute()
         return {
             "queue": queue,
             "leased": leases,
             "delayed": delayed,
-            "seen": seen,
+            "seen": seen + BloomState.parse(bloom).count,
             "start_urls": start_urls,
             "dead": dead,
         }
 
     def clear(self) -> int:
-        return int(self.client.delete(*self.keys.all()))
+        bloom = BloomState.parse(self.client.hgetall(self.keys.bloom))
+        if self.bloom is not None:
+            self.bloom.state = None  # re-read (and re-create) on the next commit
+        return int(self.client.delete(*self.keys.all(), *part_keys(self.keys, bloom)))

@@ -53,6 +53,18 @@ class FrontierKeys:
         return self._key("seen")
 
     @property
+    def bloom(self) -> str:
+        """HASH describing the Bloom-filter seen-set (``DISTCRAWL_SEEN = "bloom"``): its
+        layers, their sizes and how many URLs each holds; see ``distcrawl/seen.py``."""
+        return self._key("bloom")
+
+    def bloom_part(self, layer: int, part: int) -> str:
+        """STRING bitmap holding part ``part`` of Bloom layer ``layer`` (both from 0)."""
+        if layer < 0 or part < 0:
+            raise ValueError(f"invalid Bloom layer {layer} part {part}")
+        return self._key(f"bloom:{layer}:{part}")
+
+    @property
     def seq(self) -> str:
         """Counter that numbers requests so that equal priorities pop first-in first-out."""
         return self._key("seq")
@@ -129,7 +141,8 @@ class FrontierKeys:
         return self._key("paused")
 
     def all(self) -> tuple[str, ...]:
-        """Every key of this crawl, for an explicit reset."""
+        """Every fixed key of this crawl, for an explicit reset; the Bloom filter's bitmaps
+        (``bloom_part``) are listed in its ``bloom`` HASH, see ``Frontier.clear``."""
         return (
             self.start_urls,
             self.queue,
@@ -137,6 +150,7 @@ class FrontierKeys:
             self.leases,
             self.delayed,
             self.seen,
+            self.bloom,
             self.seq,
             self.dead,
             self.workers,

@@ -164,19 +164,27 @@ class Scheduler(BaseScheduler):
         self.keys = FrontierKeys(self.config.namespace or spider.name)
         self.codec = RequestCodec(self.config.serializer, spider)
         self.io.start()
-        self.frontier = Frontier(self.io.client, self.keys, politeness(self.config))
+        self.frontier = Frontier(
+            self.io.client,
+            self.keys,
+            politeness(self.config),
+            seen=self.config.seen,
+            bloom_capacity=self.config.bloom_capacity,
+            bloom_error_rate=self.config.bloom_error_rate,
+        )
         self.crawler.signals.connect(self._on_idle, signal=signals.spider_idle)
         self.crawler.signals.connect(self._on_response, signal=signals.response_received)
         _engine.local_delays_off(self.crawler)
         _SCHEDULERS[self.crawler] = self
         logger.info(
-            "distcrawl frontier %r on %s (lease %.0fs, prefetch %d, serializer %s); per "
-            "%s, cluster-wide: delay %.2fs, concurrency %d%s",
+            "distcrawl frontier %r on %s (lease %.0fs, prefetch %d, serializer %s, seen-set "
+            "%s); per %s, cluster-wide: delay %.2fs, concurrency %d%s",
             self.keys.namespace,
             redact_url(self.config.redis_url),
             self.config.lease_timeout,
             self.config.prefetch,
             self.config.serializer,
+            self.config.seen,
             "IP" if self.config.slots_by_ip else "domain",
             self.config.domain_delay,
             self.config.domain_concurrency,
@@ -369,6 +377,7 @@ class Scheduler(BaseScheduler):
         self._pump()
 
     def _pump(self) -> None:
+        self.df.flush_stats_if_due()
         if self._busy or self._closing or self.frontier is None:
             return
         now = time.monotonic()

@@ -50,6 +50,7 @@ def fill(client, keys):
     client.zadd(keys.leases, {b"2": 1})
     client.zadd(keys.delayed, {b"3": 1})
     client.sadd(keys.seen, b"fp")
+    client.hset(keys.bloom, b"layers", 0)
     client.set(keys.seq, 2)
     client.lpush(keys.dead, dead_letter("bad", raw=b"x", source="start_urls"))
     client.hset(keys.workers, b"host:1", b"{}")

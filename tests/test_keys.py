@@ -10,6 +10,9 @@ def test_key_names_are_pinned():
     assert k.requests == "site:requests"
     assert k.leases == "site:leases"
     assert k.seen == "site:seen"
+    assert k.bloom == "site:bloom"
+    assert k.bloom_part(0, 0) == "site:bloom:0:0"
+    assert k.bloom_part(3, 1) == "site:bloom:3:1"
     assert k.seq == "site:seq"
     assert k.dead == "site:dead"
     assert k.delayed == "site:delayed"
@@ -33,6 +36,7 @@ def test_key_names_are_pinned():
         "site:leases",
         "site:delayed",
         "site:seen",
+        "site:bloom",
         "site:seq",
         "site:dead",
         "site:workers",
@@ -53,6 +57,15 @@ def test_key_names_are_pinned():
 def test_every_key_is_in_its_namespace():
     for name in FrontierKeys("shop").all():
         assert name.startswith("shop:")
+
+
+def test_bloom_parts_are_in_the_namespace_and_distinct():
+    k = FrontierKeys("shop")
+    parts = {k.bloom_part(i, j) for i in range(3) for j in range(3)}
+    assert len(parts) == 9 and all(p.startswith("shop:bloom:") for p in parts)
+    assert parts.isdisjoint(k.all())
+    with pytest.raises(ValueError):
+        k.bloom_part(-1, 0)
 
 
 @pytest.mark.parametrize("bad", ["", "a b", "tab\there"])

@@ -4,6 +4,11 @@ Each file starts with a header naming its KEYS and ARGV. ``lib.lua`` (the layout
 queue entry and the politeness helpers) is prepended to every script. Scripts are
 registered once per client; redis-py sends EVALSHA and falls back to EVAL after a server
 restart or flush.
+
+The seen-set is pluggable: ``seen_set.lua`` and ``seen_bloom.lua`` each define
+``seen_add(fp)`` and ``seen_has(fp)``, and the scripts that deduplicate (``commit.lua``,
+``seen.lua``) are built by prepending one of them, so that the check stays atomic with the
+push whichever seen-set is used, and each script keeps a single copy of the logic.
 """
 
 from __future__ import annotations
@@ -14,15 +19,35 @@ from importlib.resources import files
 import redis
 from redis.commands.core import Script
 
-NAMES = ("commit", "lease", "redrive", "renew", "requeue", "robots")
+NAMES = ("commit", "lease", "redrive", "renew", "requeue", "robots", "seen", "bloom_grow")
+SEEN_MODES = ("set", "bloom")
 
-
-def _read(name: str) -> str:
-    return files(__name__).joinpath(f"{name}.lua").read_text(encoding="utf-8")
+#: how many KEYS commit.lua takes itself; the Bloom filter's keys follow them
+COMMIT_KEYS = 13
+#: where each script's seen-set keys start in its KEYS, per seen-set: the SET is commit.lua's
+#: KEYS[3], the Bloom filter's keys are appended at the end
+SEEN_KEYS = {
+    ("commit", "set"): 3,
+    ("commit", "bloom"): COMMIT_KEYS + 1,
+    ("seen", "set"): 1,
+    ("seen", "bloom"): 1,
+}
 
 
 def source(name: str) -> str:
-    return _read("lib") + "\n" + _read(name)
+    return files(__name__).joinpath(f"{name}.lua").read_text(encoding="utf-8")
+
+
+def script_source(name: str, seen: str = "set") -> str:
+    """The source of script ``name``: the seen-set snippet if it uses one, lib.lua, then
+    the script itself."""
+    if seen not in SEEN_MODES:
+        raise ValueError(f"unknown seen-set {seen!r}: expected one of {', '.join(SEEN_MODES)}")
+    parts = [source("lib"), source(name)]
+    at = SEEN_KEYS.get((name, seen))
+    if at is not None:
+        parts[:0] = [f"local SEEN_KEYS = {at}", source(f"seen_{seen}")]
+    return "\n".join(parts)
 
 
 @dataclass(frozen=True)
@@ -33,7 +58,9 @@ class Scripts:
     renew: Script
     requeue: Script
     robots: Script
+    seen: Script
+    bloom_grow: Script
 
     @classmethod
-    def register(cls, client: redis.Redis) -> Scripts:
-        return cls(**{name: client.register_script(source(name)) for name in NAMES})
+    def register(cls, client: redis.Redis, seen: str = "set") -> Scripts:
+        return cls(**{name: client.register_script(script_source(name, seen)) for name in NAMES})

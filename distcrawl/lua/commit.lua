@@ -4,7 +4,7 @@
 --
 -- KEYS[1]  queue      ZSET   queue entries (see lib.lua), all scores 0
 -- KEYS[2]  requests   HASH   request id -> queue entry, for leased and delayed requests
--- KEYS[3]  seen       SET    binary fingerprints
+-- KEYS[3]  seen       SET    binary fingerprints (seen_set.lua; unused with the Bloom filter)
 -- KEYS[4]  seq        STRING counter for request ids
 -- KEYS[5]  leases     ZSET   request id -> lease deadline (ms)
 -- KEYS[6]  start_urls LIST   raw entries pushed by producers
@@ -15,6 +15,10 @@
 -- KEYS[11] inflight   HASH   slot -> requests leased and not acknowledged
 -- KEYS[12] throttle   HASH   slot -> adaptive delay (ms) from 429/503 answers and latency
 -- KEYS[13] robots     HASH   slot -> robots.txt Crawl-delay (ms), negative while being read
+-- KEYS[14 ..]         the Bloom filter's keys with DISTCRAWL_SEEN = "bloom" (seen_bloom.lua)
+--
+-- distcrawl/lua/__init__.py prepends the seen-set snippet (seen_set.lua or seen_bloom.lua),
+-- which defines seen_add(fp) and may end the script before anything is written.
 --
 -- ARGV[1]              pending cap (0 = none): past it new requests are dropped and
 --                      start_urls entries are left in their list
@@ -35,7 +39,8 @@
 -- then                 number of feedback records (F), then 5 arguments per record:
 --   slot, responses, summed latency (ms), throttled answers (429/503), Retry-After (ms)
 --
--- Returns {enqueued, duplicates, dead, skipped, queue length, dropped, held back}.
+-- Returns {enqueued, duplicates, dead, skipped, queue length, dropped, held back}, or
+-- {'bloom', layers} from seen_bloom.lua, having written nothing.
 
 local now = now_ms()
 local cap, keep_prio = tonumber(ARGV[1]), tonumber(ARGV[2])
@@ -88,7 +93,7 @@ for i = 0, n - 1 do
         redis.call('ZADD', KEYS[8], now + tonumber(raw), id)
         redis.call('HSET', KEYS[2], id, entry)
         enqueued = enqueued + 1
-      elseif fp == '' or redis.call('SADD', KEYS[3], fp) == 1 then
+      elseif fp == '' or seen_add(fp) == 1 then
         local entry = make_entry(slot, prio, redis.call('INCR', KEYS[4]), payload)
         redis.call('ZADD', KEYS[1], 0, entry)
         arm(KEYS[9], KEYS[10], slot, now, true)
