@@ -65,9 +65,11 @@ def test_delay_holds_across_workers_while_another_host_runs_at_full_speed(
 
 def test_per_domain_concurrency_is_cluster_wide(demo_site, workers, redis_client):
     site = demo_site(pages=40, links=3, delay=0.3, host="127.0.0.2")
-    # Scrapy's own setting, which distcrawl makes cluster-wide
+    # Scrapy's own setting, which distcrawl makes cluster-wide; one request per worker at a
+    # time, so that per-process limits would let 3 through at once
     settings = {
         "CONCURRENT_REQUESTS_PER_DOMAIN": 2,
+        "DISTCRAWL_PREFETCH": 1,
         "DISTCRAWL_DOMAIN_CONCURRENCY": None,
         "DISTCRAWL_IDLE_TIMEOUT": 3,
     }
@@ -143,11 +145,13 @@ def test_limit_set_while_the_crawl_runs_applies_to_every_worker(
     assert cli.main(["--redis-url", redis_url, "--json", "domains", "site"]) == 0
     (state,) = json.loads(capsys.readouterr().out)
     assert state["slot"] == "127.0.0.2" and state["override"] == "500:"
+    cleared = time.time()
     assert cli.main(["--redis-url", redis_url, "limit", "site", "127.0.0.2", "--clear"]) == 0
     finish(pool)
-    # leased before the change: at most the prefetched requests still arrive close together
-    late = [x for x in arrivals(site) if x.arrived > changed + 1.0]
-    late = [x for x in late if x.arrived < late[0].arrived + 3.0]
+    # requests leased before the change may still arrive in its first second
+    late = [x for x in arrivals(site) if changed + 1.0 < x.arrived < cleared]
+    print(f"with the live limit: {len(late)} requests, smallest gap {min(gaps(late)):.3f}s")
+    assert len(late) >= 4
     assert min(gaps(late)) >= 0.45, gaps(late)
     assert set(page_fetches(site)) == site.expected_pages()
 

@@ -511,7 +511,6 @@ def test_four_jobs_on_two_nodes_fetch_every_page_once(
     cluster, frontier, demo_site, capsys, monkeypatch
 ):
     site = demo_site(pages=1000)
-    frontier.lpush("site:start_urls", site.url + "/")
     jobs = schedule_run(capsys, monkeypatch, cluster, "full")
 
     # while the jobs run, no secret is on a crawl process's command line
@@ -519,6 +518,8 @@ def test_four_jobs_on_two_nodes_fetch_every_page_once(
     for cmdline in crawl_commands(cluster):
         assert "-m distcrawl.scrapyd crawl site" in cmdline
         assert not any(secret in cmdline for secret in SECRETS), cmdline
+    # work arrives once all four jobs run, so that a fast crawl cannot end before one starts
+    frontier.lpush("site:start_urls", site.url + "/")
 
     found = wait_finished(capsys, "full", jobs, timeout=150)
     assert {found[j]["reason"] for j in jobs} == {"finished"}, found
