@@ -168,6 +168,7 @@ def storage_pass(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 "requests": args.fill,
                 "counter_calibration": calibrate(client),
                 "distcrawl": distcrawl_storage(client, args.fill),
+                "distcrawl bloom": distcrawl_storage(client, args.fill, seen="bloom"),
                 "scrapy-redis": scrapy_redis_storage(client, args.fill),
             }
         finally:

@@ -50,13 +50,13 @@ def crawl_table(results: dict[str, Any]) -> str:
 
 def storage_table(storage: dict[str, Any]) -> str:
     lines = [
-        f"{'':14}{'payload B':>10}{'queued B/req':>14}{'seen B/URL':>12}{'used_memory B/req':>19}"
+        f"{'':16}{'payload B':>10}{'queued B/req':>14}{'seen B/URL':>12}{'used_memory B/req':>19}"
     ]
     for name, row in storage.items():
         if not isinstance(row, dict) or "queue_bytes_per_request" not in row:
             continue
         lines.append(
-            f"{name:14}{row['payload_bytes_per_request']:10.1f}"
+            f"{name:16}{row['payload_bytes_per_request']:10.1f}"
             f"{row['queue_bytes_per_request']:14.1f}{row['seen_bytes_per_url']:12.1f}"
             f"{row['used_memory_bytes_per_request']:19.1f}"
         )
@@ -148,6 +148,8 @@ def targets(results: dict[str, Any]) -> list[Row]:
         _get(storage, "scrapy-redis", "queue_bytes_per_request"),
     )
     out.append(_target("bytes/queued request vs scrapy-redis", r, "<= 0.5x", 0.5, "x"))
+    bloom = _get(storage, "distcrawl bloom", "seen_bytes_per_url")
+    out.append(_target("Bloom seen-set bytes/URL at 1e-6", bloom, "<= 4", 4, " B"))
     return out
 
 

@@ -24,11 +24,14 @@ from benchmarks.spiders import ScrapyRedisSiteSpider
 from distcrawl.dupefilter import FINGERPRINT_BYTES
 from distcrawl.frontier import Entry, Frontier
 from distcrawl.keys import FrontierKeys
+from distcrawl.seen import BloomState, part_keys
 from distcrawl.serialize import RequestCodec
 from distcrawl.spiders.site import SCOPE_META, SiteSpider
 
 BATCH = 500
 SITE = "http://127.0.0.1:40123"
+SLOT = "127.0.0.1"  # the politeness slot each queue entry carries, as in a crawl
+BLOOM_ERROR_RATE = 1e-6
 
 
 def sample_requests(spider: Any, count: int) -> Iterator[Request]:
@@ -46,10 +49,13 @@ def used_memory(client: redis.Redis) -> int:
     return int(client.info("memory")["used_memory"])
 
 
-def distcrawl_storage(client: redis.Redis, count: int) -> dict[str, Any]:
-    """Fills a distcrawl frontier through ``Frontier.commit`` in batches of the default size."""
+def distcrawl_storage(client: redis.Redis, count: int, seen: str = "set") -> dict[str, Any]:
+    """Fills a distcrawl frontier through ``Frontier.commit`` in batches of the default size;
+    with ``seen="bloom"`` the Bloom filter is sized for exactly ``count`` URLs at 1e-6."""
     keys = FrontierKeys("bench-distcrawl")
-    frontier = Frontier(client, keys)
+    frontier = Frontier(
+        client, keys, seen=seen, bloom_capacity=count, bloom_error_rate=BLOOM_ERROR_RATE
+    )
     spider = SiteSpider()
     codec = RequestCodec("msgpack", spider)
     fingerprinter = RequestFingerprinter()
@@ -60,21 +66,23 @@ def distcrawl_storage(client: redis.Redis, count: int) -> dict[str, Any]:
         payload = codec.encode(request)
         payload_bytes += len(payload)
         fp = fingerprinter.fingerprint(request)[:FINGERPRINT_BYTES]
-        batch.append(Entry("r", fp, request.priority, payload))
+        batch.append(Entry("r", fp, request.priority, payload, b"", SLOT))
         if len(batch) >= BATCH:
             frontier.commit([], batch)
             batch = []
     if batch:
         frontier.commit([], batch)
     queued = key_bytes(client, keys.queue) + key_bytes(client, keys.requests)
-    seen = key_bytes(client, keys.seen)
+    bloom = BloomState.parse(client.hgetall(keys.bloom))
+    seen_keys = [keys.seen] if seen == "set" else [keys.bloom, *part_keys(keys, bloom)]
+    seen_bytes = sum(key_bytes(client, k) for k in seen_keys)
     result = {
         "requests": int(client.zcard(keys.queue)),
         "payload_bytes_per_request": payload_bytes / count,
         "queue_bytes_per_request": queued / count,
-        "seen_bytes_per_url": seen / count,
+        "seen_bytes_per_url": seen_bytes / count,
         "used_memory_bytes_per_request": (used_memory(client) - memory0) / count,
-        "keys": {k: key_bytes(client, k) for k in (keys.queue, keys.requests, keys.seen)},
+        "keys": {k: key_bytes(client, k) for k in (keys.queue, keys.requests, *seen_keys)},
     }
     frontier.clear()
     return result

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
 from protego import Protego
@@ -115,47 +115,41 @@ class RobotsTxtMiddleware(ScrapyRobotsTxtMiddleware):
     ) -> tuple[bytes | None, bool]:
         """robots.txt from Redis, downloaded by this worker only if nobody else is doing
         it; returns (body or None when it could not be read, downloaded here)."""
-        frontier, io = scheduler.frontier, scheduler.io
+        frontier = scheduler.frontier
         assert frontier is not None
         lock_ms = int(self.config.robots_probe_timeout * 1000)
         give_up = time.monotonic() + self.config.robots_probe_timeout
         try:
             while True:
-                cached = await maybe_deferred_to_future(io.run(frontier.robots_txt, netloc))
+                cached = await self._redis(scheduler, frontier.robots_txt, netloc)
                 if cached is not None and time.time() - cached[0] < self.config.robots_ttl:
                     self._stats.inc_value("distcrawl/robots/shared")
                     return (cached[2] if cached[1] else None), False
-                if time.monotonic() > give_up or await maybe_deferred_to_future(
-                    io.run(frontier.lock_robots_txt, netloc, lock_ms)
+                if time.monotonic() > give_up or await self._redis(
+                    scheduler, frontier.lock_robots_txt, netloc, lock_ms
                 ):
                     break
                 await _sleep(SHARED_POLL)
         except redis.RedisError as exc:
-            logger.warning(
-                "Could not read the shared robots.txt of %s (%s); downloading it",
-                netloc,
-                exc,
-                extra={"spider": self.crawler.spider},
-            )
-            return await self._download(request), True
-        status, body = await self._download_with_status(request)
+            self._redis_failed("read the shared robots.txt of", netloc, exc)
+        status, body = await self._download(request)
         try:
-            await maybe_deferred_to_future(
-                io.run(frontier.store_robots_txt, netloc, status, body or b"")
-            )
+            await self._redis(scheduler, frontier.store_robots_txt, netloc, status, body or b"")
         except redis.RedisError as exc:
-            logger.warning(
-                "Could not share the robots.txt of %s (%s)",
-                netloc,
-                exc,
-                extra={"spider": self.crawler.spider},
-            )
+            self._redis_failed("share the robots.txt of", netloc, exc)
         return body, True
 
-    async def _download(self, request: Request) -> bytes | None:
-        return (await self._download_with_status(request))[1]
+    async def _redis(self, scheduler: Scheduler, func: Any, *args: Any, **kwargs: Any) -> Any:
+        """A frontier call on the crawler's Redis thread, awaited without blocking."""
+        return await maybe_deferred_to_future(scheduler.io.run(func, *args, **kwargs))
 
-    async def _download_with_status(self, request: Request) -> tuple[int, bytes | None]:
+    def _redis_failed(self, what: str, name: str, exc: Exception) -> None:
+        """Redis trouble costs sharing, never the crawl: the worker reads robots.txt itself."""
+        logger.warning(
+            "Could not %s %s (%s)", what, name, exc, extra={"spider": self.crawler.spider}
+        )
+
+    async def _download(self, request: Request) -> tuple[int, bytes | None]:
         """Like Scrapy's own download of robots.txt; (0, None) when it failed, which
         Scrapy reads as "allowed"."""
         url = urlparse_cached(request)
@@ -198,21 +192,10 @@ class RobotsTxtMiddleware(ScrapyRobotsTxtMiddleware):
         assert scheduler.frontier is not None
         slot = slot_of(request, by_ip=self.config.slots_by_ip)
         try:
+            record = scheduler.frontier.record_crawl_delay
             return float(
-                await maybe_deferred_to_future(
-                    scheduler.io.run(
-                        scheduler.frontier.record_crawl_delay,
-                        slot,
-                        int(delay * 1000),
-                        fetched=fetched,
-                    )
-                )
+                await self._redis(scheduler, record, slot, int(delay * 1000), fetched=fetched)
             )
         except redis.RedisError as exc:
-            logger.warning(
-                "Could not record the Crawl-delay of %s (%s)",
-                slot,
-                exc,
-                extra={"spider": self.crawler.spider},
-            )
+            self._redis_failed("record the Crawl-delay of", slot, exc)
             return delay if fetched else 0.0
