@@ -11,7 +11,7 @@ import json
 import os
 import socket
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -87,9 +87,6 @@ class Politeness:
     max_pending: int = 0
     keep_priority: int = 2**31
     scan: int = 64
-
-    def limits(self) -> tuple[str, str]:
-        return self.overrides, self.robots
 
 
 def _overrides(text: str) -> dict[str, list[int]]:
@@ -224,10 +221,19 @@ class Frontier:
             return list(self.bloom.run(self.scripts.seen, [], args))
         return list(self.scripts.seen(keys=[self.keys.seen], args=args))
 
-    def lease(self, count: int, lease_ms: int, *, promote: int = 1000) -> LeaseResult:
+    def lease(
+        self,
+        count: int,
+        lease_ms: int,
+        *,
+        promote: int = 1000,
+        held: Mapping[str, int] | None = None,
+    ) -> LeaseResult:
         """Lease up to ``count`` requests from the slots whose turn has come, after moving
-        up to ``promote`` due retries into the queue."""
+        up to ``promote`` due retries into the queue. ``held``: how many requests of each
+        slot the caller already holds, for the fair share of a contended slot."""
         k, p = self.keys, self.politeness
+        mine = json.dumps(dict(held), separators=(",", ":")) if held else ""
         res = self.scripts.lease(
             keys=[
                 k.queue,
@@ -240,8 +246,12 @@ class Frontier:
                 k.throttle,
                 k.limits,
                 k.robots,
+                k.hungry,
             ],
-            args=[count, lease_ms, promote, p.scan, p.delay_ms, p.concurrency, *p.limits()],
+            args=[
+                *(count, lease_ms, promote, p.scan, p.delay_ms, p.concurrency),
+                *(p.overrides, p.robots, mine),
+            ],
         )
         items = [parse_entry(res[i + 1]) for i in range(4, len(res), 2)]
         wait = None if int(res[3]) < 0 else int(res[3]) / 1000

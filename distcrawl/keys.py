@@ -111,6 +111,11 @@ class FrontierKeys:
         return self._key("throttle")
 
     @property
+    def hungry(self) -> str:
+        """HASH slot -> when a worker last found it full while holding less than its share."""
+        return self._key("hungry")
+
+    @property
     def limits(self) -> str:
         """HASH slot -> ``<delay ms>:<concurrency>``, set by ``distcrawl limit`` while the
         crawl runs; it wins over the settings."""
@@ -160,6 +165,7 @@ class FrontierKeys:
             self.slots,
             self.inflight,
             self.throttle,
+            self.hungry,
             self.limits,
             self.robots,
             self.robotstxt,

@@ -22,7 +22,7 @@ from __future__ import annotations
 import base64
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from weakref import WeakKeyDictionary
@@ -65,6 +65,7 @@ class _Op:
     want: int = 0
     peek: int = 0
     release: list[str] = field(default_factory=list)
+    held: Counter[str] = field(default_factory=Counter)
 
     def empty(self) -> bool:
         return not (
@@ -85,7 +86,7 @@ class _Result:
     renewed: int = 0
     requeued: int = 0
     released: int = 0
-    leased: list[tuple[str, Request | DecodeError, bytes]] = field(default_factory=list)
+    leased: list[tuple[str, Request | DecodeError, bytes, str]] = field(default_factory=list)
     queue_size: int | None = None
     delayed: int | None = None
     wait: float | None = None
@@ -122,6 +123,8 @@ class Scheduler(BaseScheduler):
         self.codec: RequestCodec | None = None
         self._outgoing: deque[Entry] = deque()
         self._feedback = FeedbackBuffer(config)
+        #: lease id -> slot of every request this worker holds (for the fair share)
+        self._slots: dict[str, str] = {}
         self._warned_full = 0.0
         self._acks: list[str] = []
         self._ready: deque[tuple[str, Request]] = deque()
@@ -333,6 +336,7 @@ class Scheduler(BaseScheduler):
         unfinished = list(self._active)
         self._active.clear()
         release = [lease_id for lease_id, _ in self._ready] + unfinished
+        self._forget(release)
         self._ready.clear()
         op = _Op(acks=self._acks, entries=list(self._outgoing), release=release)
         self._acks, self._outgoing = [], deque()
@@ -407,11 +411,13 @@ class Scheduler(BaseScheduler):
             self._next_reclaim = now + self.config.reclaim_interval
         if self._paused:
             op.release = [lease_id for lease_id, _ in self._ready]
+            self._forget(op.release)
             self._ready.clear()
             return op
         prefetch = self.config.prefetch
         if len(self._ready) <= prefetch // 2 and now >= self._next_lease:
             op.want = prefetch - len(self._ready)
+            op.held = Counter(self._slots.values())
         if self._start_pending == 0 and now >= self._next_peek and not self._full():
             op.peek = self.config.start_urls_batch
         return op
@@ -434,13 +440,14 @@ class Scheduler(BaseScheduler):
             if op.reclaim:
                 res.requeued = frontier.requeue_expired()
             if op.want:
-                lease = frontier.lease(op.want, lease_ms)
+                lease = frontier.lease(op.want, lease_ms, held=op.held)
                 res.queue_size, res.delayed, res.promoted, res.wait = lease[1:]
                 for item in lease.items:
                     try:
-                        res.leased.append((item.id, self.codec.decode(item.payload), item.payload))
+                        request = self.codec.decode(item.payload)
+                        res.leased.append((item.id, request, item.payload, item.slot))
                     except DecodeError as exc:
-                        res.leased.append((item.id, exc, item.payload))
+                        res.leased.append((item.id, exc, item.payload, item.slot))
             if op.peek:
                 res.peeked = frontier.peek_start_urls(op.peek)
         except redis.RedisError as exc:
@@ -552,7 +559,8 @@ class Scheduler(BaseScheduler):
 
     def _handle_leased(self, res: _Result) -> int:
         got = 0
-        for lease_id, item, payload in res.leased:
+        for lease_id, item, payload, slot in res.leased:
+            self._slots[lease_id] = slot
             if isinstance(item, DecodeError):
                 logger.error(
                     "Undecodable queue entry %s: %s; dead-lettered",
@@ -564,6 +572,7 @@ class Scheduler(BaseScheduler):
                     Entry("d", b"", 0, dead_letter(str(item), raw=payload, source="queue"))
                 )
                 self._acks.append(lease_id)
+                self._slots.pop(lease_id, None)
                 self._inc("distcrawl/undecodable")
                 continue
             self._ready.append((lease_id, item))
@@ -651,6 +660,7 @@ class Scheduler(BaseScheduler):
         done = [lease_id for lease_id, req in self._active.items() if req not in in_progress]
         for lease_id in done:
             del self._active[lease_id]
+            self._slots.pop(lease_id, None)
         self._acks.extend(done)
 
     def _on_idle(self, spider: Spider) -> None:
@@ -674,6 +684,10 @@ class Scheduler(BaseScheduler):
             timeout,
             extra={"spider": spider},
         )
+
+    def _forget(self, lease_ids: list[str]) -> None:
+        for lease_id in lease_ids:
+            self._slots.pop(lease_id, None)
 
     def _full(self) -> bool:
         cap = self.config.max_pending

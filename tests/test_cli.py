@@ -62,6 +62,7 @@ def fill(client, keys):
     client.hset(keys.inflight, b"example.com", 1)
     client.hset(keys.throttle, b"example.com", 1000)
     client.hset(keys.limits, b"example.com", b"1000:")
+    client.hset(keys.hungry, b"example.com", 1)
     client.hset(keys.robots, b"example.com", 0)
     client.hset(keys.robotstxt, b"example.com", b"0 200\n")
     client.hset(keys.settings, b"max_pending", 10)

@@ -162,3 +162,108 @@ def test_redrive_moves_each_record_once(frontier, redis_client):
     assert redis_client.lrange("t:start_urls", 0, -1) == [b"http://a.test/"]
     (item,) = frontier.lease(5, 10_000).items
     assert (item.payload, item.priority, item.slot) == (b"payload-1", 3, "a.test")
+
+
+# ---------------------------------------------------------------- politeness in the scripts
+
+
+def polite(redis_client, **options):
+    from distcrawl.frontier import Politeness
+
+    return Frontier(redis_client, FrontierKeys("t"), Politeness(**options))
+
+
+def push_slot(frontier, slot, count):
+    entries = [
+        Entry("r", f"{slot}-{i}".encode(), 0, f"{slot}-{i}".encode(), b"", slot)
+        for i in range(count)
+    ]
+    return frontier.commit([], entries)
+
+
+def test_a_slot_with_a_delay_gives_one_request_per_turn_and_says_when(redis_client):
+    frontier = polite(redis_client, delay_ms=300)
+    push_slot(frontier, "a.test", 3)
+    push_slot(frontier, "b.test", 3)
+    first = frontier.lease(10, 10_000)
+    assert sorted(x.slot for x in first.items) == ["a.test", "b.test"]
+    again = frontier.lease(10, 10_000)
+    assert again.items == [] and 0.2 < again.wait <= 0.3
+    time.sleep(again.wait + 0.02)
+    assert len(frontier.lease(10, 10_000).items) == 2
+
+
+def test_concurrency_counts_until_acknowledged_and_a_contended_slot_is_shared(redis_client):
+    a, b = polite(redis_client, concurrency=2), polite(redis_client, concurrency=2)
+    push_slot(a, "s.test", 10)
+    held_a = a.lease(10, 10_000).items
+    assert len(held_a) == 2  # the slot's two places
+    time.sleep(0.3)  # a full slot is looked at again after 250 ms
+    assert b.lease(10, 10_000, held={}).items == []  # full: b waits, and says so
+    a.commit([held_a[0].id], [])  # one place free; a asks again at once, holding one
+    assert a.lease(10, 10_000, held={"s.test": 1}).items == []  # a has its share
+    (got,) = b.lease(10, 10_000, held={}).items  # the free place went to the waiting worker
+    assert got.slot == "s.test"
+    assert redis_client.hget("t:inflight", "s.test") == b"2"
+
+
+def test_requeue_and_release_give_the_place_back(redis_client):
+    frontier = polite(redis_client, concurrency=1)
+    push_slot(frontier, "s.test", 2)
+    (item,) = frontier.lease(10, 50).items
+    assert frontier.lease(10, 50).items == []
+    time.sleep(0.1)
+    assert frontier.requeue_expired() == 1
+    assert redis_client.hget("t:inflight", "s.test") is None
+    (again,) = frontier.lease(10, 10_000).items
+    assert again.id == item.id  # back at the head of its slot
+    assert frontier.release([again.id]) == 1
+    assert len(frontier.lease(10, 10_000).items) == 1
+
+
+def test_robots_probe_gives_one_request_until_the_crawl_delay_is_recorded(redis_client):
+    frontier = polite(redis_client, robots="60000:30000")
+    push_slot(frontier, "r.test", 5)
+    assert len(frontier.lease(10, 10_000).items) == 1  # the probe
+    assert frontier.lease(10, 10_000).items == []  # everyone waits for robots.txt
+    wait = frontier.record_crawl_delay("r.test", 200, fetched=True)
+    assert 0.15 < wait <= 0.2  # the robots.txt download took a turn; the probe gets the next
+    assert frontier.lease(10, 10_000).items == []
+    time.sleep(wait + 0.25)  # the probe's turn, then one more delay
+    assert len(frontier.lease(10, 10_000).items) == 1
+    assert redis_client.hget("t:robots", "r.test") == b"200"
+
+
+def test_a_probe_that_ends_without_robots_txt_lets_the_next_one_try(redis_client):
+    frontier = polite(redis_client, robots="60000:30000")
+    push_slot(frontier, "r.test", 3)
+    (probe,) = frontier.lease(10, 10_000).items
+    frontier.commit([probe.id], [])  # e.g. dead-lettered before any download
+    assert len(frontier.lease(10, 10_000).items) == 1
+
+
+def test_429_feedback_holds_the_slot_back_for_retry_after(redis_client):
+    from distcrawl.frontier import Feedback
+
+    frontier = polite(redis_client)
+    push_slot(frontier, "t.test", 3)
+    frontier.commit([], [], [Feedback("t.test", 0, 0, 1, 1500)])
+    leased = frontier.lease(10, 10_000)
+    assert leased.items == [] and 1.3 < leased.wait <= 1.5
+    assert int(redis_client.hget("t:throttle", "t.test")) == 1500
+    # good answers bring the adaptive delay down by a quarter each
+    frontier.commit([], [], [Feedback("t.test", 2, 20, 0, 0)])
+    assert int(redis_client.hget("t:throttle", "t.test")) == int(1500 * 0.75**2)
+
+
+def test_pending_cap_drops_new_requests_but_keeps_high_priority_and_start_urls(redis_client):
+    frontier = polite(redis_client, max_pending=3, keep_priority=10)
+    result = push_slot(frontier, "c.test", 5)
+    assert (result.enqueued, result.dropped) == (3, 2)
+    assert redis_client.scard("t:seen") == 3  # dropped ones can be discovered again later
+    urgent = Entry("r", b"urgent", 10, b"urgent", b"", "c.test")
+    assert frontier.commit([], [urgent]).enqueued == 1  # kept past the cap
+    redis_client.lpush("t:start_urls", b"http://c.test/x")
+    entry = Entry("s", b"fp-s", 0, b"s", b"http://c.test/x", "c.test")
+    assert frontier.commit([], [entry]).held == 1
+    assert redis_client.llen("t:start_urls") == 1  # left in place, not lost

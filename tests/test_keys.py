@@ -25,6 +25,7 @@ def test_key_names_are_pinned():
     assert k.inflight == "site:inflight"
     assert k.throttle == "site:throttle"
     assert k.limits == "site:limits"
+    assert k.hungry == "site:hungry"
     assert k.robots == "site:robots"
     assert k.robotstxt == "site:robotstxt"
     assert k.settings == "site:settings"
@@ -48,6 +49,7 @@ def test_key_names_are_pinned():
         "site:inflight",
         "site:throttle",
         "site:limits",
+        "site:hungry",
         "site:robots",
         "site:robotstxt",
         "site:settings",

@@ -124,7 +124,7 @@ def test_robots_crawl_delay_is_shared_and_robots_txt_read_once(demo_site, worker
     agents = {line.user_agent for line in log}
     print(f"{len(log)} requests, smallest gap {smallest:.3f}s, workers {len(agents)}")
     assert len(robots) == 1
-    assert smallest >= 1.95, gaps(log)
+    assert smallest >= 1.9, gaps(log)  # turns are 2 s apart in Redis; arrival jitter aside
     assert len(agents) >= 2
     assert redis_client.hget("site:robots", "127.0.0.2") == b"2000"
 
@@ -141,7 +141,10 @@ def test_limit_set_while_the_crawl_runs_applies_to_every_worker(
     assert code == 0
     capsys.readouterr()
     changed = time.time()
-    assert wait_until(lambda: len([x for x in site.read_log() if x.arrived > changed]) >= 8, 60)
+    # what was leased before the change arrives in its first second; after that, the limit
+    assert wait_until(
+        lambda: len([x for x in site.read_log() if x.arrived > changed + 1.0]) >= 6, timeout=60
+    )
     assert cli.main(["--redis-url", redis_url, "--json", "domains", "site"]) == 0
     (state,) = json.loads(capsys.readouterr().out)
     assert state["slot"] == "127.0.0.2" and state["override"] == "500:"

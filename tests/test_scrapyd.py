@@ -518,7 +518,9 @@ def test_four_jobs_on_two_nodes_fetch_every_page_once(
     for cmdline in crawl_commands(cluster):
         assert "-m distcrawl.scrapyd crawl site" in cmdline
         assert not any(secret in cmdline for secret in SECRETS), cmdline
-    # work arrives once all four jobs run, so that a fast crawl cannot end before one starts
+    # work arrives once all four jobs have opened their spider (their first heartbeat), so
+    # that a fast crawl cannot end before one of them starts
+    assert wait_until(lambda: frontier.hlen("site:workers") >= 4, timeout=90)
     frontier.lpush("site:start_urls", site.url + "/")
 
     found = wait_finished(capsys, "full", jobs, timeout=150)

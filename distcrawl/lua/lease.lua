@@ -16,6 +16,8 @@
 --                          (either part may be empty: the default applies)
 -- KEYS[10] robots    HASH  slot -> robots.txt Crawl-delay (ms); a negative value -T means
 --                          one worker is fetching robots.txt until time T
+-- KEYS[11] hungry    HASH  slot -> when a worker holding less than its share last found
+--                          the slot full
 --
 -- ARGV[1] how many requests to take at most
 -- ARGV[2] lease duration (ms)
@@ -26,21 +28,31 @@
 -- ARGV[7] per-slot defaults from the settings, JSON {slot: [delay ms, concurrency]} (-1 for
 --         a value not set), or ''
 -- ARGV[8] '' when robots.txt is not obeyed, else "<probe timeout ms>:<max Crawl-delay ms>"
+-- ARGV[9] JSON {slot: requests the caller holds}, or ''
 --
--- A slot with a delay gives one request per turn; one at its concurrency limit is parked
--- until an acknowledgement or a requeue frees a place (arm() in lib.lua); one whose
+-- A slot with a delay gives one request per turn; one at its concurrency limit is looked
+-- at again after RECHECK_FULL_MS, or sooner when an acknowledgement or a requeue frees a
+-- place (arm() in lib.lua); one whose
 -- robots.txt nobody has read yet gives a single request, whose worker reads robots.txt
 -- and records its Crawl-delay (robots.lua) before the slot opens.
+--
+-- Fair share: the worker that acknowledges a request asks for the next one in the same
+-- step, so without a rule it would keep a full slot to itself. While a slot is contended
+-- (a worker holding less than half its places found it full in the last second), no
+-- worker takes more than half of its places.
 --
 -- Returns {queue length, retries still waiting, retries released, ms until the next slot
 --          is ready (-1: none queued), id1, entry1, id2, entry2, ...}.
 
+local RECHECK_FULL_MS = 250
 local now = now_ms()
 local want, lease_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
 local deadline = now + lease_ms
 local default_delay, default_conc = tonumber(ARGV[5]), tonumber(ARGV[6])
 local overrides = {}
 if ARGV[7] ~= '' then overrides = cjson.decode(ARGV[7]) end
+local held = {}
+if ARGV[9] ~= '' then held = cjson.decode(ARGV[9]) end
 local probe_ms, crawl_delay_max = nil, nil
 if ARGV[8] ~= '' then
   probe_ms, crawl_delay_max = string.match(ARGV[8], '^(%d+):(%d+)$')
@@ -93,10 +105,20 @@ for _, slot in ipairs(candidates) do
   local inflight = tonumber(redis.call('HGET', KEYS[7], slot)) or 0
   local take = math.min(conc - inflight, want)
   if delay > 0 or probe then take = math.min(take, 1) end
+  local mine, share = held[slot] or 0, math.max(1, math.ceil(conc / 2))
+  if take > 0 and mine > 0 then
+    local contended = tonumber(redis.call('HGET', KEYS[11], slot))
+    if contended and now - contended < 1000 then take = math.min(take, share - mine) end
+  end
   if wait_until then
     redis.call('ZADD', KEYS[5], wait_until, slot)
+  elseif conc - inflight <= 0 then
+    -- full: looked at again soon (so that waiting workers keep saying so), or as soon as
+    -- an acknowledgement frees a place (arm())
+    redis.call('ZADD', KEYS[5], now + RECHECK_FULL_MS, slot)
+    if mine < share then redis.call('HSET', KEYS[11], slot, now) end
   elseif take <= 0 then
-    redis.call('ZADD', KEYS[5], deadline, slot)  -- parked: arm() brings it back
+    -- this worker has its share of a contended slot: the free places are for the others
   else
     local lo, hi = slot_range(slot)
     local entries = redis.call('ZRANGEBYLEX', KEYS[1], lo, hi, 'LIMIT', 0, take + 1)
@@ -125,8 +147,9 @@ for _, slot in ipairs(candidates) do
     end
     if #entries <= taken then
       redis.call('ZREM', KEYS[5], slot)
+      redis.call('HDEL', KEYS[11], slot)
     elseif inflight >= conc then
-      redis.call('ZADD', KEYS[5], math.max(deadline, next_at), slot)
+      redis.call('ZADD', KEYS[5], math.max(now + RECHECK_FULL_MS, next_at), slot)
     else
       redis.call('ZADD', KEYS[5], next_at, slot)
     end
