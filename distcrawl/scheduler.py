@@ -518,7 +518,7 @@ class Scheduler(BaseScheduler):
                 self._idle_delay = min(max(self._idle_delay * 2, 0.05), self.config.idle_poll_max)
                 wait = self._idle_delay
                 if res.wait is not None:  # a slot's turn comes sooner: ask for it then
-                    wait = min(wait, max(res.wait, 0.005))
+                    wait = min(wait, max(res.wait, self.config.flush_interval))
                 self._next_lease = now + wait
         if op.peek:
             self._handle_peeked(res.peeked)
