@@ -48,6 +48,8 @@ class Leased(NamedTuple):
     priority: int
     payload: bytes
     slot: str = ""
+    #: taken at the start of a turn of a slot with a delay (see lease.lua)
+    paced: bool = False
 
 
 class LeaseResult(NamedTuple):
@@ -253,7 +255,7 @@ class Frontier:
                 *(p.overrides, p.robots, mine),
             ],
         )
-        items = [parse_entry(res[i + 1]) for i in range(4, len(res), 2)]
+        items = [parse_entry(res[i + 1])._replace(paced=res[i] == 1) for i in range(4, len(res), 2)]
         wait = None if int(res[3]) < 0 else int(res[3]) / 1000
         return LeaseResult(items, int(res[0]), int(res[1]), int(res[2]), wait)
 

@@ -86,7 +86,7 @@ class _Result:
     renewed: int = 0
     requeued: int = 0
     released: int = 0
-    leased: list[tuple[str, Request | DecodeError, bytes, str]] = field(default_factory=list)
+    leased: list[tuple[str, Request | DecodeError, bytes, str, bool]] = field(default_factory=list)
     queue_size: int | None = None
     delayed: int | None = None
     wait: float | None = None
@@ -176,7 +176,9 @@ class Scheduler(BaseScheduler):
             bloom_error_rate=self.config.bloom_error_rate,
         )
         self.crawler.signals.connect(self._on_idle, signal=signals.spider_idle)
-        self.crawler.signals.connect(self._on_response, signal=signals.response_received)
+        # response_downloaded, not response_received: a 429 that the retry middleware turns
+        # into a retry never reaches the engine as a response, and it is the one to report
+        self.crawler.signals.connect(self._on_response, signal=signals.response_downloaded)
         _engine.local_delays_off(self.crawler)
         _SCHEDULERS[self.crawler] = self
         logger.info(
@@ -445,9 +447,9 @@ class Scheduler(BaseScheduler):
                 for item in lease.items:
                     try:
                         request = self.codec.decode(item.payload)
-                        res.leased.append((item.id, request, item.payload, item.slot))
+                        res.leased.append((item.id, request, item.payload, item.slot, item.paced))
                     except DecodeError as exc:
-                        res.leased.append((item.id, exc, item.payload, item.slot))
+                        res.leased.append((item.id, exc, item.payload, item.slot, False))
             if op.peek:
                 res.peeked = frontier.peek_start_urls(op.peek)
         except redis.RedisError as exc:
@@ -559,7 +561,7 @@ class Scheduler(BaseScheduler):
 
     def _handle_leased(self, res: _Result) -> int:
         got = 0
-        for lease_id, item, payload, slot in res.leased:
+        for lease_id, item, payload, slot, paced in res.leased:
             self._slots[lease_id] = slot
             if isinstance(item, DecodeError):
                 logger.error(
@@ -575,7 +577,13 @@ class Scheduler(BaseScheduler):
                 self._slots.pop(lease_id, None)
                 self._inc("distcrawl/undecodable")
                 continue
-            self._ready.append((lease_id, item))
+            if paced:
+                # its slot's turn began in Redis when it was leased: sent behind the requests
+                # already waiting here, it would leave the next worker's turn closer than the
+                # slot's delay
+                self._ready.appendleft((lease_id, item))
+            else:
+                self._ready.append((lease_id, item))
             got += 1
         if res.queue_size is not None:
             self._remote_queue = res.queue_size
@@ -697,6 +705,8 @@ class Scheduler(BaseScheduler):
         if self._feedback.add(request, response):
             self._inc("distcrawl/politeness/throttled")
             self._inc(f"distcrawl/politeness/throttled/{response.status}")
+            # every worker must hold back from now on, not from this worker's next batch
+            self._kick()
 
     def _inc(self, key: str, count: int = 1) -> None:
         if count and self.stats is not None:

@@ -187,6 +187,7 @@ def test_a_slot_with_a_delay_gives_one_request_per_turn_and_says_when(redis_clie
     push_slot(frontier, "b.test", 3)
     first = frontier.lease(10, 10_000)
     assert sorted(x.slot for x in first.items) == ["a.test", "b.test"]
+    assert all(x.paced for x in first.items)  # to be sent first: their turns began now
     again = frontier.lease(10, 10_000)
     assert again.items == [] and 0.2 < again.wait <= 0.3
     time.sleep(again.wait + 0.02)
@@ -198,6 +199,7 @@ def test_concurrency_counts_until_acknowledged_and_a_contended_slot_is_shared(re
     push_slot(a, "s.test", 10)
     held_a = a.lease(10, 10_000).items
     assert len(held_a) == 2  # the slot's two places
+    assert not any(x.paced for x in held_a)  # no delay: no turn to keep
     time.sleep(0.3)  # a full slot is looked at again after 250 ms
     assert b.lease(10, 10_000, held={}).items == []  # full: b waits, and says so
     a.commit([held_a[0].id], [])  # one place free; a asks again at once, holding one

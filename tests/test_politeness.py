@@ -108,6 +108,8 @@ def test_429_with_retry_after_holds_back_every_worker(demo_site, workers, redis_
     # the 429'd page itself was retried after Retry-After
     retried = [line for line in log if line.path == throttled.path and line.status == 200]
     assert retried and retried[0].arrived >= throttled.time + 2.95
+    # counted once, crawl-wide, although the retry middleware turned the answer into a retry
+    assert int(redis_client.hget("site:stats", "throttled") or 0) == 1
 
 
 def test_robots_crawl_delay_is_shared_and_robots_txt_read_once(demo_site, workers, redis_client):

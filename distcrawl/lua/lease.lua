@@ -42,7 +42,9 @@
 -- worker takes more than half of its places.
 --
 -- Returns {queue length, retries still waiting, retries released, ms until the next slot
---          is ready (-1: none queued), id1, entry1, id2, entry2, ...}.
+--          is ready (-1: none queued), paced1, entry1, paced2, entry2, ...}; paced is 1 for
+--          a request of a slot with a delay: its turn began now, so the worker sends it
+--          before whatever else it holds, lest the gap to the next worker's turn shrink.
 
 local RECHECK_FULL_MS = 250
 local now = now_ms()
@@ -129,7 +131,7 @@ for _, slot in ipairs(candidates) do
       redis.call('ZREM', KEYS[1], entry)
       redis.call('HSET', KEYS[2], id, entry)
       redis.call('ZADD', KEYS[3], deadline, id)
-      out[#out + 1] = id
+      out[#out + 1] = delay > 0 and 1 or 0
       out[#out + 1] = entry
     end
     want = want - taken
