@@ -199,6 +199,7 @@ class Frontier:
             k.inflight,
             k.throttle,
             k.robots,
+            k.throttle_raised,
         ]
         if self.bloom is not None:
             res = self.bloom.run(self.scripts.commit, keys, args)

@@ -111,6 +111,12 @@ class FrontierKeys:
         return self._key("throttle")
 
     @property
+    def throttle_raised(self) -> str:
+        """HASH slot -> when its adaptive delay was last raised (server ms): answers to
+        requests sent before a raise do not raise it again."""
+        return self._key("throttle:raised")
+
+    @property
     def hungry(self) -> str:
         """HASH slot -> when a worker last found it full while holding less than its share."""
         return self._key("hungry")
@@ -165,6 +171,7 @@ class FrontierKeys:
             self.slots,
             self.inflight,
             self.throttle,
+            self.throttle_raised,
             self.hungry,
             self.limits,
             self.robots,

@@ -258,6 +258,22 @@ def test_429_feedback_holds_the_slot_back_for_retry_after(redis_client):
     assert int(redis_client.hget("t:throttle", "t.test")) == int(1500 * 0.75**2)
 
 
+def test_a_burst_of_503s_raises_the_delay_once_per_delay(redis_client):
+    from distcrawl.frontier import Feedback
+
+    frontier = polite(redis_client, throttle="200:60000:0")
+    push_slot(frontier, "b.test", 3)
+    # ten workers' batches, each with a 503 for a request already in flight
+    for _ in range(10):
+        frontier.commit([], [], [Feedback("b.test", 0, 0, 1, 0)])
+    assert int(redis_client.hget("t:throttle", "b.test")) == 200  # once, not 200 * 2**9
+    time.sleep(0.25)  # a whole delay later, a 503 is news: it doubles
+    frontier.commit([], [], [Feedback("b.test", 0, 0, 1, 0)])
+    assert int(redis_client.hget("t:throttle", "b.test")) == 400
+    frontier.commit([], [], [Feedback("b.test", 0, 0, 1, 5000)])
+    assert int(redis_client.hget("t:throttle", "b.test")) == 5000  # Retry-After still counts
+
+
 def test_pending_cap_drops_new_requests_but_keeps_high_priority_and_start_urls(redis_client):
     frontier = polite(redis_client, max_pending=3, keep_priority=10)
     result = push_slot(frontier, "c.test", 5)

@@ -24,6 +24,7 @@ def test_key_names_are_pinned():
     assert k.slots == "site:slots"
     assert k.inflight == "site:inflight"
     assert k.throttle == "site:throttle"
+    assert k.throttle_raised == "site:throttle:raised"
     assert k.limits == "site:limits"
     assert k.hungry == "site:hungry"
     assert k.robots == "site:robots"
@@ -48,6 +49,7 @@ def test_key_names_are_pinned():
         "site:slots",
         "site:inflight",
         "site:throttle",
+        "site:throttle:raised",
         "site:limits",
         "site:hungry",
         "site:robots",

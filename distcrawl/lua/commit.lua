@@ -15,7 +15,8 @@
 -- KEYS[11] inflight   HASH   slot -> requests leased and not acknowledged
 -- KEYS[12] throttle   HASH   slot -> adaptive delay (ms) from 429/503 answers and latency
 -- KEYS[13] robots     HASH   slot -> robots.txt Crawl-delay (ms), negative while being read
--- KEYS[14 ..]         the Bloom filter's keys with DISTCRAWL_SEEN = "bloom" (seen_bloom.lua)
+-- KEYS[14] raised     HASH   slot -> when its adaptive delay was last raised (ms)
+-- KEYS[15 ..]         the Bloom filter's keys with DISTCRAWL_SEEN = "bloom" (seen_bloom.lua)
 --
 -- distcrawl/lua/__init__.py prepends the seen-set snippet (seen_set.lua or seen_bloom.lua),
 -- which defines seen_add(fp) and may end the script before anything is written.
@@ -109,7 +110,9 @@ end
 -- politeness feedback: 429/503 answers double a slot's adaptive delay (at least start_ms,
 -- at least Retry-After, at most max_ms) and push its next request back; answers that are
 -- fine bring it down again, gradually (AutoThrottle's rule when a target concurrency is
--- set, else by a quarter per answer)
+-- set, else by a quarter per answer). It doubles at most once per delay: the answers to
+-- the requests that were already in flight when it was raised (a burst of 503s from many
+-- workers) say nothing new, and compounding them would park the slot at max_ms.
 local fb = base + 1 + n * 6
 local records = tonumber(ARGV[fb])
 for i = 0, records - 1 do
@@ -119,7 +122,12 @@ for i = 0, records - 1 do
   local old = tonumber(redis.call('HGET', KEYS[12], slot)) or 0
   local new = old
   if throttled > 0 then
-    new = math.min(math.max(old * 2, t_start, retry_after), math.max(t_max, retry_after))
+    local raised = tonumber(redis.call('HGET', KEYS[14], slot)) or 0
+    if now - raised >= old then
+      new = math.min(math.max(old * 2, t_start), t_max)
+      redis.call('HSET', KEYS[14], slot, now)
+    end
+    new = math.max(new, retry_after)
     local until_ = now + math.max(new, retry_after)
     if until_ > (tonumber(redis.call('HGET', KEYS[10], slot)) or 0) then
       redis.call('HSET', KEYS[10], slot, until_)
@@ -136,6 +144,7 @@ for i = 0, records - 1 do
   new = math.floor(new)
   if new < 1 then
     redis.call('HDEL', KEYS[12], slot)
+    redis.call('HDEL', KEYS[14], slot)
   elseif new ~= old then
     redis.call('HSET', KEYS[12], slot, new)
   end
