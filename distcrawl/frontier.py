@@ -59,6 +59,8 @@ class LeaseResult(NamedTuple):
     released: int
     #: seconds until some slot's turn comes (None: nothing queued)
     wait: float | None = None
+    #: the server's clock at the lease (ms), for ``sent``
+    leased_at: int = 0
 
 
 @dataclass(frozen=True)
@@ -256,9 +258,17 @@ class Frontier:
                 *(p.overrides, p.robots, mine),
             ],
         )
-        items = [parse_entry(res[i + 1])._replace(paced=res[i] == 1) for i in range(4, len(res), 2)]
+        items = [parse_entry(res[i + 1])._replace(paced=res[i] == 1) for i in range(5, len(res), 2)]
         wait = None if int(res[3]) < 0 else int(res[3]) / 1000
-        return LeaseResult(items, int(res[0]), int(res[1]), int(res[2]), wait)
+        return LeaseResult(items, int(res[0]), int(res[1]), int(res[2]), wait, int(res[4]))
+
+    def sent(self, paced: Sequence[tuple[str, int]]) -> int:
+        """Report that requests of slots with a delay, leased at the given server times,
+        were sent only now: their slots' next turns move back by the lag (sent.lua)."""
+        if not paced:
+            return 0
+        args = [x for slot, leased_at in paced for x in (slot, leased_at)]
+        return int(self.scripts.sent(keys=[self.keys.slots, self.keys.ready], args=args))
 
     def delay_ms(self, slot: str) -> int:
         """The slot's delay from the settings (DOWNLOAD_SLOTS, else the default)."""

@@ -66,10 +66,12 @@ class _Op:
     peek: int = 0
     release: list[str] = field(default_factory=list)
     held: Counter[str] = field(default_factory=Counter)
+    sent: list[tuple[str, int]] = field(default_factory=list)
 
     def empty(self) -> bool:
         return not (
-            self.acks
+            self.sent
+            or self.acks
             or self.entries
             or self.feedback
             or self.renew
@@ -87,6 +89,7 @@ class _Result:
     requeued: int = 0
     released: int = 0
     leased: list[tuple[str, Request | DecodeError, bytes, str, bool]] = field(default_factory=list)
+    leased_at: int = 0
     queue_size: int | None = None
     delayed: int | None = None
     wait: float | None = None
@@ -125,6 +128,13 @@ class Scheduler(BaseScheduler):
         self._feedback = FeedbackBuffer(config)
         #: lease id -> slot of every request this worker holds (for the fair share)
         self._slots: dict[str, str] = {}
+        #: lease id -> (slot, server time of the lease) of held requests of slots with a delay
+        self._paced: dict[str, tuple[str, int]] = {}
+        #: the same, once the engine took them, until they reach the downloader (past the
+        #: downloader middlewares, robots.txt included)
+        self._to_send: dict[Request, tuple[str, int]] = {}
+        #: the same, of those that reached it since the last batch (Frontier.sent)
+        self._sent: list[tuple[str, int]] = []
         self._warned_full = 0.0
         self._acks: list[str] = []
         self._ready: deque[tuple[str, Request]] = deque()
@@ -176,6 +186,9 @@ class Scheduler(BaseScheduler):
             bloom_error_rate=self.config.bloom_error_rate,
         )
         self.crawler.signals.connect(self._on_idle, signal=signals.spider_idle)
+        self.crawler.signals.connect(
+            self._on_downloading, signal=signals.request_reached_downloader
+        )
         # response_downloaded, not response_received: a 429 that the retry middleware turns
         # into a retry never reaches the engine as a response, and it is the one to report
         self.crawler.signals.connect(self._on_response, signal=signals.response_downloaded)
@@ -315,6 +328,9 @@ class Scheduler(BaseScheduler):
             return None
         lease_id, request = self._ready.popleft()
         self._active[lease_id] = request
+        paced = self._paced.pop(lease_id, None)
+        if paced is not None:
+            self._to_send[request] = paced
         self._last_work = time.monotonic()
         self._inc("scheduler/dequeued/redis")
         if len(self._ready) < self.config.prefetch // 2:
@@ -337,6 +353,7 @@ class Scheduler(BaseScheduler):
         self._collect_finished()
         unfinished = list(self._active)
         self._active.clear()
+        self._to_send.clear()
         release = [lease_id for lease_id, _ in self._ready] + unfinished
         self._forget(release)
         self._ready.clear()
@@ -400,6 +417,7 @@ class Scheduler(BaseScheduler):
 
     def _build_op(self, now: float) -> _Op:
         op = _Op()
+        op.sent, self._sent = self._sent, []
         op.acks, self._acks = self._acks, []
         op.feedback = self._feedback.drain()
         batch = self.config.push_batch_size
@@ -430,6 +448,8 @@ class Scheduler(BaseScheduler):
         frontier, res = self.frontier, _Result()
         lease_ms = int(self.config.lease_timeout * 1000)
         try:
+            if op.sent:
+                frontier.sent(op.sent)
             if op.acks or op.entries or op.feedback:
                 if final:
                     self._commit_in_chunks(op, res)
@@ -443,7 +463,7 @@ class Scheduler(BaseScheduler):
                 res.requeued = frontier.requeue_expired()
             if op.want:
                 lease = frontier.lease(op.want, lease_ms, held=op.held)
-                res.queue_size, res.delayed, res.promoted, res.wait = lease[1:]
+                res.queue_size, res.delayed, res.promoted, res.wait, res.leased_at = lease[1:]
                 for item in lease.items:
                     try:
                         request = self.codec.decode(item.payload)
@@ -580,7 +600,8 @@ class Scheduler(BaseScheduler):
             if paced:
                 # its slot's turn began in Redis when it was leased: sent behind the requests
                 # already waiting here, it would leave the next worker's turn closer than the
-                # slot's delay
+                # slot's delay; what lag remains is reported when it is sent (sent.lua)
+                self._paced[lease_id] = (slot, res.leased_at)
                 self._ready.appendleft((lease_id, item))
             else:
                 self._ready.append((lease_id, item))
@@ -667,7 +688,7 @@ class Scheduler(BaseScheduler):
         in_progress = _engine.in_progress(self.crawler)
         done = [lease_id for lease_id, req in self._active.items() if req not in in_progress]
         for lease_id in done:
-            del self._active[lease_id]
+            self._to_send.pop(self._active.pop(lease_id), None)
             self._slots.pop(lease_id, None)
         self._acks.extend(done)
 
@@ -696,10 +717,17 @@ class Scheduler(BaseScheduler):
     def _forget(self, lease_ids: list[str]) -> None:
         for lease_id in lease_ids:
             self._slots.pop(lease_id, None)
+            self._paced.pop(lease_id, None)
 
     def _full(self) -> bool:
         cap = self.config.max_pending
         return cap is not None and self._remote_queue >= cap
+
+    def _on_downloading(self, request: Request, spider: Spider) -> None:
+        paced = self._to_send.pop(request, None)
+        if paced is not None:
+            self._sent.append(paced)
+            self._kick()  # before the slot's next turn, which this lag pushes back
 
     def _on_response(self, response: Any, request: Request, spider: Spider) -> None:
         if self._feedback.add(request, response):

@@ -194,6 +194,20 @@ def test_a_slot_with_a_delay_gives_one_request_per_turn_and_says_when(redis_clie
     assert len(frontier.lease(10, 10_000).items) == 2
 
 
+def test_a_request_sent_late_moves_its_slots_next_turn_back_by_the_lag(redis_client):
+    frontier = polite(redis_client, delay_ms=300)
+    push_slot(frontier, "a.test", 3)
+    first = frontier.lease(10, 10_000)
+    (item,) = first.items
+    assert item.paced and first.leased_at > 0
+    time.sleep(0.2)  # the worker was busy: it sends the request only now
+    assert frontier.sent([("a.test", first.leased_at)]) == 1
+    again = frontier.lease(10, 10_000)
+    # the next turn is a whole delay after the send, not after the lease
+    assert again.items == [] and 0.25 < again.wait <= 0.3
+    assert frontier.sent([("gone.test", first.leased_at)]) == 0  # no turn kept: nothing to move
+
+
 def test_concurrency_counts_until_acknowledged_and_a_contended_slot_is_shared(redis_client):
     a, b = polite(redis_client, concurrency=2), polite(redis_client, concurrency=2)
     push_slot(a, "s.test", 10)

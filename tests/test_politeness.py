@@ -54,7 +54,10 @@ def test_delay_holds_across_workers_while_another_host_runs_at_full_speed(
     print(
         f"slow host: {len(slow_log)} requests, smallest gap {smallest:.3f}s, {len(agents)} workers"
     )
-    assert smallest >= 0.9, gaps(slow_log)
+    assert smallest >= 0.95, [
+        (round(b.arrived - a.arrived, 3), b.user_agent, b.path)
+        for a, b in itertools.pairwise(slow_log)
+    ]
     assert len(agents) >= 2  # the delay was shared, not one worker doing all the slow host
     # meanwhile the other host was crawled at full speed: all of it while the slow host
     # was still being worked through

@@ -19,7 +19,17 @@ from importlib.resources import files
 import redis
 from redis.commands.core import Script
 
-NAMES = ("commit", "lease", "redrive", "renew", "requeue", "robots", "seen", "bloom_grow")
+NAMES = (
+    "commit",
+    "lease",
+    "redrive",
+    "renew",
+    "requeue",
+    "robots",
+    "seen",
+    "bloom_grow",
+    "sent",
+)
 SEEN_MODES = ("set", "bloom")
 
 #: how many KEYS commit.lua takes itself; the Bloom filter's keys follow them
@@ -60,6 +70,7 @@ class Scripts:
     robots: Script
     seen: Script
     bloom_grow: Script
+    sent: Script
 
     @classmethod
     def register(cls, client: redis.Redis, seen: str = "set") -> Scripts:

@@ -42,9 +42,10 @@
 -- worker takes more than half of its places.
 --
 -- Returns {queue length, retries still waiting, retries released, ms until the next slot
---          is ready (-1: none queued), paced1, entry1, paced2, entry2, ...}; paced is 1 for
---          a request of a slot with a delay: its turn began now, so the worker sends it
---          before whatever else it holds, lest the gap to the next worker's turn shrink.
+--          is ready (-1: none queued), now (ms), paced1, entry1, paced2, entry2, ...};
+--          paced is 1 for a request of a slot with a delay: its turn began now, so the
+--          worker sends it before whatever else it holds, and reports when it did
+--          (sent.lua), lest the gap to the next worker's turn shrink by its own lag.
 
 local RECHECK_FULL_MS = 250
 local now = now_ms()
@@ -87,7 +88,7 @@ local function limits(slot)
   return delay, conc
 end
 
-local out = {0, 0, #due, -1}
+local out = {0, 0, #due, -1, now}
 local candidates = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now, 'LIMIT', 0, tonumber(ARGV[4]))
 for _, slot in ipairs(candidates) do
   if want <= 0 then break end
