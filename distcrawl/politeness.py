@@ -47,17 +47,16 @@ def parse_retry_after(value: bytes | str | None, now: float | None = None) -> fl
 
 def slot_for(url: str, meta: Mapping[str, Any] | None, *, by_ip: bool = False) -> str:
     """Scrapy's download slot key (``Downloader.get_slot_key``), from a URL and meta."""
-    if meta and meta.get(DOWNLOAD_SLOT) is not None:
-        return str(meta[DOWNLOAD_SLOT])
-    host = urlsplit(url).hostname or ""
-    return dnscache.get(host, host) if by_ip else host
+    return _slot_key(meta, urlsplit(url).hostname or "", by_ip)
 
 
 def slot_of(request: Request, *, by_ip: bool = False) -> str:
-    slot = request.meta.get(DOWNLOAD_SLOT)
-    if slot is not None:
-        return str(slot)
-    host = urlparse_cached(request).hostname or ""
+    return _slot_key(request.meta, urlparse_cached(request).hostname or "", by_ip)
+
+
+def _slot_key(meta: Mapping[str, Any] | None, host: str, by_ip: bool) -> str:
+    if meta and meta.get(DOWNLOAD_SLOT) is not None:
+        return str(meta[DOWNLOAD_SLOT])
     # like Scrapy: the IP once this process has resolved the host, its name before that
     return dnscache.get(host, host) if by_ip else host
 

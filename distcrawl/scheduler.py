@@ -128,10 +128,8 @@ class Scheduler(BaseScheduler):
         self._feedback = FeedbackBuffer(config)
         #: lease id -> slot of every request this worker holds (for the fair share)
         self._slots: dict[str, str] = {}
-        #: lease id -> (slot, server time of the lease) of held requests of slots with a delay
-        self._paced: dict[str, tuple[str, int]] = {}
-        #: the same, once the engine took them, until they reach the downloader (past the
-        #: downloader middlewares, robots.txt included)
+        #: request -> (slot, server time of the lease) of held requests of slots with a
+        #: delay, until they reach the downloader (past its middlewares, robots.txt included)
         self._to_send: dict[Request, tuple[str, int]] = {}
         #: the same, of those that reached it since the last batch (Frontier.sent)
         self._sent: list[tuple[str, int]] = []
@@ -264,13 +262,12 @@ class Scheduler(BaseScheduler):
             record = dead_letter(str(exc), url=request.url, source="enqueue")
             self._outgoing.append(Entry("d", b"", 0, record))
             return False
+        slot = slot_of(request, by_ip=self.config.slots_by_ip)
         if delay is not None:
             delay_ms = str(max(0, int(float(delay) * 1000))).encode()
-            slot = slot_of(request, by_ip=self.config.slots_by_ip)
             self._outgoing.append(Entry("l", b"", request.priority, payload, delay_ms, slot))
             self._inc("distcrawl/retry/scheduled")
         else:
-            slot = slot_of(request, by_ip=self.config.slots_by_ip)
             self._outgoing.append(Entry("r", fp, request.priority, payload, b"", slot))
         self._last_work = time.monotonic()
         self._inc("scheduler/enqueued/redis")
@@ -328,9 +325,6 @@ class Scheduler(BaseScheduler):
             return None
         lease_id, request = self._ready.popleft()
         self._active[lease_id] = request
-        paced = self._paced.pop(lease_id, None)
-        if paced is not None:
-            self._to_send[request] = paced
         self._last_work = time.monotonic()
         self._inc("scheduler/dequeued/redis")
         if len(self._ready) < self.config.prefetch // 2:
@@ -432,6 +426,8 @@ class Scheduler(BaseScheduler):
         if self._paused:
             op.release = [lease_id for lease_id, _ in self._ready]
             self._forget(op.release)
+            for _, request in self._ready:
+                self._to_send.pop(request, None)
             self._ready.clear()
             return op
         prefetch = self.config.prefetch
@@ -601,7 +597,7 @@ class Scheduler(BaseScheduler):
                 # its slot's turn began in Redis when it was leased: sent behind the requests
                 # already waiting here, it would leave the next worker's turn closer than the
                 # slot's delay; what lag remains is reported when it is sent (sent.lua)
-                self._paced[lease_id] = (slot, res.leased_at)
+                self._to_send[item] = (slot, res.leased_at)
                 self._ready.appendleft((lease_id, item))
             else:
                 self._ready.append((lease_id, item))
@@ -717,7 +713,6 @@ class Scheduler(BaseScheduler):
     def _forget(self, lease_ids: list[str]) -> None:
         for lease_id in lease_ids:
             self._slots.pop(lease_id, None)
-            self._paced.pop(lease_id, None)
 
     def _full(self) -> bool:
         cap = self.config.max_pending
