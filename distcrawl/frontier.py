@@ -57,7 +57,7 @@ class LeaseResult(NamedTuple):
     queue_size: int
     delayed: int
     released: int
-    #: seconds until some slot's turn comes (None: nothing queued)
+    #: seconds until some slot's turn comes or a retry is due (None: neither)
     wait: float | None = None
     #: the server's clock at the lease (ms), for ``sent``
     leased_at: int = 0

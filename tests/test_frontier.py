@@ -140,6 +140,7 @@ def test_delayed_retry_waits_then_joins_the_queue_at_its_priority(frontier):
     first = frontier.lease(10, 10_000)
     assert [x.payload for x in first.items] == [b"a0"]
     assert (first.delayed, first.released) == (1, 0)
+    assert 0.2 < first.wait <= 0.3  # an idle worker asks again when the retry is due
     time.sleep(0.4)
     second = frontier.lease(10, 10_000)
     assert [x.payload for x in second.items] == [b"retry"]

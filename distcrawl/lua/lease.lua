@@ -42,7 +42,7 @@
 -- worker takes more than half of its places.
 --
 -- Returns {queue length, retries still waiting, retries released, ms until the next slot
---          is ready (-1: none queued), now (ms), paced1, entry1, paced2, entry2, ...};
+--          is ready or the next retry is due (-1: neither), now (ms), paced1, entry1, paced2, entry2, ...};
 --          paced is 1 for a request of a slot with a delay: its turn began now, so the
 --          worker sends it before whatever else it holds, and reports when it did
 --          (sent.lua), lest the gap to the next worker's turn shrink by its own lag.
@@ -160,6 +160,13 @@ for _, slot in ipairs(candidates) do
 end
 out[1] = redis.call('ZCARD', KEYS[1])
 out[2] = redis.call('ZCARD', KEYS[4])
-local first = redis.call('ZRANGE', KEYS[5], 0, 0, 'WITHSCORES')
-if #first > 0 then out[4] = math.max(0, tonumber(first[2]) - now) end
+-- the next slot's turn, or the next retry coming due, whichever is sooner: an idle worker
+-- asks again then, instead of leaving every due retry to a busy one
+for _, key in ipairs({KEYS[5], KEYS[4]}) do
+  local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+  if #first > 0 then
+    local wait = math.max(0, tonumber(first[2]) - now)
+    if out[4] < 0 or wait < out[4] then out[4] = wait end
+  end
+end
 return out
