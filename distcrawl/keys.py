@@ -34,7 +34,10 @@ class FrontierKeys:
 
     @property
     def requests(self) -> str:
-        """HASH request id -> queue entry, for leased requests and retries waiting."""
+        """HASH request id -> record: an 8-byte token, then the queue entry. A leased
+        request's token names its lease (4 bytes: the holder's worker tag, 4 random bytes),
+        and acknowledgements, renewals and give-backs must present it; a retry waiting in
+        ``delayed`` has a token of eight zero bytes."""
         return self._key("requests")
 
     @property
@@ -78,6 +81,18 @@ class FrontierKeys:
     def workers(self) -> str:
         """HASH worker id -> JSON heartbeat (host, pid, counters, last beat); kept after exit."""
         return self._key("workers")
+
+    @property
+    def alive(self) -> str:
+        """ZSET worker tag -> time of its last liveness beat (Redis server time, ms),
+        written by a thread of its own; a tag that lapses has its leases given back."""
+        return self._key("alive")
+
+    @property
+    def commits(self) -> str:
+        """HASH worker tag -> id of the last commit that worker ran, so that a commit
+        replayed after its reply was lost changes nothing."""
+        return self._key("commits")
 
     @property
     def stats(self) -> str:
@@ -165,6 +180,8 @@ class FrontierKeys:
             self.seq,
             self.dead,
             self.workers,
+            self.alive,
+            self.commits,
             self.stats,
             self.domains,
             self.ready,

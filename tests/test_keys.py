@@ -17,6 +17,8 @@ def test_key_names_are_pinned():
     assert k.dead == "site:dead"
     assert k.delayed == "site:delayed"
     assert k.workers == "site:workers"
+    assert k.alive == "site:alive"
+    assert k.commits == "site:commits"
     assert k.stats == "site:stats"
     assert k.domains == "site:domains"
     assert k.paused == "site:paused"
@@ -42,6 +44,8 @@ def test_key_names_are_pinned():
         "site:seq",
         "site:dead",
         "site:workers",
+        "site:alive",
+        "site:commits",
         "site:stats",
         "site:domains",
         "site:paused",
