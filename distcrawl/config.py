@@ -119,7 +119,7 @@ class DistcrawlConfig:
     namespace: str | None = None
     serializer: str = "msgpack"
     lease_timeout: float = 30.0
-    reclaim_interval: float = 5.0
+    reclaim_interval: float = 2.0
     prefetch: int = 16
     flush_interval: float = 0.05
     push_batch_size: int = 500
@@ -141,6 +141,8 @@ class DistcrawlConfig:
     retry_after_max: float = 600.0
     callback_retries: int = 2
     heartbeat_interval: float = 1.0
+    #: a worker whose liveness beats are older than this is dead: its leases are given back
+    worker_timeout: float = 10.0
     metrics_port: int | None = None
     # cluster-wide politeness (see politeness.py)
     domain_delay: float = 0.0
@@ -176,6 +178,14 @@ class DistcrawlConfig:
         schemes = settings.getlist("DISTCRAWL_ALLOWED_SCHEMES", ["http", "https"])
         if not schemes:
             raise ConfigError("DISTCRAWL_ALLOWED_SCHEMES=[]: at least one scheme is needed")
+        heartbeat = _get(settings, "DISTCRAWL_HEARTBEAT_INTERVAL", 1.0, _positive(float))
+        worker_timeout = _get(settings, "DISTCRAWL_WORKER_TIMEOUT", 10.0, _positive(float))
+        if worker_timeout < 3 * heartbeat:
+            raise ConfigError(
+                f"DISTCRAWL_WORKER_TIMEOUT={worker_timeout!r}: must be at least 3 times "
+                f"DISTCRAWL_HEARTBEAT_INTERVAL ({heartbeat!r}), or live workers would be "
+                "taken for dead"
+            )
         namespace = settings.get("DISTCRAWL_NAMESPACE")
         if namespace is not None and (not isinstance(namespace, str) or not namespace):
             raise ConfigError(f"DISTCRAWL_NAMESPACE={namespace!r}: expected a non-empty string")
@@ -185,7 +195,7 @@ class DistcrawlConfig:
             serializer=serializer,
             lease_timeout=lease_timeout,
             reclaim_interval=_get(
-                settings, "DISTCRAWL_RECLAIM_INTERVAL", min(5.0, lease_timeout), _positive(float)
+                settings, "DISTCRAWL_RECLAIM_INTERVAL", min(2.0, lease_timeout), _positive(float)
             ),
             prefetch=_get(settings, "DISTCRAWL_PREFETCH", concurrency, _positive(int)),
             flush_interval=_get(settings, "DISTCRAWL_FLUSH_INTERVAL", 0.05, _positive(float)),
@@ -221,9 +231,8 @@ class DistcrawlConfig:
                 settings, "DISTCRAWL_RETRY_AFTER_MAX", 600.0, _at_least(0.0, float)
             ),
             callback_retries=_get(settings, "DISTCRAWL_CALLBACK_RETRIES", 2, _at_least(0, int)),
-            heartbeat_interval=_get(
-                settings, "DISTCRAWL_HEARTBEAT_INTERVAL", 1.0, _positive(float)
-            ),
+            heartbeat_interval=heartbeat,
+            worker_timeout=worker_timeout,
             metrics_port=_get(settings, "DISTCRAWL_METRICS_PORT", None, _at_least(0, int)),
             **_politeness(settings),
         )

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from scrapy import Request, Spider
 from scrapy.dupefilters import BaseDupeFilter
+from scrapy.utils.request import referer_str
 
 from distcrawl.config import DistcrawlConfig
 
@@ -84,10 +85,11 @@ class RedisDupeFilter(BaseDupeFilter):
         return False
 
     def log(self, request: Request, spider: Spider) -> None:
+        """Scrapy's RFPDupeFilter.log, for duplicates caught here and in Redis alike."""
         if self.debug:
             logger.debug(
-                "Filtered duplicate request: %(request)s",
-                {"request": request},
+                "Filtered duplicate request: %(request)s (referer: %(referer)s)",
+                {"request": request, "referer": referer_str(request)},
                 extra={"spider": spider},
             )
         elif not self._logged_first:
@@ -98,7 +100,12 @@ class RedisDupeFilter(BaseDupeFilter):
                 extra={"spider": spider},
             )
             self._logged_first = True
-        self._filtered += 1
+        self.count(1)
+
+    def count(self, duplicates: int) -> None:
+        """Count duplicates in ``dupefilter/filtered`` (added to the stats at most once a
+        second)."""
+        self._filtered += duplicates
         self.flush_stats_if_due()
 
     def flush_stats_if_due(self) -> None:

@@ -7,6 +7,7 @@ to test against a real server and to reuse from the ``distcrawl`` command.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
@@ -21,6 +22,17 @@ from distcrawl.keys import FrontierKeys
 from distcrawl.lua import SEEN_MODES, Scripts
 from distcrawl.seen import DEFAULT_CAPACITY, DEFAULT_ERROR_RATE, BloomFilter, BloomState, part_keys
 
+#: bytes of a lease token: the holder's 4-byte worker tag, then 4 bytes that differ per lease
+TOKEN_BYTES = 8
+#: longest politeness slot (``meta["download_slot"]`` or a host name) a queue entry may carry
+MAX_SLOT_BYTES = 255
+#: raw bytes a dead-letter record keeps of what it quarantines (plus their length and SHA1)
+DEAD_RAW_BYTES = 65536
+
+
+class QueueEntryError(ValueError):
+    """A queue member that is not a request entry (see ``lua/lib.lua``)."""
+
 
 class Entry(NamedTuple):
     """One thing to store: see the ARGV section of ``commit.lua`` for the kinds."""
@@ -31,6 +43,16 @@ class Entry(NamedTuple):
     payload: bytes
     raw: bytes = b""
     slot: str = ""
+    #: the request it was made from, kept (never sent) for request_dropped and
+    #: DUPEFILTER_DEBUG when Redis finds it is a duplicate or over the pending cap
+    request: Any = None
+
+
+class LeaseRef(NamedTuple):
+    """What a worker must present to acknowledge, renew or give back a lease."""
+
+    id: str
+    token: bytes
 
 
 class Feedback(NamedTuple):
@@ -50,6 +72,19 @@ class Leased(NamedTuple):
     slot: str = ""
     #: taken at the start of a turn of a slot with a delay (see lease.lua)
     paced: bool = False
+    token: bytes = b""
+
+    @property
+    def ref(self) -> LeaseRef:
+        return LeaseRef(self.id, self.token)
+
+
+class BadLease(NamedTuple):
+    """A leased member that is not a request entry: acknowledged with its dead letter."""
+
+    ref: LeaseRef
+    raw: bytes
+    reason: str
 
 
 class LeaseResult(NamedTuple):
@@ -61,6 +96,39 @@ class LeaseResult(NamedTuple):
     wait: float | None = None
     #: the server's clock at the lease (ms), for ``sent``
     leased_at: int = 0
+    #: queue members the script moved to the dead letters (malformed)
+    quarantined: int = 0
+    #: due retries whose record was gone (Redis lost data, or a bug)
+    missing_retries: int = 0
+    #: slots that had queued entries but were missing from ``ready``
+    rearmed: int = 0
+    #: leased members that do not parse, for the worker to dead-letter
+    bad: list[BadLease] = []
+
+
+class RequeueResult(NamedTuple):
+    requeued: int = 0
+    #: leases that had no record (removed)
+    orphans: int = 0
+    #: workers whose liveness beats had lapsed
+    dead_workers: int = 0
+    #: leases of those workers given back
+    released: int = 0
+
+
+class Drained(NamedTuple):
+    """Whether the whole crawl ran out of work, read in one transaction."""
+
+    start_urls: int
+    queued: int
+    leased: int
+    #: ms until the next retry is due (None: none waits)
+    next_retry_ms: int | None
+
+    def idle(self, within_ms: int) -> bool:
+        """Nothing to do now, and no retry due within ``within_ms``."""
+        soon = self.next_retry_ms is not None and self.next_retry_ms <= within_ms
+        return not (self.start_urls or self.queued or self.leased or soon)
 
 
 @dataclass(frozen=True)
@@ -74,6 +142,40 @@ class CommitResult:
     dropped: int = 0
     #: start_urls entries left in their list for the same reason
     held: int = 0
+    #: 1 when this commit had already run (its reply was lost): nothing was changed
+    replayed: int = 0
+    #: acknowledgements of requests whose lease had expired and that were still queued
+    late: int = 0
+    #: acknowledgements whose token no longer matched (leased again): no-ops
+    stale: int = 0
+    #: acknowledgements of requests with no record (already done, or lost by Redis): no-ops
+    missing: int = 0
+    #: positions of the entries not stored (duplicates, dropped), when asked for
+    not_stored: tuple[int, ...] = ()
+
+    def __add__(self, other: CommitResult) -> CommitResult:
+        """The totals of two commits of one batch (``not_stored`` is not combined)."""
+        return CommitResult.of([a + b for a, b in zip(self.counts(), other.counts(), strict=True)])
+
+    @classmethod
+    def of(cls, counts: Sequence[int], not_stored: Sequence[int] = ()) -> CommitResult:
+        """From the counts in the order of ``counts()`` (commit.lua's reply)."""
+        return cls(*counts, not_stored=tuple(not_stored))  # type: ignore[arg-type,misc]
+
+    def counts(self) -> tuple[int, ...]:
+        return (
+            self.enqueued,
+            self.duplicates,
+            self.dead,
+            self.skipped,
+            self.queue_size,
+            self.dropped,
+            self.held,
+            self.replayed,
+            self.late,
+            self.stale,
+            self.missing,
+        )
 
 
 @dataclass(frozen=True)
@@ -104,11 +206,48 @@ def make_entry(slot: str, priority: int, seq: int, payload: bytes) -> bytes:
     return slot.encode() + b"\0" + key + payload
 
 
+def bad_slot(slot: str) -> str | None:
+    """Why ``slot`` cannot be a politeness slot in a queue entry (None: it can); the same
+    rule as ``bad_slot`` in lua/lib.lua, checked where entries are made."""
+    if not slot:
+        return "empty slot"
+    if "\0" in slot:
+        return "slot contains NUL"
+    if len(slot.encode("utf-8", "surrogatepass")) > MAX_SLOT_BYTES:
+        return f"slot over {MAX_SLOT_BYTES} bytes"
+    return None
+
+
 def parse_entry(entry: bytes) -> Leased:
-    """Split a queue entry (layout in ``lua/lib.lua``) into id, priority, payload, slot."""
-    cut = entry.index(b"\0")
+    """Split a queue entry (layout in ``lua/lib.lua``) into id, priority, payload, slot;
+    QueueEntryError for a member that is not one."""
+    cut = entry.find(b"\0")
+    if cut < 0 or len(entry) < cut + 11:
+        raise QueueEntryError("malformed queue entry")
+    try:
+        slot = entry[:cut].decode()
+    except UnicodeDecodeError:
+        raise QueueEntryError("queue entry slot is not UTF-8") from None
+    why = bad_slot(slot)
+    if why is not None:
+        raise QueueEntryError(f"queue entry: {why}")
     prio = 2**31 - int.from_bytes(entry[cut + 1 : cut + 5], "big")
-    return Leased(entry[cut + 5 : cut + 11].hex(), prio, entry[cut + 11 :], entry[:cut].decode())
+    return Leased(entry[cut + 5 : cut + 11].hex(), prio, entry[cut + 11 :], slot)
+
+
+def new_tag() -> str:
+    """A worker tag: 4 random bytes in hex (see ``FrontierKeys.alive``)."""
+    return os.urandom(TOKEN_BYTES // 2).hex()
+
+
+def _raw_id(raw: bytes) -> str:
+    """The id lease.lua gave a member (it only returns members with the full layout)."""
+    cut = raw.find(b"\0")
+    return raw[cut + 5 : cut + 11].hex()
+
+
+def _pairs(refs: Iterable[LeaseRef]) -> list[Any]:
+    return [x for ref in refs for x in (ref.id, ref.token)]
 
 
 def worker_id() -> str:
@@ -133,16 +272,28 @@ def dead_letter(
         "time": time.time(),
     }
     if raw is not None:
-        if isinstance(raw, bytes):
-            try:
-                record["raw"] = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                record["raw"] = raw.decode("latin-1")
-                record["raw_encoding"] = "latin-1"
-        else:
-            record["raw"] = raw
+        data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
+        record.update(raw_length=len(data), raw_sha1=hashlib.sha1(data).hexdigest())
+        record.update(_raw_text(data[:DEAD_RAW_BYTES], cut=len(data) > DEAD_RAW_BYTES))
+        if len(data) > DEAD_RAW_BYTES:
+            record["truncated"] = True
+    payload = extra.get("payload")
+    if isinstance(payload, str) and len(payload) > DEAD_RAW_BYTES * 4 // 3 + 4:
+        # a request too large to keep: the record says so instead of holding megabytes
+        extra = {**extra, "payload": None, "payload_length": len(payload)}
     record.update(extra)
     return json.dumps(record, separators=(",", ":"), default=repr).encode()
+
+
+def _raw_text(kept: bytes, *, cut: bool) -> dict[str, str]:
+    """Raw bytes as JSON text: UTF-8 when they are (a cut may split the last character),
+    else latin-1, which maps every byte to one character and back."""
+    for trim in range(4 if cut else 1):
+        try:
+            return {"raw": kept[: len(kept) - trim].decode("utf-8")}
+        except UnicodeDecodeError:
+            continue
+    return {"raw": kept.decode("latin-1"), "raw_encoding": "latin-1"}
 
 
 class Frontier:
@@ -158,11 +309,18 @@ class Frontier:
         seen: str = "set",
         bloom_capacity: int = DEFAULT_CAPACITY,
         bloom_error_rate: float = DEFAULT_ERROR_RATE,
+        tag: str | None = None,
     ) -> None:
         if seen not in SEEN_MODES:
             raise ValueError(f"unknown seen-set {seen!r}: expected one of {', '.join(SEEN_MODES)}")
         self.client = client
         self.keys = keys
+        #: this worker's tag (8 hex digits): the first half of its lease tokens, its member
+        #: in ``keys.alive``; random per Frontier unless the caller names it
+        self.tag = tag if tag is not None else new_tag()
+        self._tag_bytes = bytes.fromhex(self.tag)
+        if len(self._tag_bytes) != TOKEN_BYTES // 2:
+            raise ValueError(f"invalid worker tag {tag!r}: expected 8 hex digits")
         self.politeness = politeness or Politeness()
         self._overrides = _overrides(self.politeness.overrides)
         self.scripts = Scripts.register(client, seen)
@@ -177,10 +335,22 @@ class Frontier:
             )
 
     def commit(
-        self, acks: Sequence[str], entries: Sequence[Entry], feedback: Sequence[Feedback] = ()
+        self,
+        acks: Sequence[LeaseRef],
+        entries: Sequence[Entry],
+        feedback: Sequence[Feedback] = (),
+        *,
+        commit_id: str = "",
+        positions: bool = False,
     ) -> CommitResult:
+        """Run one commit (commit.lua). With a ``commit_id``, running the same commit again
+        (its reply was lost) changes nothing and returns ``replayed=1``; ``positions`` asks
+        for the positions of the entries Redis did not store."""
         k, p = self.keys, self.politeness
-        args: list[Any] = [p.max_pending, p.keep_priority, p.throttle, len(acks), *acks]
+        args: list[Any] = [p.max_pending, p.keep_priority, p.throttle, self.tag, commit_id]
+        args += ["1" if positions else "0", len(acks)]
+        for ack in acks:
+            args += [ack.id, ack.token]
         args.append(len(entries))
         for e in entries:
             args += [e.kind, e.fingerprint, e.slot, e.priority, e.payload, e.raw]
@@ -202,12 +372,13 @@ class Frontier:
             k.throttle,
             k.robots,
             k.throttle_raised,
+            k.commits,
         ]
         if self.bloom is not None:
             res = self.bloom.run(self.scripts.commit, keys, args)
         else:
             res = self.scripts.commit(keys=keys, args=args)
-        return CommitResult(*(int(x) for x in res))
+        return CommitResult.of([int(x) for x in res[:-1]], [int(x) for x in res[-1]])
 
     def add_seen(self, fingerprints: Sequence[bytes]) -> list[bool]:
         """Mark fingerprints seen without queueing anything (URLs crawled elsewhere);
@@ -239,6 +410,7 @@ class Frontier:
         slot the caller already holds, for the fair share of a contended slot."""
         k, p = self.keys, self.politeness
         mine = json.dumps(dict(held), separators=(",", ":")) if held else ""
+        nonce = int.from_bytes(os.urandom(4), "big")
         res = self.scripts.lease(
             keys=[
                 k.queue,
@@ -252,15 +424,28 @@ class Frontier:
                 k.limits,
                 k.robots,
                 k.hungry,
+                k.seq,
+                k.dead,
+                k.stats,
             ],
             args=[
                 *(count, lease_ms, promote, p.scan, p.delay_ms, p.concurrency),
-                *(p.overrides, p.robots, mine),
+                *(p.overrides, p.robots, mine, self._tag_bytes, nonce),
             ],
         )
-        items = [parse_entry(res[i + 1])._replace(paced=res[i] == 1) for i in range(5, len(res), 2)]
+        items: list[Leased] = []
+        bad: list[BadLease] = []
+        for i in range(8, len(res), 3):
+            paced, token, raw = res[i] == 1, res[i + 1], res[i + 2]
+            try:
+                items.append(parse_entry(raw)._replace(paced=paced, token=token))
+            except QueueEntryError as exc:
+                bad.append(BadLease(LeaseRef(_raw_id(raw), token), raw, str(exc)))
         wait = None if int(res[3]) < 0 else int(res[3]) / 1000
-        return LeaseResult(items, int(res[0]), int(res[1]), int(res[2]), wait, int(res[4]))
+        queue, delayed, released, _, now, quarantined, missing, rearmed = (int(x) for x in res[:8])
+        return LeaseResult(
+            items, queue, delayed, released, wait, now, quarantined, missing, rearmed, bad
+        )
 
     def sent(self, paced: Sequence[tuple[str, int]]) -> int:
         """Report that requests of slots with a delay, leased at the given server times,
@@ -299,24 +484,53 @@ class Frontier:
         keys = [k.dead, k.queue, k.seq, k.start_urls, k.ready, k.slots]
         return int(self.scripts.redrive(keys=keys, args=args))
 
-    def renew(self, ids: Iterable[str], lease_ms: int) -> int:
-        ids = list(ids)
-        if not ids:
+    def renew(self, refs: Iterable[LeaseRef], lease_ms: int) -> int:
+        """Extend the leases still held under these tokens; returns how many were."""
+        args = _pairs(refs)
+        if not args:
             return 0
-        return int(self.scripts.renew(keys=[self.keys.leases], args=[lease_ms, *ids]))
+        k = self.keys
+        return int(self.scripts.renew(keys=[k.leases, k.requests], args=[lease_ms, *args]))
 
     def _requeue_keys(self) -> list[str]:
         k = self.keys
-        return [k.leases, k.queue, k.requests, k.ready, k.slots, k.inflight, k.robots]
+        return [
+            *(k.leases, k.queue, k.requests, k.ready, k.slots, k.inflight, k.robots),
+            *(k.alive, k.commits),
+        ]
 
-    def requeue_expired(self, limit: int = 1000) -> int:
-        return int(self.scripts.requeue(keys=self._requeue_keys(), args=["expired", limit]))
+    def requeue_expired(self, limit: int = 1000, worker_timeout_ms: int = 10_000) -> RequeueResult:
+        """Requeue expired leases, then the leases of workers whose liveness beats are older
+        than ``worker_timeout_ms``."""
+        res = self.scripts.requeue(
+            keys=self._requeue_keys(), args=["expired", limit, worker_timeout_ms]
+        )
+        return RequeueResult(*(int(x) for x in res))
 
-    def release(self, ids: Iterable[str]) -> int:
-        ids = list(ids)
-        if not ids:
+    def release(self, refs: Iterable[LeaseRef]) -> int:
+        """Give leases back (pause, close): requeued at once, if still held under these
+        tokens; returns how many were."""
+        args = _pairs(refs)
+        if not args:
             return 0
-        return int(self.scripts.requeue(keys=self._requeue_keys(), args=["ids", 0, *ids]))
+        res = self.scripts.requeue(keys=self._requeue_keys(), args=["ids", 0, 0, *args])
+        return int(res[0])
+
+    def drained(self) -> Drained:
+        """Whether the crawl is out of work, for idle close: start URLs waiting, requests
+        queued or leased, and when the next retry is due (server clock)."""
+        k = self.keys
+        pipe = self.client.pipeline(transaction=True)
+        pipe.llen(k.start_urls)
+        pipe.zcard(k.queue)
+        pipe.zcard(k.leases)
+        pipe.zrange(k.delayed, 0, 0, withscores=True)
+        pipe.time()
+        start_urls, queued, leased, first, (seconds, micros) = pipe.execute()
+        next_retry = None
+        if first:
+            next_retry = max(0, int(first[0][1]) - (seconds * 1000 + micros // 1000))
+        return Drained(int(start_urls), int(queued), int(leased), next_retry)
 
     def robots_txt(self, netloc: str) -> tuple[float, int, bytes] | None:
         """(fetched at, HTTP status, body) of a netloc's shared robots.txt; status 0 means

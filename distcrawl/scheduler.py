@@ -2,19 +2,22 @@
 
 Scrapy calls a scheduler synchronously (``enqueue_request``, ``next_request``), so this
 class only touches local buffers; a periodic *pump* turns them into one batch of Redis work
-at a time, run on the crawler's Redis thread:
+at a time (distcrawl/batch.py), run on the crawler's Redis thread:
 
 1. commit: push discovered requests and start-URL entries, and acknowledge the leases of
    requests the engine is completely done with, in one atomic script;
-2. renew the leases this worker holds, and requeue other workers' expired ones;
+2. renew the leases this worker holds, and requeue expired leases and those of dead
+   workers;
 3. lease more requests when the local buffer runs low;
 4. peek at ``<spider>:start_urls`` (entries are removed only by the commit that stores the
    request made from them).
 
 A request is acknowledged only after it left the engine, i.e. after its download, its
-callback, and the handing-on of everything the callback produced; its children are
-committed in the same script as its acknowledgement, so a worker killed at any moment
-loses nothing: its leases expire and another worker takes them.
+callback, and the handing-on of everything the callback produced, and only in the commit
+that stores the last of its children (or a later one), so a worker killed at any moment
+loses nothing: its leases expire, or are given back as soon as its liveness beats stop, and
+another worker takes them. Each lease carries a token, so an acknowledgement that comes too
+late (the request was leased again) changes nothing.
 """
 
 from __future__ import annotations
@@ -23,25 +26,37 @@ import base64
 import logging
 import time
 from collections import Counter, deque
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from weakref import WeakKeyDictionary
 
 import redis
 from scrapy import Request, Spider, signals
 from scrapy.core.scheduler import BaseScheduler
+from scrapy.dupefilters import BaseDupeFilter
 from scrapy.exceptions import DontCloseSpider
+from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.misc import build_from_crawler, load_object
 from twisted.internet import defer, task
 
 from distcrawl import _engine
-from distcrawl.config import DistcrawlConfig
+from distcrawl.batch import SPLIT_AFTER, Ack, Batch, BatchResult, Commit, Runner, refused
+from distcrawl.config import ConfigError, DistcrawlConfig
 from distcrawl.connection import RedisIO, redact_url, redis_io
 from distcrawl.dupefilter import RedisDupeFilter
-from distcrawl.frontier import CommitResult, Entry, Feedback, Frontier, dead_letter
+from distcrawl.frontier import (
+    CommitResult,
+    Drained,
+    Entry,
+    Frontier,
+    LeaseRef,
+    bad_slot,
+    dead_letter,
+    new_tag,
+)
 from distcrawl.keys import FrontierKeys
+from distcrawl.liveness import Liveness
 from distcrawl.politeness import FeedbackBuffer, politeness, slot_of
-from distcrawl.serialize import DecodeError, RequestCodec, SerializationError
+from distcrawl.serialize import RequestCodec, SerializationError
 from distcrawl.start_urls import InvalidEntry, parse_entry, request_from_entry
 
 if TYPE_CHECKING:
@@ -53,49 +68,11 @@ logger = logging.getLogger(__name__)
 RETRY_DELAY_META = "distcrawl_retry_delay"
 BUSY_PEEK_INTERVAL = 1.0
 MAX_RETRY_DELAY = 15.0
-
-
-@dataclass
-class _Op:
-    acks: list[str] = field(default_factory=list)
-    entries: list[Entry] = field(default_factory=list)
-    feedback: list[Feedback] = field(default_factory=list)
-    renew: list[str] = field(default_factory=list)
-    reclaim: bool = False
-    want: int = 0
-    peek: int = 0
-    release: list[str] = field(default_factory=list)
-    held: Counter[str] = field(default_factory=Counter)
-    sent: list[tuple[str, int]] = field(default_factory=list)
-
-    def empty(self) -> bool:
-        return not (
-            self.sent
-            or self.acks
-            or self.entries
-            or self.feedback
-            or self.renew
-            or self.reclaim
-            or self.want
-            or self.peek
-            or self.release
-        )
-
-
-@dataclass
-class _Result:
-    committed: CommitResult | None = None
-    renewed: int = 0
-    requeued: int = 0
-    released: int = 0
-    leased: list[tuple[str, Request | DecodeError, bytes, str, bool]] = field(default_factory=list)
-    leased_at: int = 0
-    queue_size: int | None = None
-    delayed: int | None = None
-    wait: float | None = None
-    promoted: int = 0
-    peeked: list[bytes] = field(default_factory=list)
-    error: Exception | None = None
+#: how old (s) the last look at the whole frontier may be for an idle worker to close
+DRAIN_CHECK_MAX_AGE = 1.0
+#: how long (s) a closing worker waits for a batch still running
+CLOSE_WAIT = 30.0
+REDIS_DUPEFILTER = "distcrawl.dupefilter.RedisDupeFilter"
 
 
 _SCHEDULERS: WeakKeyDictionary[Any, Scheduler] = WeakKeyDictionary()
@@ -107,24 +84,63 @@ def scheduler_of(crawler: Crawler) -> Scheduler | None:
     return _SCHEDULERS.get(crawler)
 
 
+def _dupefilter(crawler: Crawler) -> RedisDupeFilter | BaseDupeFilter:
+    """DUPEFILTER_CLASS as Scrapy users mean it: distcrawl's (or a subclass) filters
+    against the shared seen-set, ``BaseDupeFilter`` turns filtering off, Scrapy's default
+    left in place means distcrawl's; any other class cannot see what other workers saw."""
+    settings = crawler.settings
+    path = settings["DUPEFILTER_CLASS"]
+    cls = load_object(path)
+    if isinstance(cls, type) and issubclass(cls, RedisDupeFilter):
+        return build_from_crawler(cls, crawler)
+    if cls is BaseDupeFilter:
+        return BaseDupeFilter()
+    if settings.getpriority("DUPEFILTER_CLASS") == SETTINGS_PRIORITIES["default"]:
+        return build_from_crawler(RedisDupeFilter, crawler)
+    raise ConfigError(
+        f"DUPEFILTER_CLASS={path!r}: distcrawl's scheduler filters duplicates against the "
+        f"shared seen-set with {REDIS_DUPEFILTER} (or a subclass of it); set "
+        "scrapy.dupefilters.BaseDupeFilter to turn filtering off"
+    )
+
+
 class Scheduler(BaseScheduler):
+    """Scrapy's scheduler for a frontier shared through Redis.
+
+    Requests this worker discovers are pushed to the shared queue (deduplicated there),
+    and the requests it crawls are leased from it, politeness applied for the whole
+    cluster; see the module docstring for how nothing is lost when a worker dies.
+    """
+
     def __init__(
         self,
         crawler: Crawler,
         config: DistcrawlConfig,
-        dupefilter: RedisDupeFilter,
+        dupefilter: RedisDupeFilter | BaseDupeFilter,
         io: RedisIO,
     ) -> None:
         self.crawler = crawler
         self.config = config
-        self.df = dupefilter
+        #: None when DUPEFILTER_CLASS is BaseDupeFilter: no request is filtered
+        self.df = dupefilter if isinstance(dupefilter, RedisDupeFilter) else None
+        self._dupefilter = dupefilter
         self.io = io
         self.stats = crawler.stats
+        #: this worker's tag: the first half of its lease tokens, its liveness beat's name
+        self.tag = new_tag()
         self.spider: Spider | None = None
         self.keys: FrontierKeys | None = None
         self.frontier: Frontier | None = None
         self.codec: RequestCodec | None = None
+        self._runner: Runner | None = None
+        self._liveness: Liveness | None = None
         self._outgoing: deque[Entry] = deque()
+        #: entries ever added to _outgoing / taken from it into commits
+        self._pushed = 0
+        self._taken = 0
+        self._acks: deque[Ack] = deque()
+        #: the commit being sent; sent again, unchanged, until Redis confirms it
+        self._commit: Commit | None = None
         self._feedback = FeedbackBuffer(config)
         #: lease id -> slot of every request this worker holds (for the fair share)
         self._slots: dict[str, str] = {}
@@ -134,9 +150,8 @@ class Scheduler(BaseScheduler):
         #: the same, of those that reached it since the last batch (Frontier.sent)
         self._sent: list[tuple[str, int]] = []
         self._warned_full = 0.0
-        self._acks: list[str] = []
-        self._ready: deque[tuple[str, Request]] = deque()
-        self._active: dict[str, Request] = {}
+        self._ready: deque[tuple[LeaseRef, Request]] = deque()
+        self._active: dict[LeaseRef, Request] = {}
         self._busy = False
         self._closing = False
         self._paused = False
@@ -153,19 +168,14 @@ class Scheduler(BaseScheduler):
         self._retry_delay = 0.0
         self._last_work = now
         self._failing = False
+        #: the last look at the whole frontier (monotonic time, what it saw), for idle close
+        self._drained: tuple[float, Drained] | None = None
+        self._drain_wanted = False
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Scheduler:
         config = DistcrawlConfig.from_settings(crawler.settings)
-        df_cls = load_object(crawler.settings["DUPEFILTER_CLASS"])
-        if not (isinstance(df_cls, type) and issubclass(df_cls, RedisDupeFilter)):
-            logger.warning(
-                "DUPEFILTER_CLASS=%s does not filter against the shared seen-set; using %s",
-                crawler.settings["DUPEFILTER_CLASS"],
-                "distcrawl.dupefilter.RedisDupeFilter",
-            )
-            df_cls = RedisDupeFilter
-        return cls(crawler, config, build_from_crawler(df_cls, crawler), redis_io(crawler))
+        return cls(crawler, config, _dupefilter(crawler), redis_io(crawler))
 
     # -- Scrapy's scheduler interface ------------------------------------------------
 
@@ -182,6 +192,20 @@ class Scheduler(BaseScheduler):
             seen=self.config.seen,
             bloom_capacity=self.config.bloom_capacity,
             bloom_error_rate=self.config.bloom_error_rate,
+            tag=self.tag,
+        )
+        self._runner = Runner(
+            self.frontier,
+            self.codec,
+            lease_ms=int(self.config.lease_timeout * 1000),
+            worker_timeout_ms=int(self.config.worker_timeout * 1000),
+        )
+        self._liveness = Liveness(
+            self.config.redis_url,
+            self.keys,
+            self.tag,
+            interval=self.config.heartbeat_interval,
+            socket_timeout=self.config.socket_timeout,
         )
         self.crawler.signals.connect(self._on_idle, signal=signals.spider_idle)
         self.crawler.signals.connect(
@@ -193,14 +217,15 @@ class Scheduler(BaseScheduler):
         _engine.local_delays_off(self.crawler)
         _SCHEDULERS[self.crawler] = self
         logger.info(
-            "distcrawl frontier %r on %s (lease %.0fs, prefetch %d, serializer %s, seen-set "
-            "%s); per %s, cluster-wide: delay %.2fs, concurrency %d%s",
+            "distcrawl frontier %r on %s (worker %s, lease %.0fs, prefetch %d, serializer %s, "
+            "seen-set %s); per %s, cluster-wide: delay %.2fs, concurrency %d%s",
             self.keys.namespace,
             redact_url(self.config.redis_url),
+            self.tag,
             self.config.lease_timeout,
             self.config.prefetch,
             self.config.serializer,
-            self.config.seen,
+            self.config.seen if self.df is not None else "off (BaseDupeFilter)",
             "IP" if self.config.slots_by_ip else "domain",
             self.config.domain_delay,
             self.config.domain_concurrency,
@@ -212,7 +237,7 @@ class Scheduler(BaseScheduler):
         return d
 
     def _open_frontier(self) -> dict[str, int]:
-        assert self.frontier is not None
+        assert self.frontier is not None and self._liveness is not None
         if self.config.flush_on_start:
             removed = self.frontier.clear()
             logger.warning(
@@ -220,6 +245,8 @@ class Scheduler(BaseScheduler):
                 removed,
                 self.frontier.keys.namespace,
             )
+        # alive before the first lease, so that a worker dying at once is seen dead
+        self._liveness.beat()
         self.frontier.publish_settings(max_pending=self.config.max_pending)
         return self.frontier.sizes()
 
@@ -239,37 +266,60 @@ class Scheduler(BaseScheduler):
         self._start_loop()
 
     def _start_loop(self) -> None:
+        assert self._liveness is not None
+        self._liveness.start()
         self._loop = task.LoopingCall(self._pump)
         self._loop.start(self.config.flush_interval, now=True)
 
+    def __len__(self) -> int:
+        """Requests waiting to be crawled as far as this worker knows without asking Redis:
+        those it holds, those it has yet to push, and the shared queue at its last look."""
+        return len(self._ready) + len(self._outgoing) + self._remote_queue
+
     def has_pending_requests(self) -> bool:
-        return bool(self._ready or self._outgoing or self._acks or self._remote_queue > 0)
+        return bool(
+            self._ready or self._outgoing or self._acks or self._commit or self._remote_queue > 0
+        )
 
     def enqueue_request(self, request: Request) -> bool:
         fp = b""
-        if not request.dont_filter:
+        if not request.dont_filter and self.df is not None:
             fp = self.df.fingerprint(request)
             if self.df.seen_locally(fp):
                 self.df.log(request, self.spider)  # type: ignore[arg-type]
                 return False
         assert self.codec is not None, "enqueue_request() before open()"
         delay = request.meta.pop(RETRY_DELAY_META, None)
+        slot = slot_of(request, by_ip=self.config.slots_by_ip)
+        why = bad_slot(slot)
+        if why is not None:
+            logger.error(
+                "%s: invalid download slot %r (%s); dead-lettered",
+                request,
+                slot[:300],
+                why,
+                extra={"spider": self.spider},
+            )
+            self._inc("distcrawl/invalid_slot")
+            record = dead_letter(f"invalid download slot: {why}", url=request.url, source="enqueue")
+            self._push(Entry("d", b"", 0, record))
+            return False
         try:
             payload = self.codec.encode(request)
         except SerializationError as exc:
             logger.error("%s: dead-lettered", exc, extra={"spider": self.spider})
             self._inc("distcrawl/unserializable")
             record = dead_letter(str(exc), url=request.url, source="enqueue")
-            self._outgoing.append(Entry("d", b"", 0, record))
+            self._push(Entry("d", b"", 0, record))
             return False
-        slot = slot_of(request, by_ip=self.config.slots_by_ip)
         if delay is not None:
             delay_ms = str(max(0, int(float(delay) * 1000))).encode()
-            self._outgoing.append(Entry("l", b"", request.priority, payload, delay_ms, slot))
+            self._push(Entry("l", b"", request.priority, payload, delay_ms, slot, request))
             self._inc("distcrawl/retry/scheduled")
         else:
-            self._outgoing.append(Entry("r", fp, request.priority, payload, b"", slot))
+            self._push(Entry("r", fp, request.priority, payload, b"", slot, request))
         self._last_work = time.monotonic()
+        self._inc("scheduler/enqueued")
         self._inc("scheduler/enqueued/redis")
         if len(self._outgoing) >= self.config.push_batch_size:
             self._kick()
@@ -278,8 +328,8 @@ class Scheduler(BaseScheduler):
     def dead_letter(self, request: Request, reason: str, *, source: str, **extra: Any) -> None:
         """Store a request that will not be crawled, with what is needed to re-drive it.
 
-        It is committed with the acknowledgement of the request being processed, like any
-        push, so it is neither lost nor stored twice.
+        It is committed no later than the acknowledgement of the request being processed,
+        like any push, so it is neither lost nor stored twice.
         """
         assert self.codec is not None
         try:
@@ -294,7 +344,7 @@ class Scheduler(BaseScheduler):
             priority=request.priority,
             **extra,
         )
-        self._outgoing.append(Entry("d", b"", 0, record))
+        self._push(Entry("d", b"", 0, record))
         self._inc(f"distcrawl/dead/{source}")
 
     def pause(self) -> None:
@@ -323,9 +373,10 @@ class Scheduler(BaseScheduler):
         if not self._ready:
             self._kick()
             return None
-        lease_id, request = self._ready.popleft()
-        self._active[lease_id] = request
+        ref, request = self._ready.popleft()
+        self._active[ref] = request
         self._last_work = time.monotonic()
+        self._inc("scheduler/dequeued")
         self._inc("scheduler/dequeued/redis")
         if len(self._ready) < self.config.prefetch // 2:
             self._kick()
@@ -340,30 +391,38 @@ class Scheduler(BaseScheduler):
     async def _close(self, reason: str) -> None:
         from twisted.internet import reactor
 
-        for _ in range(int(30 / 0.05)):  # the running batch, if any, ends within a timeout
+        for _ in range(int(CLOSE_WAIT / 0.05)):  # the running batch, if any, ends in time
             if not self._busy:
                 break
             await task.deferLater(reactor, 0.05)
         self._collect_finished()
-        unfinished = list(self._active)
+        # requests not done are given back at once, for another worker to take
+        release = [ref for ref, _ in self._ready] + list(self._active)
         self._active.clear()
         self._to_send.clear()
-        release = [lease_id for lease_id, _ in self._ready] + unfinished
         self._forget(release)
         self._ready.clear()
-        op = _Op(acks=self._acks, entries=list(self._outgoing), release=release)
-        self._acks, self._outgoing = [], deque()
+        commits = [self._commit] if self._commit is not None else []
+        self._commit = None
+        while (commit := self._next_commit()) is not None:
+            commits.append(commit)
+        batch = Batch(commits=commits, release=release)
+        acks = sum(len(c.acks) for c in commits)
+        pushes = sum(len(c.entries) for c in commits)
         try:
-            result = await self.io.run(self._execute, op, final=True)
-            if result.error is not None:
-                raise result.error
-            self._apply_commit(result)
-            self._inc("distcrawl/released", result.released)
+            if self._runner is None:
+                return
+            res: BatchResult = await self.io.run(self._runner.run, batch)
+            self._apply_commits(res, commits)
+            error = res.commit_error or res.error
+            if error is not None:
+                raise error
+            self._inc("distcrawl/released", res.released)
             logger.info(
                 "Frontier closed: %d acknowledged, %d pushed, %d leases given back",
-                len(op.acks),
-                len(op.entries),
-                result.released,
+                acks,
+                pushes,
+                res.released,
                 extra={"spider": self.spider},
             )
         except redis.RedisError as exc:
@@ -371,13 +430,16 @@ class Scheduler(BaseScheduler):
                 "Could not save the last batch to Redis (%s): %d acknowledgements and %d "
                 "pushes not stored; the leases concerned will expire and be crawled again",
                 exc,
-                len(op.acks),
-                len(op.entries),
+                acks,
+                pushes,
                 extra={"spider": self.spider},
             )
         finally:
+            if self._liveness is not None:
+                # a normal close: nobody needs to find this worker dead
+                await self.io.run(self._liveness.stop, clean=True)
             self.io.stop()
-            self.df.close(reason)
+            self._dupefilter.close(reason)
 
     # -- the pump ------------------------------------------------------------------------
 
@@ -394,110 +456,89 @@ class Scheduler(BaseScheduler):
         self._pump()
 
     def _pump(self) -> None:
-        self.df.flush_stats_if_due()
-        if self._busy or self._closing or self.frontier is None:
+        if self.df is not None:
+            self.df.flush_stats_if_due()
+        if self._busy or self._closing or self._runner is None:
             return
         now = time.monotonic()
         if now < self._retry_at:
             return
         self._collect_finished()
-        op = self._build_op(now)
-        if op.empty():
+        batch = self._build_batch(now)
+        if batch.empty():
             return
         self._busy = True
-        d = self.io.run(self._execute, op)
-        d.addCallback(self._apply, op)
-        d.addErrback(self._crashed, op)
+        d = self.io.run(self._runner.run, batch)
+        d.addCallback(self._apply, batch)
+        d.addErrback(self._crashed, batch)
 
-    def _build_op(self, now: float) -> _Op:
-        op = _Op()
-        op.sent, self._sent = self._sent, []
-        op.acks, self._acks = self._acks, []
-        op.feedback = self._feedback.drain()
-        batch = self.config.push_batch_size
-        while self._outgoing and len(op.entries) < batch:
-            op.entries.append(self._outgoing.popleft())
+    def _push(self, entry: Entry) -> None:
+        self._outgoing.append(entry)
+        self._pushed += 1
+
+    def _next_commit(self) -> Commit | None:
+        """The next commit from the buffers: up to a batch of entries, and the
+        acknowledgements of the requests all of whose children are in it or before it."""
+        entries: list[Entry] = []
+        while self._outgoing and len(entries) < self.config.push_batch_size:
+            entries.append(self._outgoing.popleft())
+        self._taken += len(entries)
+        acks: list[LeaseRef] = []
+        while self._acks and self._acks[0].after <= self._taken:
+            acks.append(self._acks.popleft().ref)
+        feedback = self._feedback.drain()
+        if not (entries or acks or feedback):
+            return None
+        return Commit(acks, entries, feedback)
+
+    def _build_batch(self, now: float) -> Batch:
+        batch = Batch()
+        batch.sent, self._sent = self._sent, []
+        if self._commit is None:
+            self._commit = self._next_commit()
+        if self._commit is not None:
+            batch.commits = [self._commit]
         if now >= self._next_renew:
-            op.renew = [lease_id for lease_id, _ in self._ready] + list(self._active)
+            batch.renew = self._held_refs()
             self._next_renew = now + self.config.lease_timeout / 3
         if now >= self._next_reclaim:
-            op.reclaim = True
+            batch.reclaim = True
             self._next_reclaim = now + self.config.reclaim_interval
+        if self._drain_wanted:
+            batch.drain = True
+            self._drain_wanted = False
         if self._paused:
-            op.release = [lease_id for lease_id, _ in self._ready]
-            self._forget(op.release)
+            batch.release = [ref for ref, _ in self._ready]
+            self._forget(batch.release)
             for _, request in self._ready:
                 self._to_send.pop(request, None)
             self._ready.clear()
-            return op
+            return batch
         prefetch = self.config.prefetch
         if len(self._ready) <= prefetch // 2 and now >= self._next_lease:
-            op.want = prefetch - len(self._ready)
-            op.held = Counter(self._slots.values())
+            batch.want = prefetch - len(self._ready)
+            batch.held = Counter(self._slots.values())
         if self._start_pending == 0 and now >= self._next_peek and not self._full():
-            op.peek = self.config.start_urls_batch
-        return op
+            batch.peek = self.config.start_urls_batch
+        return batch
 
-    def _execute(self, op: _Op, final: bool = False) -> _Result:
-        """Runs on the Redis thread."""
-        assert self.frontier is not None and self.codec is not None
-        frontier, res = self.frontier, _Result()
-        lease_ms = int(self.config.lease_timeout * 1000)
-        try:
-            if op.sent:
-                frontier.sent(op.sent)
-            if op.acks or op.entries or op.feedback:
-                if final:
-                    self._commit_in_chunks(op, res)
-                else:
-                    res.committed = frontier.commit(op.acks, op.entries, op.feedback)
-            if op.release:
-                res.released = frontier.release(op.release)
-            if op.renew:
-                res.renewed = frontier.renew(op.renew, lease_ms)
-            if op.reclaim:
-                res.requeued = frontier.requeue_expired()
-            if op.want:
-                lease = frontier.lease(op.want, lease_ms, held=op.held)
-                res.queue_size, res.delayed, res.promoted, res.wait, res.leased_at = lease[1:]
-                for item in lease.items:
-                    try:
-                        request = self.codec.decode(item.payload)
-                        res.leased.append((item.id, request, item.payload, item.slot, item.paced))
-                    except DecodeError as exc:
-                        res.leased.append((item.id, exc, item.payload, item.slot, False))
-            if op.peek:
-                res.peeked = frontier.peek_start_urls(op.peek)
-        except redis.RedisError as exc:
-            res.error = exc
-        return res
+    def _held_refs(self) -> list[LeaseRef]:
+        """Every lease this worker holds: waiting, in progress, and done but not yet
+        acknowledged (kept while a commit is being retried, so that they stay ours)."""
+        refs = [ref for ref, _ in self._ready] + list(self._active)
+        refs += [ack.ref for ack in self._acks]
+        if self._commit is not None:
+            refs += self._commit.acks
+        return refs
 
-    def _commit_in_chunks(self, op: _Op, res: _Result) -> None:
-        assert self.frontier is not None
-        batch = self.config.push_batch_size
-        totals = [0] * len(vars(CommitResult()))
-        entries = op.entries
-        for start in range(0, max(len(entries), 1), batch):
-            last = start + batch >= len(entries)
-            acks, feedback = (op.acks, op.feedback) if last else ([], [])
-            part = self.frontier.commit(acks, entries[start : start + batch], feedback)
-            totals = [a + b for a, b in zip(totals, vars(part).values(), strict=True)]
-        res.committed = CommitResult(*totals)
-
-    def _apply(self, res: _Result, op: _Op) -> None:
+    def _apply(self, res: BatchResult, batch: Batch) -> None:
         self._busy = False
         now = time.monotonic()
-        if res.committed is not None:
-            self._start_pending -= sum(1 for e in op.entries if e.kind in "sx")
-        elif op.acks or op.entries:
-            # not stored: back to the front of the buffers, to be sent again
-            self._acks[:0] = op.acks
-            self._outgoing.extendleft(reversed(op.entries))
-        if res.error is not None:
-            self._note_error(res.error)
-            self._handle_leased(res)
-            return
-        if self._failing:
+        self._apply_commits(res, batch.commits)
+        for error in (res.commit_error, res.error):
+            if error is not None:
+                self._note_error(error)
+        if res.commit_error is None and res.error is None and self._failing:
             logger.info(
                 "Redis is reachable again at %s",
                 redact_url(self.config.redis_url),
@@ -506,60 +547,102 @@ class Scheduler(BaseScheduler):
             self._failing = False
             self._retry_delay = 0.0
             self._inc("distcrawl/redis_reconnects")
-        self._apply_commit(res)
         self._inc("distcrawl/released", res.released)
-        lease_now = bool(res.committed and res.committed.queue_size and not op.want)
+        lease_now = bool(res.committed and res.committed.queue_size and not batch.want)
         if lease_now:
             # work just arrived (e.g. from a start URL): ask for it now, not at the next
             # idle poll
             self._idle_delay = 0.0
             self._next_lease = now
-        if res.renewed < len(op.renew):
+        if batch.renew and res.error is None and res.renewed < len(batch.renew):
             logger.debug(
-                "%d of %d leases had expired before renewal",
-                len(op.renew) - res.renewed,
-                len(op.renew),
+                "%d of %d leases had expired or been taken over before renewal",
+                len(batch.renew) - res.renewed,
+                len(batch.renew),
             )
-        if res.requeued:
-            logger.info(
-                "Requeued %d requests whose leases expired",
-                res.requeued,
-                extra={"spider": self.spider},
-            )
-            self._inc("distcrawl/lease_expired", res.requeued)
+        self._apply_requeue(res)
         got = self._handle_leased(res)
-        if op.want:
+        if batch.want and res.lease is not None:
             if got:
                 self._idle_delay = 0.0
                 self._next_lease = now
             else:
                 self._idle_delay = min(max(self._idle_delay * 2, 0.05), self.config.idle_poll_max)
                 wait = self._idle_delay
-                if res.wait is not None:  # a slot's turn comes sooner: ask for it then
-                    wait = min(wait, max(res.wait, self.config.flush_interval))
+                if res.lease.wait is not None:  # a slot's turn comes sooner: ask for it then
+                    wait = min(wait, max(res.lease.wait, self.config.flush_interval))
                 self._next_lease = now + wait
-        if op.peek:
+        if batch.peek and res.error is None:
             self._handle_peeked(res.peeked)
-            if len(res.peeked) >= op.peek:
+            if len(res.peeked) >= batch.peek:
                 self._next_peek = now
             elif not (self._ready or self._active):
                 self._next_peek = self._next_lease
             else:
                 self._next_peek = now + BUSY_PEEK_INTERVAL
+        if res.drained is not None:
+            self._drained = (now, res.drained)
+            _engine.wake(self.crawler)  # the engine asks spider_idle again, which reads it
         low = len(self._ready) <= self.config.prefetch // 2
         if self._outgoing or self._acks or ((got or lease_now) and low):
             self._kick()
 
-    def _apply_commit(self, res: _Result) -> None:
-        c = res.committed
-        if c is None:
-            return
+    def _apply_commits(self, res: BatchResult, commits: list[Commit]) -> None:
+        """Forget the commits Redis confirmed; keep the first that failed, to send again."""
+        for commit in commits[: res.commits_done]:
+            self._start_pending -= commit.start_entries
+        if res.commits_done < len(commits):
+            failed = commits[res.commits_done]
+            failed.failures += 1
+            if (
+                res.commit_error is not None
+                and refused(res.commit_error)
+                and failed.failures >= SPLIT_AFTER
+                and not failed.split
+            ):
+                logger.error(
+                    "Redis refused a commit of %d entries %d times (%s): storing them "
+                    "one part at a time to find the entry it refuses",
+                    len(failed.entries),
+                    failed.failures,
+                    res.commit_error,
+                    extra={"spider": self.spider},
+                )
+                failed.split = True
+            self._commit = failed
+        elif commits:
+            self._commit = None
+        if res.committed is not None:
+            self._apply_commit(res.committed, commits[0] if len(commits) == 1 else None)
+        if res.split_dead:
+            self._inc("distcrawl/dead/refused", res.split_dead)
+
+    def _apply_commit(self, c: CommitResult, commit: Commit | None) -> None:
         self._remote_queue = c.queue_size
         self._inc("distcrawl/pushed", c.enqueued)
         self._inc("distcrawl/duplicates", c.duplicates)
         self._inc("distcrawl/dead_letters", c.dead)
-        if c.duplicates:
-            self._inc("dupefilter/filtered", c.duplicates)
+        self._inc("distcrawl/commit/replayed", c.replayed)
+        self._inc("distcrawl/ack/late", c.late)
+        self._inc("distcrawl/ack/stale", c.stale)
+        self._inc("distcrawl/ack/missing", c.missing)
+        if c.replayed:
+            logger.warning(
+                "A commit whose reply was lost had already been stored; not stored again",
+                extra={"spider": self.spider},
+            )
+        if c.stale or c.missing:
+            logger.warning(
+                "%d acknowledgements came after their leases were taken over and %d found no "
+                "request (already done, or lost by Redis); they changed nothing",
+                c.stale,
+                c.missing,
+                extra={"spider": self.spider},
+            )
+        if commit is not None and not commit.split:
+            self._dropped(commit, c.not_stored)
+        elif c.duplicates and self.df is not None:
+            self.df.count(c.duplicates)
         if c.dropped or c.held:
             self._inc("distcrawl/backpressure/dropped", c.dropped)
             self._inc("distcrawl/backpressure/start_urls_held", c.held)
@@ -575,38 +658,102 @@ class Scheduler(BaseScheduler):
                     extra={"spider": self.spider},
                 )
 
-    def _handle_leased(self, res: _Result) -> int:
+    def _dropped(self, commit: Commit, positions: tuple[int, ...]) -> None:
+        """Requests Redis did not store (duplicates; negative positions: over the pending
+        cap): logged and signalled as Scrapy does for the requests its scheduler drops."""
+        for position in positions:
+            entry = commit.entries[position if position >= 0 else -position - 1]
+            request = entry.request
+            if position >= 0 and self.df is not None:
+                if request is not None:
+                    self.df.log(request, self.spider)  # type: ignore[arg-type]
+                else:
+                    self.df.count(1)
+            if request is not None:
+                self.crawler.signals.send_catch_log(
+                    signals.request_dropped, request=request, spider=self.spider
+                )
+
+    def _apply_requeue(self, res: BatchResult) -> None:
+        r = res.requeue
+        if r is None:
+            return
+        if r.requeued - r.released:
+            logger.info(
+                "Requeued %d requests whose leases expired",
+                r.requeued - r.released,
+                extra={"spider": self.spider},
+            )
+            self._inc("distcrawl/lease_expired", r.requeued - r.released)
+        if r.dead_workers:
+            logger.warning(
+                "%d workers stopped sending liveness beats for %.0fs: %d of their leases "
+                "given back",
+                r.dead_workers,
+                self.config.worker_timeout,
+                r.released,
+                extra={"spider": self.spider},
+            )
+            self._inc("distcrawl/dead_workers", r.dead_workers)
+            self._inc("distcrawl/dead_worker_released", r.released)
+        if r.orphans:
+            logger.warning(
+                "%d leases had no request record (Redis lost data, or it was edited): removed",
+                r.orphans,
+                extra={"spider": self.spider},
+            )
+            self._inc("distcrawl/orphan_leases", r.orphans)
+
+    def _handle_leased(self, res: BatchResult) -> int:
+        lease = res.lease
+        if lease is None:
+            return 0
         got = 0
-        for lease_id, item, payload, slot, paced in res.leased:
-            self._slots[lease_id] = slot
-            if isinstance(item, DecodeError):
+        for item in res.leased:
+            if item.request is None:
                 logger.error(
-                    "Undecodable queue entry %s: %s; dead-lettered",
-                    lease_id,
-                    item,
+                    "Queue entry %s cannot be crawled: %s; dead-lettered",
+                    item.ref.id,
+                    item.error,
                     extra={"spider": self.spider},
                 )
-                self._outgoing.append(
-                    Entry("d", b"", 0, dead_letter(str(item), raw=payload, source="queue"))
-                )
-                self._acks.append(lease_id)
-                self._slots.pop(lease_id, None)
-                self._inc("distcrawl/undecodable")
+                record = dead_letter(item.error, raw=item.payload, source="queue")
+                self._push(Entry("d", b"", 0, record))
+                self._acks.append(Ack(item.ref, self._pushed))
+                self._inc("distcrawl/quarantined")
                 continue
-            if paced:
+            self._slots[item.ref.id] = item.slot
+            if item.paced:
                 # its slot's turn began in Redis when it was leased: sent behind the requests
                 # already waiting here, it would leave the next worker's turn closer than the
                 # slot's delay; what lag remains is reported when it is sent (sent.lua)
-                self._to_send[item] = (slot, res.leased_at)
-                self._ready.appendleft((lease_id, item))
+                self._to_send[item.request] = (item.slot, lease.leased_at)
+                self._ready.appendleft((item.ref, item.request))
             else:
-                self._ready.append((lease_id, item))
+                self._ready.append((item.ref, item.request))
             got += 1
-        if res.queue_size is not None:
-            self._remote_queue = res.queue_size
-        if res.delayed is not None:
-            self._remote_delayed = res.delayed
-        self._inc("distcrawl/retry/due", res.promoted)
+        self._remote_queue = lease.queue_size
+        self._remote_delayed = lease.delayed
+        self._inc("distcrawl/retry/due", lease.released)
+        if lease.quarantined:
+            logger.error(
+                "%d malformed queue entries moved to the dead letters",
+                lease.quarantined,
+                extra={"spider": self.spider},
+            )
+        if lease.missing_retries:
+            logger.warning(
+                "%d retries were due but their records were gone (Redis lost data?)",
+                lease.missing_retries,
+                extra={"spider": self.spider},
+            )
+            self._inc("distcrawl/retry/missing", lease.missing_retries)
+        if lease.rearmed:
+            logger.warning(
+                "%d queued slots were missing from the ready set: armed again",
+                lease.rearmed,
+                extra={"spider": self.spider},
+            )
         if got:
             self._inc("distcrawl/leased", got)
             self._last_work = time.monotonic()
@@ -615,7 +762,7 @@ class Scheduler(BaseScheduler):
 
     def _handle_peeked(self, raws: list[bytes]) -> None:
         for raw in raws:
-            self._outgoing.append(self._start_entry(raw))
+            self._push(self._start_entry(raw))
             self._start_pending += 1
         if raws:
             self._inc("distcrawl/start_urls/read", len(raws))
@@ -631,9 +778,15 @@ class Scheduler(BaseScheduler):
             request = make(data) if callable(make) else request_from_entry(data)
             if not isinstance(request, Request):
                 raise InvalidEntry(f"make_request_from_data returned {type(request).__name__}")
-            fp = b"" if request.dont_filter else self.df.fingerprint(request)
+            fp = b""
+            if not request.dont_filter and self.df is not None:
+                fp = self.df.fingerprint(request)
             slot = slot_of(request, by_ip=self.config.slots_by_ip)
-            return Entry("s", fp, request.priority, self.codec.encode(request), raw, slot)
+            why = bad_slot(slot)
+            if why is not None:
+                raise InvalidEntry(f"invalid download slot: {why}")
+            payload = self.codec.encode(request)
+            return Entry("s", fp, request.priority, payload, raw, slot, request)
         except (InvalidEntry, SerializationError) as exc:
             reason = str(exc)
         except Exception as exc:  # a spider hook failing on one entry must not stop the rest
@@ -647,11 +800,9 @@ class Scheduler(BaseScheduler):
         self._inc("distcrawl/start_urls/invalid")
         return Entry("x", b"", 0, dead_letter(reason, raw=raw, source="start_urls"), raw)
 
-    def _crashed(self, failure: Any, op: _Op) -> None:
+    def _crashed(self, failure: Any, batch: Batch) -> None:
         """A bug, not an outage: keep the work and log it loudly."""
         self._busy = False
-        self._acks[:0] = op.acks
-        self._outgoing.extendleft(reversed(op.entries))
         logger.error(
             "distcrawl scheduler error",
             exc_info=(failure.type, failure.value, failure.getTracebackObject()),
@@ -670,8 +821,8 @@ class Scheduler(BaseScheduler):
                 redact_url(self.config.redis_url),
                 type(exc).__name__,
                 exc,
-                len(self._outgoing),
-                len(self._acks),
+                len(self._outgoing) + (len(self._commit.entries) if self._commit else 0),
+                len(self._acks) + (len(self._commit.acks) if self._commit else 0),
                 extra={"spider": self.spider},
             )
         self._failing = True
@@ -682,11 +833,12 @@ class Scheduler(BaseScheduler):
         if not self._active:
             return
         in_progress = _engine.in_progress(self.crawler)
-        done = [lease_id for lease_id, req in self._active.items() if req not in in_progress]
-        for lease_id in done:
-            self._to_send.pop(self._active.pop(lease_id), None)
-            self._slots.pop(lease_id, None)
-        self._acks.extend(done)
+        done = [ref for ref, req in self._active.items() if req not in in_progress]
+        for ref in done:
+            self._to_send.pop(self._active.pop(ref), None)
+            self._slots.pop(ref.id, None)
+            # everything it produced is in _outgoing by now: acknowledged once that is stored
+            self._acks.append(Ack(ref, self._pushed))
 
     def _on_idle(self, spider: Spider) -> None:
         timeout = self.config.idle_timeout
@@ -700,19 +852,33 @@ class Scheduler(BaseScheduler):
             or self._active
         ):
             raise DontCloseSpider
-        idle_for = time.monotonic() - self._last_work
+        now = time.monotonic()
+        idle_for = now - self._last_work
         if idle_for < timeout:
             raise DontCloseSpider
+        # the whole crawl must be out of work, not only this worker: a start URL pushed a
+        # moment ago, a retry coming due, another worker's lease that may still produce
+        # requests or be given back
+        look = self._drained
+        if look is None or now - look[0] > DRAIN_CHECK_MAX_AGE or look[0] < self._last_work:
+            self._drain_wanted = True
+            self._kick()
+            raise DontCloseSpider
+        if not look[1].idle(int(timeout * 1000)):
+            self._drained = None
+            self._last_work = now  # there is work somewhere: wait a whole timeout again
+            raise DontCloseSpider
         logger.info(
-            "No work for %.1fs (DISTCRAWL_IDLE_TIMEOUT=%s): closing",
+            "No work for %.1fs (DISTCRAWL_IDLE_TIMEOUT=%s) and the shared frontier is empty: "
+            "closing",
             idle_for,
             timeout,
             extra={"spider": spider},
         )
 
-    def _forget(self, lease_ids: list[str]) -> None:
-        for lease_id in lease_ids:
-            self._slots.pop(lease_id, None)
+    def _forget(self, refs: list[LeaseRef]) -> None:
+        for ref in refs:
+            self._slots.pop(ref.id, None)
 
     def _full(self) -> bool:
         cap = self.config.max_pending

@@ -15,7 +15,7 @@ def frontier(redis_client):
 
 
 def push(frontier, *items, acks=()):
-    entries = [Entry("r", fp, prio, payload) for fp, prio, payload in items]
+    entries = [Entry("r", fp, prio, payload, b"", "t.test") for fp, prio, payload in items]
     return frontier.commit(list(acks), entries)
 
 
@@ -54,7 +54,7 @@ def test_lease_is_not_a_delete_and_ack_is(frontier, redis_client):
     (item,), _ = frontier.lease(5, 10_000)[:2]
     assert frontier.sizes()["leased"] == 1
     assert redis_client.hexists("t:requests", item.id)
-    frontier.commit([item.id], [])
+    frontier.commit([item.ref], [])
     assert frontier.sizes()["leased"] == 0
     assert not redis_client.hexists("t:requests", item.id)
 
@@ -63,9 +63,9 @@ def test_expired_lease_returns_to_the_queue_at_its_priority(frontier):
     push(frontier, (b"a", 3, b"a"), (b"b", 1, b"b"))
     leased, _ = frontier.lease(1, 100)[:2]  # takes "a" with a 0.1 s lease
     assert leased[0].payload == b"a"
-    assert frontier.requeue_expired() == 0
+    assert frontier.requeue_expired().requeued == 0
     time.sleep(0.25)
-    assert frontier.requeue_expired() == 1
+    assert frontier.requeue_expired().requeued == 1
     again, _ = frontier.lease(5, 10_000)[:2]
     assert [x.payload for x in again] == [b"a", b"b"]  # priority kept
 
@@ -75,11 +75,11 @@ def test_renew_keeps_a_lease_alive(frontier):
     (item,), _ = frontier.lease(1, 300)[:2]
     for _ in range(3):
         time.sleep(0.15)
-        assert frontier.renew([item.id], 300) == 1
-    assert frontier.requeue_expired() == 0
+        assert frontier.renew([item.ref], 300) == 1
+    assert frontier.requeue_expired().requeued == 0
     time.sleep(0.4)
-    assert frontier.requeue_expired() == 1
-    assert frontier.renew([item.id], 300) == 0  # requeued: no longer ours to renew
+    assert frontier.requeue_expired().requeued == 1
+    assert frontier.renew([item.ref], 300) == 0  # requeued: no longer ours to renew
 
 
 def test_ack_after_requeue_removes_it_from_the_queue(frontier):
@@ -87,14 +87,14 @@ def test_ack_after_requeue_removes_it_from_the_queue(frontier):
     (item,), _ = frontier.lease(1, 50)[:2]
     time.sleep(0.1)
     frontier.requeue_expired()
-    frontier.commit([item.id], [])  # the slow worker finished after all
+    frontier.commit([item.ref], [])  # the slow worker finished after all
     assert frontier.sizes()["queue"] == 0
 
 
 def test_release_gives_back_unstarted_requests(frontier):
     push(frontier, (b"a", 0, b"a"), (b"b", 0, b"b"))
     leased, _ = frontier.lease(2, 60_000)[:2]
-    assert frontier.release([x.id for x in leased]) == 2
+    assert frontier.release([x.ref for x in leased]) == 2
     assert frontier.sizes() == {
         "queue": 2,
         "leased": 0,
@@ -109,8 +109,8 @@ def test_start_entry_is_taken_once(frontier, redis_client):
     redis_client.lpush("t:start_urls", b"http://a.test/", b"http://b.test/")
     assert frontier.peek_start_urls(10) == [b"http://a.test/", b"http://b.test/"]
     # two workers peeked the same entry: only the first commit takes it
-    first = frontier.commit([], [Entry("s", b"fa", 0, b"A", b"http://a.test/")])
-    second = frontier.commit([], [Entry("s", b"fa2", 0, b"A", b"http://a.test/")])
+    first = frontier.commit([], [Entry("s", b"fa", 0, b"A", b"http://a.test/", "a.test")])
+    second = frontier.commit([], [Entry("s", b"fa2", 0, b"A", b"http://a.test/", "a.test")])
     assert (first.enqueued, second.enqueued, second.skipped) == (1, 0, 1)
     assert redis_client.lrange("t:start_urls", 0, -1) == [b"http://b.test/"]
 
@@ -136,7 +136,7 @@ def test_clear_removes_only_this_namespace(frontier, redis_client):
 
 def test_delayed_retry_waits_then_joins_the_queue_at_its_priority(frontier):
     push(frontier, (b"a", 0, b"a0"))
-    frontier.commit([], [Entry("l", b"", 7, b"retry", b"300")])  # due in 0.3 s
+    frontier.commit([], [Entry("l", b"", 7, b"retry", b"300", "t.test")])  # due in 0.3 s
     first = frontier.lease(10, 10_000)
     assert [x.payload for x in first.items] == [b"a0"]
     assert (first.delayed, first.released) == (1, 0)
@@ -150,7 +150,7 @@ def test_delayed_retry_waits_then_joins_the_queue_at_its_priority(frontier):
 
 def test_delayed_retry_is_not_filtered_by_the_seen_set(frontier):
     push(frontier, (b"fp", 0, b"x"))
-    result = frontier.commit([], [Entry("l", b"", 0, b"x-again", b"0")])
+    result = frontier.commit([], [Entry("l", b"", 0, b"x-again", b"0", "t.test")])
     assert result.enqueued == 1
 
 
@@ -217,7 +217,7 @@ def test_concurrency_counts_until_acknowledged_and_a_contended_slot_is_shared(re
     assert not any(x.paced for x in held_a)  # no delay: no turn to keep
     time.sleep(0.3)  # a full slot is looked at again after 250 ms
     assert b.lease(10, 10_000, held={}).items == []  # full: b waits, and says so
-    a.commit([held_a[0].id], [])  # one place free; a asks again at once, holding one
+    a.commit([held_a[0].ref], [])  # one place free; a asks again at once, holding one
     assert a.lease(10, 10_000, held={"s.test": 1}).items == []  # a has its share
     (got,) = b.lease(10, 10_000, held={}).items  # the free place went to the waiting worker
     assert got.slot == "s.test"
@@ -230,11 +230,11 @@ def test_requeue_and_release_give_the_place_back(redis_client):
     (item,) = frontier.lease(10, 50).items
     assert frontier.lease(10, 50).items == []
     time.sleep(0.1)
-    assert frontier.requeue_expired() == 1
+    assert frontier.requeue_expired().requeued == 1
     assert redis_client.hget("t:inflight", "s.test") is None
     (again,) = frontier.lease(10, 10_000).items
     assert again.id == item.id  # back at the head of its slot
-    assert frontier.release([again.id]) == 1
+    assert frontier.release([again.ref]) == 1
     assert len(frontier.lease(10, 10_000).items) == 1
 
 
@@ -255,7 +255,7 @@ def test_a_probe_that_ends_without_robots_txt_lets_the_next_one_try(redis_client
     frontier = polite(redis_client, robots="60000:30000")
     push_slot(frontier, "r.test", 3)
     (probe,) = frontier.lease(10, 10_000).items
-    frontier.commit([probe.id], [])  # e.g. dead-lettered before any download
+    frontier.commit([probe.ref], [])  # e.g. dead-lettered before any download
     assert len(frontier.lease(10, 10_000).items) == 1
 
 

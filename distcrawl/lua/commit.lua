@@ -1,9 +1,9 @@
 -- commit.lua: acknowledge finished leases, add new requests and dead letters, and apply
 -- the politeness feedback of the responses, atomically, so that a request is acknowledged
--- in the same step that stores what its callback produced.
+-- in the same step that stores the last of what its callback produced.
 --
 -- KEYS[1]  queue      ZSET   queue entries (see lib.lua), all scores 0
--- KEYS[2]  requests   HASH   request id -> queue entry, for leased and delayed requests
+-- KEYS[2]  requests   HASH   request id -> record (token .. entry, see lib.lua)
 -- KEYS[3]  seen       SET    binary fingerprints (seen_set.lua; unused with the Bloom filter)
 -- KEYS[4]  seq        STRING counter for request ids
 -- KEYS[5]  leases     ZSET   request id -> lease deadline (ms)
@@ -16,7 +16,8 @@
 -- KEYS[12] throttle   HASH   slot -> adaptive delay (ms) from 429/503 answers and latency
 -- KEYS[13] robots     HASH   slot -> robots.txt Crawl-delay (ms), negative while being read
 -- KEYS[14] raised     HASH   slot -> when its adaptive delay was last raised (ms)
--- KEYS[15 ..]         the Bloom filter's keys with DISTCRAWL_SEEN = "bloom" (seen_bloom.lua)
+-- KEYS[15] commits    HASH   worker tag -> id of the last commit it ran
+-- KEYS[16 ..]         the Bloom filter's keys with DISTCRAWL_SEEN = "bloom" (seen_bloom.lua)
 --
 -- distcrawl/lua/__init__.py prepends the seen-set snippet (seen_set.lua or seen_bloom.lua),
 -- which defines seen_add(fp) and may end the script before anything is written.
@@ -26,7 +27,13 @@
 -- ARGV[2]              requests at or above this priority are kept past the cap
 -- ARGV[3]              throttle parameters "start_ms:max_ms:target_concurrency" (target
 --                      0 = no latency-based delay, only 429/503 answers raise it)
--- ARGV[4]              number of acknowledged ids (A), then the A ids
+-- ARGV[4]              the committing worker's tag ('' = none: no replay protection)
+-- ARGV[5]              commit id ('' = none): a commit whose id is the last one this worker
+--                      ran is a replay (its reply was lost) and changes nothing
+-- ARGV[6]              '1' to return the positions of the entries not stored, for
+--                      request_dropped and DUPEFILTER_DEBUG: p (from 0) for a duplicate,
+--                      -p - 1 for a request dropped at the cap
+-- ARGV[7]              number of acknowledgements (A), then A pairs: request id, token
 -- then                 number of entries (N), then 6 arguments per entry:
 --   kind     'r' request, 's' request made from a start_urls entry, 'x' start_urls entry that
 --            goes to the dead letters, 'd' dead letter, 'l' request to retry later (never
@@ -40,35 +47,98 @@
 -- then                 number of feedback records (F), then 5 arguments per record:
 --   slot, responses, summed latency (ms), throttled answers (429/503), Retry-After (ms)
 --
--- Returns {enqueued, duplicates, dead, skipped, queue length, dropped, held back}, or
--- {'bloom', layers} from seen_bloom.lua, having written nothing.
+-- Every argument is checked before the first write (Redis keeps what a failing script
+-- wrote): a bad one fails the whole commit with an error starting "distcrawl: invalid".
+--
+-- An acknowledgement retires its request only if the record's token is the one presented:
+--   done     the lease is removed and its slot's place freed;
+--   late     the lease had expired and the request went back to the queue: it is taken out;
+--   stale    the token differs: the request was leased again (or its id reused): no-op;
+--   missing  no record: already acknowledged, or lost with Redis data: no-op.
+--
+-- Returns {enqueued, duplicates, dead, skipped, queue length, dropped, held back, replayed
+-- (0/1), late acks, stale acks, missing acks, {positions of the entries not stored}},
+-- or {'bloom', layers} from seen_bloom.lua, having written nothing.
 
-local now = now_ms()
+local function invalid(what)
+  return redis.error_reply('distcrawl: invalid commit: ' .. what)
+end
+
+local KINDS = {r = true, s = true, x = true, d = true, l = true}
 local cap, keep_prio = tonumber(ARGV[1]), tonumber(ARGV[2])
 local t_start, t_max, t_target = string.match(ARGV[3], '^(%d+):(%d+):([%d.]+)$')
 t_start, t_max, t_target = tonumber(t_start), tonumber(t_max), tonumber(t_target)
+if not (cap and keep_prio and t_start) then return invalid('parameters') end
+local tag, commit_id, want_positions = ARGV[4], ARGV[5], ARGV[6] == '1'
 
-local acks = tonumber(ARGV[4])
-for i = 5, acks + 4 do
-  local id = ARGV[i]
-  local leased = redis.call('ZREM', KEYS[5], id) == 1
-  local entry = redis.call('HGET', KEYS[2], id)
-  if entry then
+local acks = tonumber(ARGV[7])
+if not acks then return invalid('acknowledgement count') end
+for i = 8, 7 + 2 * acks, 2 do
+  if not ARGV[i] or #(ARGV[i + 1] or '') ~= TOKEN_BYTES then
+    return invalid('acknowledgement ' .. ((i - 6) / 2) .. ': no id and token')
+  end
+end
+local base = 8 + 2 * acks
+local n = tonumber(ARGV[base])
+if not n then return invalid('entry count') end
+for i = 0, n - 1 do
+  local at = base + 1 + i * 6
+  local kind, slot = ARGV[at], ARGV[at + 2]
+  if not KINDS[kind] then return invalid('entry ' .. i .. ': kind') end
+  if not tonumber(ARGV[at + 3]) then return invalid('entry ' .. i .. ': priority') end
+  if kind == 'r' or kind == 's' or kind == 'l' then
+    local why = bad_slot(slot)
+    if why then return invalid('entry ' .. i .. ': ' .. why) end
+  end
+  if kind == 'l' and not tonumber(ARGV[at + 5]) then return invalid('entry ' .. i .. ': delay') end
+end
+local fb = base + 1 + n * 6
+local records = tonumber(ARGV[fb])
+if not records then return invalid('feedback count') end
+for i = 0, records - 1 do
+  local at = fb + 1 + i * 5
+  for j = 1, 4 do
+    if not tonumber(ARGV[at + j]) then return invalid('feedback ' .. i) end
+  end
+end
+
+if tag ~= '' and commit_id ~= '' then
+  if redis.call('HGET', KEYS[15], tag) == commit_id then
+    return {0, 0, 0, 0, redis.call('ZCARD', KEYS[1]), 0, 0, 1, 0, 0, 0, {}}
+  end
+  redis.call('HSET', KEYS[15], tag, commit_id)
+end
+
+local now = now_ms()
+local late, stale, missing = 0, 0, 0
+for i = 8, 7 + 2 * acks, 2 do
+  local id, token = ARGV[i], ARGV[i + 1]
+  local record = redis.call('HGET', KEYS[2], id)
+  if not record then
+    missing = missing + 1
+  elseif string.sub(record, 1, TOKEN_BYTES) ~= token then
+    stale = stale + 1
+  else
     redis.call('HDEL', KEYS[2], id)
-    -- a lease that expired was requeued: it is done now, so it must not run again
-    redis.call('ZREM', KEYS[1], entry)
-    if leased then
+    local entry = string.sub(record, TOKEN_BYTES + 1)
+    if redis.call('ZREM', KEYS[5], id) == 1 then
       local slot = entry_slot(entry)
       landed(KEYS[11], KEYS[13], slot)
       arm(KEYS[9], KEYS[10], slot, now, false)
+    elseif redis.call('ZREM', KEYS[1], entry) == 1 then
+      -- its lease expired and it went back to the queue: it is done, so it must not run again
+      late = late + 1
     end
   end
 end
 
-local base = acks + 5
-local n = tonumber(ARGV[base])
+local function new_entry(slot, prio, payload)
+  return make_entry(slot, prio, redis.call('INCR', KEYS[4]), payload)
+end
+
 local pending = redis.call('ZCARD', KEYS[1])
 local enqueued, duplicates, dead, skipped, dropped, held = 0, 0, 0, 0, 0, 0
+local not_stored = {}
 for i = 0, n - 1 do
   local at = base + 1 + i * 6
   local kind, fp, slot, prio = ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3]
@@ -78,6 +148,7 @@ for i = 0, n - 1 do
     held = held + 1
   elseif kind == 'r' and full then
     dropped = dropped + 1
+    if want_positions then not_stored[#not_stored + 1] = -i - 1 end
   else
     local take = true
     if kind == 's' or kind == 'x' then
@@ -89,19 +160,23 @@ for i = 0, n - 1 do
         redis.call('LPUSH', KEYS[7], payload)
         dead = dead + 1
       elseif kind == 'l' then
-        local entry = make_entry(slot, prio, redis.call('INCR', KEYS[4]), payload)
+        local entry = new_entry(slot, prio, payload)
+        -- ids are unique among records even after Redis lost data and 'seq' went back
+        while redis.call('HEXISTS', KEYS[2], entry_id(entry)) == 1 do
+          entry = new_entry(slot, prio, payload)
+        end
         local id = entry_id(entry)
         redis.call('ZADD', KEYS[8], now + tonumber(raw), id)
-        redis.call('HSET', KEYS[2], id, entry)
+        redis.call('HSET', KEYS[2], id, NO_TOKEN .. entry)
         enqueued = enqueued + 1
       elseif fp == '' or seen_add(fp) == 1 then
-        local entry = make_entry(slot, prio, redis.call('INCR', KEYS[4]), payload)
-        redis.call('ZADD', KEYS[1], 0, entry)
+        redis.call('ZADD', KEYS[1], 0, new_entry(slot, prio, payload))
         arm(KEYS[9], KEYS[10], slot, now, true)
         pending = pending + 1
         enqueued = enqueued + 1
       else
         duplicates = duplicates + 1
+        if want_positions then not_stored[#not_stored + 1] = i end
       end
     end
   end
@@ -113,8 +188,6 @@ end
 -- set, else by a quarter per answer). It doubles at most once per delay: the answers to
 -- the requests that were already in flight when it was raised (a burst of 503s from many
 -- workers) say nothing new, and compounding them would park the slot at max_ms.
-local fb = base + 1 + n * 6
-local records = tonumber(ARGV[fb])
 for i = 0, records - 1 do
   local at = fb + 1 + i * 5
   local slot, count, latency = ARGV[at], tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
@@ -149,4 +222,7 @@ for i = 0, records - 1 do
     redis.call('HSET', KEYS[12], slot, new)
   end
 end
-return {enqueued, duplicates, dead, skipped, redis.call('ZCARD', KEYS[1]), dropped, held}
+return {
+  enqueued, duplicates, dead, skipped, redis.call('ZCARD', KEYS[1]), dropped, held, 0,
+  late, stale, missing, not_stored,
+}

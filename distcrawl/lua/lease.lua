@@ -18,6 +18,9 @@
 --                          one worker is fetching robots.txt until time T
 -- KEYS[11] hungry    HASH  slot -> when a worker holding less than its share last found
 --                          the slot full
+-- KEYS[12] seq       STRING counter for request ids
+-- KEYS[13] dead      LIST  dead-letter records (JSON)
+-- KEYS[14] stats     HASH  crawl-wide counters ('quarantined')
 --
 -- ARGV[1] how many requests to take at most
 -- ARGV[2] lease duration (ms)
@@ -29,6 +32,9 @@
 --         a value not set), or ''
 -- ARGV[8] '' when robots.txt is not obeyed, else "<probe timeout ms>:<max Crawl-delay ms>"
 -- ARGV[9] JSON {slot: requests the caller holds}, or ''
+-- ARGV[10] the caller's worker tag (4 bytes), the first half of each lease token
+-- ARGV[11] a number below 2^32 that differs from call to call: the tokens' second halves
+--          count up from it
 --
 -- A slot with a delay gives one request per turn; one at its concurrency limit is looked
 -- at again after RECHECK_FULL_MS, or sooner when an acknowledgement or a requeue frees a
@@ -41,8 +47,16 @@
 -- (a worker holding less than half its places found it full in the last second), no
 -- worker takes more than half of its places.
 --
+-- A queue member that is not a well-formed entry (entry_slot) is moved to the dead letters
+-- where it is met (quarantine), so it can neither stop this script nor stay in the queue.
+-- While no slot is ready but the queue is not empty, its first members are looked at: a
+-- well-formed one's slot was lost from 'ready' and is armed again, any other is quarantined,
+-- so that nothing sits in the queue where no lease would ever look.
+--
 -- Returns {queue length, retries still waiting, retries released, ms until the next slot
---          is ready or the next retry is due (-1: neither), now (ms), paced1, entry1, paced2, entry2, ...};
+--          is ready or the next retry is due (-1: neither), now (ms), members quarantined,
+--          retries whose record was missing, slots armed again,
+--          paced1, token1, entry1, paced2, token2, entry2, ...};
 --          paced is 1 for a request of a slot with a delay: its turn began now, so the
 --          worker sends it before whatever else it holds, and reports when it did
 --          (sent.lua), lest the gap to the next worker's turn shrink by its own lag.
@@ -62,14 +76,44 @@ if ARGV[8] ~= '' then
   probe_ms, crawl_delay_max = tonumber(probe_ms), tonumber(crawl_delay_max)
 end
 
+local tag, nonce = ARGV[10], tonumber(ARGV[11])
+local out = {0, 0, 0, -1, now, 0, 0, 0}
+local function quarantined(raw, reason)
+  redis.call('ZREM', KEYS[1], raw)
+  quarantine(KEYS[13], KEYS[14], raw, reason, now)
+  out[6] = out[6] + 1
+end
+
 local due = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now, 'LIMIT', 0, tonumber(ARGV[3]))
 for _, id in ipairs(due) do
   redis.call('ZREM', KEYS[4], id)
-  local entry = redis.call('HGET', KEYS[2], id)
-  if entry then
+  local record = redis.call('HGET', KEYS[2], id)
+  if record then
     redis.call('HDEL', KEYS[2], id)
-    redis.call('ZADD', KEYS[1], 0, entry)
-    arm(KEYS[5], KEYS[6], entry_slot(entry), now, true)
+    local entry = string.sub(record, TOKEN_BYTES + 1)
+    local slot = entry_slot(entry)
+    if slot then
+      redis.call('ZADD', KEYS[1], 0, entry)
+      arm(KEYS[5], KEYS[6], slot, now, true)
+      out[3] = out[3] + 1
+    else
+      quarantine(KEYS[13], KEYS[14], entry, 'malformed retry record', now)
+      out[6] = out[6] + 1
+    end
+  else
+    out[7] = out[7] + 1
+  end
+end
+
+if redis.call('ZCARD', KEYS[5]) == 0 then
+  for _, member in ipairs(redis.call('ZRANGE', KEYS[1], 0, 15)) do
+    local slot = entry_slot(member)
+    if slot then
+      redis.call('ZADD', KEYS[5], 'NX', now, slot)
+      out[8] = out[8] + 1
+    else
+      quarantined(member, 'malformed queue entry')
+    end
   end
 end
 
@@ -88,7 +132,6 @@ local function limits(slot)
   return delay, conc
 end
 
-local out = {0, 0, #due, -1, now}
 local candidates = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now, 'LIMIT', 0, tonumber(ARGV[4]))
 for _, slot in ipairs(candidates) do
   if want <= 0 then break end
@@ -125,15 +168,31 @@ for _, slot in ipairs(candidates) do
   else
     local lo, hi = slot_range(slot)
     local entries = redis.call('ZRANGEBYLEX', KEYS[1], lo, hi, 'LIMIT', 0, take + 1)
-    local taken = math.min(take, #entries)
-    for i = 1, taken do
-      local entry = entries[i]
-      local id = entry_id(entry)
-      redis.call('ZREM', KEYS[1], entry)
-      redis.call('HSET', KEYS[2], id, entry)
-      redis.call('ZADD', KEYS[3], deadline, id)
-      out[#out + 1] = delay > 0 and 1 or 0
-      out[#out + 1] = entry
+    local taken = 0
+    for _, entry in ipairs(entries) do
+      if taken >= take then break end
+      if entry_slot(entry) ~= slot then
+        quarantined(entry, 'malformed queue entry')
+      else
+        redis.call('ZREM', KEYS[1], entry)
+        local id = entry_id(entry)
+        local record = redis.call('HGET', KEYS[2], id)
+        -- a record under this id that is not this request's: 'seq' went back after Redis
+        -- lost data, and the id is reused; this request gets a new one
+        while record and string.sub(record, TOKEN_BYTES + 1) ~= entry do
+          local prio, payload = entry_fields(entry)
+          entry = make_entry(slot, prio, redis.call('INCR', KEYS[12]), payload)
+          id = entry_id(entry)
+          record = redis.call('HGET', KEYS[2], id)
+        end
+        local token = tag .. be_bytes((nonce + taken) % 4294967296, 4)
+        redis.call('HSET', KEYS[2], id, token .. entry)
+        redis.call('ZADD', KEYS[3], deadline, id)
+        out[#out + 1] = delay > 0 and 1 or 0
+        out[#out + 1] = token
+        out[#out + 1] = entry
+        taken = taken + 1
+      end
     end
     want = want - taken
     if taken > 0 then
@@ -148,7 +207,7 @@ for _, slot in ipairs(candidates) do
       redis.call('HSET', KEYS[10], slot, -(now + probe_ms))
       next_at = now + probe_ms
     end
-    if #entries <= taken then
+    if #entries <= take then
       redis.call('ZREM', KEYS[5], slot)
       redis.call('HDEL', KEYS[11], slot)
     elseif inflight >= conc then

@@ -8,6 +8,20 @@
 -- first-in first-out within a priority. The priority key is 2^31 - priority, big-endian,
 -- so that a higher priority sorts first. The 12 hex digits of the sequence number are
 -- the request id used by leases, retries and acknowledgements.
+--
+-- A request record (the 'requests' HASH, id -> record) is an 8-byte token followed by the
+-- queue entry. A lease's token is the holder's 4-byte worker tag and 4 bytes that differ
+-- from lease to lease; acknowledgements, renewals and give-backs must present it, so a late
+-- or replayed one, or one whose id was reused after Redis lost data, matches nothing. A
+-- retry waiting in 'delayed' has the token NO_TOKEN.
+--
+-- Entries come from producers and from a Redis that others may write to: every script that
+-- reads one checks its layout (entry_slot returns nil) before using it.
+
+local TOKEN_BYTES = 8
+local NO_TOKEN = string.rep('\0', TOKEN_BYTES)
+local MAX_SLOT_BYTES = 255
+local DEAD_RAW_BYTES = 65536
 
 local function now_ms()
   local t = redis.call('TIME')
@@ -28,13 +42,55 @@ local function make_entry(slot, prio, seq, payload)
   return slot .. '\0' .. be_bytes(2147483648 - prio, 4) .. be_bytes(seq, 6) .. payload
 end
 
+-- the slot of a well-formed entry, nil for one that is not: no NUL, or too short to hold
+-- the priority and the sequence number
 local function entry_slot(entry)
-  return string.sub(entry, 1, string.find(entry, '\0', 1, true) - 1)
+  local cut = string.find(entry, '\0', 1, true)
+  if not cut or #entry < cut + 10 then return nil end
+  return string.sub(entry, 1, cut - 1)
 end
 
+-- the id of a well-formed entry (entry_slot did not return nil)
 local function entry_id(entry)
   local at = string.find(entry, '\0', 1, true) + 5
   return string.format('%02x%02x%02x%02x%02x%02x', string.byte(entry, at, at + 5))
+end
+
+-- priority and payload of a well-formed entry, to store it again under a new id
+local function entry_fields(entry)
+  local cut = string.find(entry, '\0', 1, true)
+  local b1, b2, b3, b4 = string.byte(entry, cut + 1, cut + 4)
+  local prio = 2147483648 - (((b1 * 256 + b2) * 256 + b3) * 256 + b4)
+  return prio, string.sub(entry, cut + 11)
+end
+
+-- why a slot given to a script cannot be one, or nil
+local function bad_slot(slot)
+  if slot == '' then return 'empty slot' end
+  if #slot > MAX_SLOT_BYTES then return 'slot over ' .. MAX_SLOT_BYTES .. ' bytes' end
+  if string.find(slot, '\0', 1, true) then return 'slot contains NUL' end
+  return nil
+end
+
+local function to_hex(bytes)
+  return (string.gsub(bytes, '.', function(c) return string.format('%02x', string.byte(c)) end))
+end
+
+-- move a queue member that cannot be a request to the dead letters, with its bytes (the
+-- first DEAD_RAW_BYTES, in hex), their full length and SHA1, and count it
+local function quarantine(dead, stats, raw, reason, now)
+  local record = cjson.encode({
+    reason = reason,
+    source = 'queue',
+    raw_hex = to_hex(string.sub(raw, 1, DEAD_RAW_BYTES)),
+    raw_length = #raw,
+    raw_sha1 = redis.sha1hex(raw),
+    truncated = #raw > DEAD_RAW_BYTES,
+    worker = 'redis',
+    time = now / 1000,
+  })
+  redis.call('LPUSH', dead, record)
+  redis.call('HINCRBY', stats, 'quarantined', 1)
 end
 
 -- the lexicographic range of one slot's entries in the queue ZSET

@@ -16,13 +16,14 @@
 --   priority  integer (for 'q')
 --   payload   the encoded request ('q') or the raw entry ('u')
 --
+-- A 'q' record whose slot could not be one (lib.lua's bad_slot) stays where it is.
 -- Returns how many records were re-driven.
 
 local now = now_ms()
 local moved = 0
 for i = 1, #ARGV, 5 do
   local record, kind, slot, prio, payload = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
-  if redis.call('LREM', KEYS[1], 1, record) == 1 then
+  if (kind ~= 'q' or not bad_slot(slot)) and redis.call('LREM', KEYS[1], 1, record) == 1 then
     if kind == 'q' then
       redis.call('ZADD', KEYS[2], 0, make_entry(slot, prio, redis.call('INCR', KEYS[3]), payload))
       arm(KEYS[5], KEYS[6], slot, now, true)

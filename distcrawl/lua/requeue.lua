@@ -1,46 +1,87 @@
 -- requeue.lua: put leased requests back in the queue.
--- Used for expired leases (a worker died or stalled) and for the unstarted requests a
--- worker gives back when it pauses or closes.
+-- Used for expired leases (a worker died or stalled), for the leases of workers whose
+-- liveness beats stopped, and for the unstarted requests a worker gives back when it
+-- pauses or closes.
 --
 -- KEYS[1] leases    ZSET  request id -> lease deadline (ms)
 -- KEYS[2] queue     ZSET  queue entries (see lib.lua), all scores 0
--- KEYS[3] requests  HASH  request id -> queue entry, for leased and delayed requests
+-- KEYS[3] requests  HASH  request id -> record (token .. entry, see lib.lua)
 -- KEYS[4] ready     ZSET  slot -> when its next request may be leased (ms)
 -- KEYS[5] slots     HASH  slot -> earliest time of its next request (ms)
 -- KEYS[6] inflight  HASH  slot -> requests leased and not acknowledged
 -- KEYS[7] robots    HASH  slot -> robots.txt Crawl-delay (ms), negative while being read
+-- KEYS[8] alive     ZSET  worker tag (8 hex digits: a token's first 4 bytes) -> time of
+--                         its last liveness beat (ms)
+-- KEYS[9] commits   HASH  worker tag -> id of the last commit it ran
 --
--- ARGV[1]     'expired' (leases whose deadline has passed) or 'ids' (the ids that follow)
+-- ARGV[1]     'expired': leases whose deadline has passed, then those of dead workers;
+--             'ids': the leases given as pairs that follow, if their tokens match
 -- ARGV[2]     at most this many leases (for 'expired')
--- ARGV[3 ..]  request ids (for 'ids')
+-- ARGV[3]     a worker is dead when its last beat is older than this (ms; for 'expired')
+-- ARGV[4 ..]  pairs: request id, token (for 'ids')
 --
--- An expired request keeps its entry in 'requests', so that a late acknowledgement from
--- the stalled worker can still take it out of the queue (commit.lua) instead of having it
--- crawled twice; a released one is not coming back, so its entry is dropped.
+-- An expired request, or one of a dead worker, keeps its record (and token), so that a late
+-- acknowledgement from a worker that was only stalled can still take it out of the queue
+-- (commit.lua) instead of having it crawled twice; a given-back one is not coming back, so
+-- its record is dropped. A dead worker's leases are found by the tag in their tokens, among
+-- all leases (workers x prefetch of them), only when some worker's beats have lapsed; live
+-- workers' leases are never shortened.
 --
--- Returns how many requests went back to the queue.
+-- Returns {requeued, leases without a record (removed), dead workers, leases of dead
+-- workers requeued}.
 
 local now = now_ms()
-local ids
-local expired = ARGV[1] == 'expired'
-if expired then
-  ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
-else
-  ids = {}
-  for i = 3, #ARGV do ids[#ids + 1] = ARGV[i] end
+local out = {0, 0, 0, 0}
+
+local function requeue(id, record, keep)
+  redis.call('ZREM', KEYS[1], id)
+  if not keep then redis.call('HDEL', KEYS[3], id) end
+  local entry = string.sub(record, TOKEN_BYTES + 1)
+  local slot = entry_slot(entry)
+  if slot then
+    redis.call('ZADD', KEYS[2], 0, entry)
+    landed(KEYS[6], KEYS[7], slot)
+    arm(KEYS[4], KEYS[5], slot, now, true)
+  end
+  out[1] = out[1] + 1
 end
-local requeued = 0
-for _, id in ipairs(ids) do
-  if redis.call('ZREM', KEYS[1], id) == 1 then
-    local entry = redis.call('HGET', KEYS[3], id)
-    if entry then
-      if not expired then redis.call('HDEL', KEYS[3], id) end
-      local slot = entry_slot(entry)
-      redis.call('ZADD', KEYS[2], 0, entry)
-      landed(KEYS[6], KEYS[7], slot)
-      arm(KEYS[4], KEYS[5], slot, now, true)
-      requeued = requeued + 1
+
+if ARGV[1] == 'expired' then
+  local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
+  for _, id in ipairs(ids) do
+    local record = redis.call('HGET', KEYS[3], id)
+    if record then
+      requeue(id, record, true)
+    else
+      redis.call('ZREM', KEYS[1], id)
+      out[2] = out[2] + 1
+    end
+  end
+  local dead = redis.call('ZRANGEBYSCORE', KEYS[8], '-inf', now - tonumber(ARGV[3]), 'LIMIT', 0, 100)
+  if #dead > 0 then
+    local gone = {}
+    for _, tag in ipairs(dead) do
+      gone[tag] = true
+      redis.call('ZREM', KEYS[8], tag)
+      redis.call('HDEL', KEYS[9], tag)
+    end
+    out[3] = #dead
+    for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+      local record = redis.call('HGET', KEYS[3], id)
+      if record and gone[to_hex(string.sub(record, 1, 4))] then
+        requeue(id, record, true)
+        out[4] = out[4] + 1
+      end
+    end
+  end
+else
+  for i = 4, #ARGV, 2 do
+    local id, token = ARGV[i], ARGV[i + 1]
+    local record = redis.call('HGET', KEYS[3], id)
+    if record and string.sub(record, 1, TOKEN_BYTES) == token
+        and redis.call('ZSCORE', KEYS[1], id) then
+      requeue(id, record, false)
     end
   end
 end
-return requeued
+return out

@@ -1,0 +1,279 @@
+"""One batch of frontier work, run on the crawler's Redis thread.
+
+The scheduler (scheduler.py) decides on the reactor what a batch holds; this module runs it
+against Redis, step by step, and hands back what happened. Keeping it apart means nothing
+here touches Scrapy's engine or the scheduler's buffers, and every Redis failure is turned
+into a result instead of an exception crossing threads.
+
+The rules that make a crash lose nothing live in the shape of a batch:
+
+- a commit acknowledges a request only once everything the request produced is stored: its
+  acknowledgement waits (``Ack.after``) until the entries pushed before it are in this
+  commit or an earlier one, however many batches that takes;
+- a commit carries an id and is sent again unchanged until it succeeds, so a commit whose
+  reply was lost is recognised by Redis as a replay and changes nothing;
+- a commit Redis refuses twice for its content is split to find the entry that breaks it,
+  which goes to the dead letters with the reason; the rest is stored;
+- renewals and the other steps run even when the commit fails for its content.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import redis
+from scrapy import Request
+
+from distcrawl.frontier import (
+    CommitResult,
+    Drained,
+    Entry,
+    Feedback,
+    Frontier,
+    Leased,
+    LeaseRef,
+    LeaseResult,
+    RequeueResult,
+    dead_letter,
+)
+from distcrawl.serialize import DecodeError, RequestCodec
+
+#: replies that say Redis cannot take any commit right now, not that this one is bad
+TRANSIENT_REPLIES = (
+    "OOM",
+    "BUSY",
+    "LOADING",
+    "READONLY",
+    "MASTERDOWN",
+    "NOREPLICAS",
+    "TRYAGAIN",
+    "CLUSTERDOWN",
+    "MOVED",
+    "ASK",
+    "NOSCRIPT",
+    "EXECABORT",
+    "NOAUTH",
+    "WRONGPASS",
+    "NOPERM",
+)
+#: times a commit is refused for its content before it is split
+SPLIT_AFTER = 2
+
+
+def refused(exc: BaseException) -> bool:
+    """Whether Redis refused a commit for what it holds (a script error), as opposed to
+    being unreachable, busy, out of memory or read-only, when any commit would fail."""
+    if not isinstance(exc, redis.ResponseError):
+        return False
+    return not str(exc).lstrip().upper().startswith(TRANSIENT_REPLIES)
+
+
+class Ack(NamedTuple):
+    """A lease to acknowledge once ``after`` entries have left the scheduler's buffer (all
+    that were pushed before its request was done)."""
+
+    ref: LeaseRef
+    after: int
+
+
+@dataclass
+class Commit:
+    acks: list[LeaseRef]
+    entries: list[Entry]
+    feedback: list[Feedback]
+    id: str = field(default_factory=lambda: os.urandom(8).hex())
+    failures: int = 0
+    #: refused for its content SPLIT_AFTER times: run piece by piece
+    split: bool = False
+
+    @property
+    def start_entries(self) -> int:
+        return sum(1 for e in self.entries if e.kind in "sx")
+
+
+class LeasedRequest(NamedTuple):
+    ref: LeaseRef
+    #: None when the entry could not be decoded (``error`` says why)
+    request: Request | None
+    payload: bytes
+    slot: str
+    paced: bool
+    error: str = ""
+
+
+@dataclass
+class Batch:
+    #: run in order, each only if the previous succeeded (several only when closing)
+    commits: list[Commit] = field(default_factory=list)
+    sent: list[tuple[str, int]] = field(default_factory=list)
+    renew: list[LeaseRef] = field(default_factory=list)
+    reclaim: bool = False
+    want: int = 0
+    held: Counter[str] = field(default_factory=Counter)
+    peek: int = 0
+    release: list[LeaseRef] = field(default_factory=list)
+    drain: bool = False
+
+    def empty(self) -> bool:
+        return not (
+            self.commits
+            or self.sent
+            or self.renew
+            or self.reclaim
+            or self.want
+            or self.peek
+            or self.release
+            or self.drain
+        )
+
+
+@dataclass
+class BatchResult:
+    #: totals of the commits that succeeded (None: none did)
+    committed: CommitResult | None = None
+    #: how many of the batch's commits succeeded, in order
+    commits_done: int = 0
+    commit_error: redis.RedisError | None = None
+    #: entries a split commit sent to the dead letters
+    split_dead: int = 0
+    renewed: int = 0
+    requeue: RequeueResult | None = None
+    released: int = 0
+    lease: LeaseResult | None = None
+    leased: list[LeasedRequest] = field(default_factory=list)
+    peeked: list[bytes] = field(default_factory=list)
+    drained: Drained | None = None
+    #: the first failure of a step other than the commits
+    error: redis.RedisError | None = None
+
+
+class Runner:
+    """Runs batches for one worker: ``Runner.run`` is called on the Redis thread only."""
+
+    def __init__(
+        self,
+        frontier: Frontier,
+        codec: RequestCodec,
+        *,
+        lease_ms: int,
+        worker_timeout_ms: int,
+    ) -> None:
+        self.frontier = frontier
+        self.codec = codec
+        self.lease_ms = lease_ms
+        self.worker_timeout_ms = worker_timeout_ms
+
+    def run(self, batch: Batch) -> BatchResult:
+        res = BatchResult()
+        frontier = self.frontier
+        down = False
+
+        def failed(exc: redis.RedisError) -> None:
+            nonlocal down
+            if res.error is None:
+                res.error = exc
+            down = down or not isinstance(exc, redis.ResponseError)
+
+        if batch.sent:
+            try:
+                frontier.sent(batch.sent)
+            except redis.RedisError as exc:
+                failed(exc)
+        for commit in batch.commits:
+            if down:
+                break
+            try:
+                done = self.commit(commit, res)
+            except redis.RedisError as exc:
+                res.commit_error = exc
+                down = not isinstance(exc, redis.ResponseError)
+                break
+            res.committed = done if res.committed is None else res.committed + done
+            res.commits_done += 1
+        if batch.release and not down:
+            try:
+                res.released = frontier.release(batch.release)
+            except redis.RedisError as exc:
+                failed(exc)
+        if batch.renew and not down:
+            try:
+                res.renewed = frontier.renew(batch.renew, self.lease_ms)
+            except redis.RedisError as exc:
+                failed(exc)
+        if batch.reclaim and not down:
+            try:
+                res.requeue = frontier.requeue_expired(worker_timeout_ms=self.worker_timeout_ms)
+            except redis.RedisError as exc:
+                failed(exc)
+        if batch.want and not down:
+            try:
+                res.lease = frontier.lease(batch.want, self.lease_ms, held=batch.held)
+            except redis.RedisError as exc:
+                failed(exc)
+            else:
+                res.leased = [self._decode(item) for item in res.lease.items]
+                res.leased += [
+                    LeasedRequest(bad.ref, None, bad.raw, "", False, bad.reason)
+                    for bad in res.lease.bad
+                ]
+        if batch.peek and not down:
+            try:
+                res.peeked = frontier.peek_start_urls(batch.peek)
+            except redis.RedisError as exc:
+                failed(exc)
+        if batch.drain and not down:
+            try:
+                res.drained = frontier.drained()
+            except redis.RedisError as exc:
+                failed(exc)
+        return res
+
+    def _decode(self, item: Leased) -> LeasedRequest:
+        try:
+            request = self.codec.decode(item.payload)
+        except DecodeError as exc:
+            return LeasedRequest(item.ref, None, item.payload, item.slot, False, str(exc))
+        return LeasedRequest(item.ref, request, item.payload, item.slot, item.paced)
+
+    def commit(self, commit: Commit, res: BatchResult) -> CommitResult:
+        if not commit.split:
+            return self.frontier.commit(
+                commit.acks, commit.entries, commit.feedback, commit_id=commit.id, positions=True
+            )
+        total = CommitResult()
+        for part in self._pieces(commit.entries, res):
+            total += part
+        # the acknowledgements last, once every entry before them is stored
+        return total + self.frontier.commit(commit.acks, [], commit.feedback, commit_id=commit.id)
+
+    def _pieces(self, entries: list[Entry], res: BatchResult) -> list[CommitResult]:
+        """Commit ``entries`` by halves until each piece is stored or is a single entry
+        that Redis refuses, which is dead-lettered instead."""
+        if not entries:
+            return []
+        try:
+            return [self.frontier.commit([], entries, commit_id=os.urandom(8).hex())]
+        except redis.ResponseError as exc:
+            if not refused(exc):
+                raise
+            if len(entries) > 1:
+                half = len(entries) // 2
+                return self._pieces(entries[:half], res) + self._pieces(entries[half:], res)
+            res.split_dead += 1
+            return [self.frontier.commit([], [refused_entry(entries[0], str(exc))])]
+
+
+def refused_entry(entry: Entry, reason: str) -> Entry:
+    """The dead letter that replaces an entry Redis refuses: a start URL's keeps its raw
+    entry (and is still taken from ``start_urls``), a request's keeps its payload."""
+    text = f"Redis refused the entry: {reason}"
+    if entry.kind in "sx":
+        return Entry("x", b"", 0, dead_letter(text, raw=entry.raw, source="start_urls"), entry.raw)
+    payload = base64.b64encode(entry.payload).decode("ascii") if entry.kind in "rl" else None
+    url = getattr(entry.request, "url", None)
+    record = dead_letter(text, url=url, source="commit", payload=payload, priority=entry.priority)
+    return Entry("d", b"", 0, record)
