@@ -441,7 +441,9 @@ class RedisProxy:
         ``predicate(args)`` is true is read from Redis and dropped, and that client
         connection is closed; commands after it on that connection never reach Redis.
 
-        Arming again replaces a trap that has not fired yet and resets ``trap_fired``.
+        Arming again replaces a trap that has not fired yet and resets ``trap_fired``. If
+        Redis closes the connection before that reply arrives, the trap is spent without
+        firing: nobody can tell whether the command ran, which is not the case under test.
         """
         with self._lock:
             self._trap = predicate
