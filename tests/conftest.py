@@ -19,6 +19,7 @@ from distcrawl.demo.mongo_server import MongoServer  # noqa: E402
 from distcrawl.demo.redis_server import RedisServer  # noqa: E402
 from distcrawl.demo.site import DemoSite  # noqa: E402
 from distcrawl.demo.workers import Worker  # noqa: E402
+from tests.redis_proxy import RedisProxy  # noqa: E402
 
 
 @pytest.fixture
@@ -44,6 +45,18 @@ def redis_client(redis_url: str) -> Iterator[redis.Redis]:
         yield client
     finally:
         client.close()
+
+
+@pytest.fixture
+def redis_proxy(redis_server: RedisServer) -> Iterator[RedisProxy]:
+    """A RedisProxy in front of ``redis_server``: connect through ``redis_proxy.url`` to be
+    able to lose a reply on purpose (``drop_reply_once``)."""
+    proxy = RedisProxy.for_url(redis_server.url).start()
+    try:
+        yield proxy
+    finally:
+        proxy.stop()
+        assert not proxy.threads(), "redis proxy threads outlived stop()"
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 import time
 import urllib.error
@@ -18,11 +19,15 @@ from distcrawl.demo.redis_server import RedisServer, find_free_port
 from distcrawl.demo.site import (
     DemoSite,
     LogLine,
+    SiteConfig,
+    _parse_args,
     bfs_from_home,
     expected_pages,
     home_links,
+    leaf_links,
     page_links,
     read_log,
+    route,
 )
 
 UA = "distcrawl-test/1.0"
@@ -88,6 +93,71 @@ def test_links_repeat_sometimes() -> None:
     assert any(len(set(page_links(n, 50, 17, 1))) < 17 for n in range(50))
 
 
+def test_default_home_page_is_unchanged_by_the_leaves_option() -> None:
+    """A digest taken before leaves existed: tests and the demo rely on this exact page."""
+    body = route("/", SiteConfig(50, 5, 1, 0.0, None)).body
+    digest = "e191f46b6b15f301b7886242037c6fb59249653497db1e0520d49142948d8a5d"
+    assert hashlib.sha256(body).hexdigest() == digest
+    assert route("/", SiteConfig(50, 5, 1, 0.0, None, leaves=0)).body == body
+    assert "/leaf/" not in body.decode()
+    assert route("/leaf/0", SiteConfig(50, 5, 1, 0.0, None)).status == 404
+
+
+def test_home_page_links_every_leaf_in_order_after_the_pages() -> None:
+    cfg = SiteConfig(50, 5, 1, 0.0, None, leaves=3000)
+    hrefs = HREF.findall(route("/", cfg).body.decode())
+    assert hrefs == home_links(50) + [f"/leaf/{i}" for i in range(3000)]
+    assert leaf_links(3000) == hrefs[10:]
+
+
+def test_leaf_pages_are_tiny_titled_and_link_free() -> None:
+    cfg = SiteConfig(50, 5, 1, 0.0, None, leaves=100)
+    for i in (0, 1, 99):
+        answer = route(f"/leaf/{i}", cfg)
+        text = answer.body.decode()
+        assert answer.status == 200 and answer.content_type.startswith(b"text/html")
+        assert f"<title>Leaf {i}</title>" in text
+        assert HREF.findall(text) == [] and "<a " not in text
+        assert len(answer.body) < 300
+    for path in ("/leaf/100", "/leaf/01", "/leaf/-1", "/leaf/x", "/leaf/", "/leaf/3/"):
+        assert route(path, cfg).status == 404, path
+
+
+def test_leaves_are_expected_and_reached_by_bfs() -> None:
+    assert expected_pages(50, leaves=4) == expected_pages(50) | {f"/leaf/{i}" for i in range(4)}
+    assert set(bfs_from_home(50, 5, seed=1, leaves=4)) == expected_pages(50, leaves=4)
+    assert list(bfs_from_home(50, 5, seed=1)) == list(bfs_from_home(50, 5, seed=1, leaves=0))
+
+
+def test_leaves_option_on_command_line_and_constructor() -> None:
+    assert _parse_args([]).leaves == 0
+    assert _parse_args(["--leaves", "7"]).leaves == 7
+    assert "--leaves" not in DemoSite(pages=5).command()
+    command = DemoSite(pages=5, leaves=7).command()
+    assert command[command.index("--leaves") + 1] == "7"
+    assert DemoSite(pages=5, leaves=7).expected_pages() == expected_pages(5, leaves=7)
+
+
+def test_site_spider_follows_every_leaf_of_the_home_page() -> None:
+    """The spider has no per-page link cap: all 5000 leaves become requests, in order."""
+    from scrapy import Request
+    from scrapy.http import HtmlResponse
+
+    from distcrawl.items import PageItem
+    from distcrawl.spiders.site import SiteSpider
+
+    url = "http://127.0.0.1:8000/"
+    body = route("/", SiteConfig(20, 3, 1, 0.0, None, leaves=5000)).body
+    response = HtmlResponse(
+        url, body=body, headers={"Content-Type": "text/html; charset=utf-8"}, request=Request(url)
+    )
+    out = list(SiteSpider().parse(response))
+    expected = [url[:-1] + p for p in home_links(20) + leaf_links(5000)]
+    assert [r.url for r in out if isinstance(r, Request)] == expected
+    items = [i for i in out if isinstance(i, PageItem)]
+    assert len(items) == 1 and items[0].links == expected
+
+
 # ------------------------------------------------------------------ live site
 
 
@@ -96,6 +166,20 @@ def test_home_page(site: DemoSite) -> None:
     assert status == 200
     assert ctype == "text/html; charset=utf-8"
     assert HREF.findall(body.decode()) == [f"/page/{k}" for k in range(10)]
+
+
+def test_site_with_thousands_of_leaves(demo_site: Callable[..., DemoSite]) -> None:
+    leafy = demo_site(pages=20, links=3, leaves=5000)
+    status, _, body = fetch(leafy.url + "/", timeout=10)
+    hrefs = HREF.findall(body.decode())
+    assert status == 200
+    assert hrefs == home_links(20) + [f"/leaf/{i}" for i in range(5000)]
+    status, ctype, body = fetch(leafy.url + "/leaf/4999", timeout=10)
+    assert status == 200 and ctype == "text/html; charset=utf-8"
+    assert b"<title>Leaf 4999</title>" in body and HREF.findall(body.decode()) == []
+    assert fetch(leafy.url + "/leaf/5000", timeout=10)[0] == 404
+    assert leafy.expected_urls() == {leafy.url + p for p in expected_pages(20, leaves=5000)}
+    assert len(leafy.expected_urls()) == 1 + 20 + 5000
 
 
 def test_page_content_matches_helpers(site: DemoSite) -> None:

@@ -70,6 +70,12 @@ def home_links(pages: int) -> list[str]:
     return [f"/page/{k}" for k in range(min(HOME_LINKS, max(pages, 0)))]
 
 
+def leaf_links(leaves: int) -> list[str]:
+    """Extra paths linked from ``/`` when the site has leaves: one page that fans out to
+    thousands of cheap targets, to load the frontier without fetching thousands of big pages."""
+    return [f"/leaf/{i}" for i in range(max(leaves, 0))]
+
+
 def is_special(n: int) -> bool:
     """Pages that also link to a PDF and to a robots-disallowed page."""
     return n % SPECIAL_EVERY == SPECIAL_REMAINDER
@@ -102,9 +108,9 @@ def extra_links(n: int) -> list[str]:
     return [f"/files/{n}.pdf", f"/private/{n}"]
 
 
-def expected_pages(pages: int) -> set[str]:
+def expected_pages(pages: int, leaves: int = 0) -> set[str]:
     """HTML page paths that a full crawl from ``/`` must fetch (robots-disallowed excluded)."""
-    return {"/"} | {f"/page/{n}" for n in range(max(pages, 0))}
+    return {"/"} | {f"/page/{n}" for n in range(max(pages, 0))} | set(leaf_links(leaves))
 
 
 def robots_txt(crawl_delay: float | None = None) -> str:
@@ -137,12 +143,18 @@ def _document(title: str, description: str, body: str) -> bytes:
     ).encode()
 
 
-def render_home(pages: int) -> bytes:
-    """The home page: the crawl's single start URL."""
+def render_home(pages: int, leaves: int = 0) -> bytes:
+    """The home page: the crawl's single start URL.
+
+    Leaves get a list of their own, after the pages, and only when there are some: the
+    home page of a site without leaves stays byte-for-byte what it always was.
+    """
     body = (
         "<h1>distcrawl demo site</h1>\n<p>A deterministic site for crawling tests.</p>\n"
         f"<ul>\n{_anchors(home_links(pages))}\n</ul>"
     )
+    if leaves > 0:
+        body += f'\n<ul class="leaves">\n{_anchors(leaf_links(leaves))}\n</ul>'
     return _document("Home", "The demo site home page", body)
 
 
@@ -152,6 +164,11 @@ def render_page(n: int, pages: int, links: int, seed: int) -> bytes:
     paths = page_links(n, pages, links, seed) + extra_links(n)
     body = f"<h1>Page {n}</h1>\n<p>{text}</p>\n<ul>\n{_anchors(paths)}\n</ul>"
     return _document(f"Page {n}", f"Description of page {n}", body)
+
+
+def render_leaf(i: int) -> bytes:
+    """Tiny and link-free, so thousands of leaves cost the crawler little beyond the frontier."""
+    return _document(f"Leaf {i}", f"Leaf page {i}", f"<h1>Leaf {i}</h1>")
 
 
 def render_private(n: int) -> bytes:
@@ -221,6 +238,8 @@ class SiteConfig(NamedTuple):
     #: the n-th request of a page answers 429 with Retry-After: retry_after (0: never)
     throttle_at: int = 0
     retry_after: float = 0.0
+    #: the home page also links to /leaf/0 .. /leaf/(leaves-1), tiny pages without links
+    leaves: int = 0
 
 
 def fails_first(path: str, cfg: SiteConfig) -> bool:
@@ -234,7 +253,7 @@ def fails_first(path: str, cfg: SiteConfig) -> bool:
 def route(path: str, cfg: SiteConfig) -> _Route:
     """Map a request path to a response; pure so it can be unit-tested without a reactor."""
     if path == "/":
-        return _Route(200, HTML_TYPE, render_home(cfg.pages))
+        return _Route(200, HTML_TYPE, render_home(cfg.pages, cfg.leaves))
     if path == "/robots.txt":
         return _Route(200, b"text/plain; charset=utf-8", robots_txt(cfg.crawl_delay).encode())
     head, _, tail = path[1:].partition("/")
@@ -242,6 +261,10 @@ def route(path: str, cfg: SiteConfig) -> _Route:
         n = _parse_index(tail)
         if n is not None and n < cfg.pages:
             return _Route(200, HTML_TYPE, render_page(n, cfg.pages, cfg.links, cfg.seed))
+    elif head == "leaf":
+        n = _parse_index(tail)
+        if n is not None and n < cfg.leaves:
+            return _Route(200, HTML_TYPE, render_leaf(n))
     elif head == "files" and tail.endswith(".pdf"):
         n = _parse_index(tail[:-4])
         if n is not None and n < cfg.pages and is_special(n):
@@ -435,6 +458,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="answer the n-th page request with 429 and Retry-After (0: never)",
     )
     p.add_argument("--retry-after", type=float, default=3.0, help="seconds, for --throttle-at")
+    p.add_argument(
+        "--leaves",
+        type=int,
+        default=0,
+        help="the home page also links to /leaf/0 .. /leaf/N-1, tiny pages without links",
+    )
     return p.parse_args(argv)
 
 
@@ -451,6 +480,7 @@ def main(argv: list[str] | None = None) -> int:
         args.fail_mode,
         args.throttle_at,
         args.retry_after,
+        args.leaves,
     )
     serve(args.host, args.port, cfg, args.log)
     return 0
@@ -511,9 +541,11 @@ class DemoSite:
         fail_mode: str = "503",
         throttle_at: int = 0,
         retry_after: float = 3.0,
+        leaves: int = 0,
     ) -> None:
         self.fail_rate, self.fail_times, self.fail_mode = fail_rate, fail_times, fail_mode
         self.throttle_at, self.retry_after = throttle_at, retry_after
+        self.leaves = leaves
         self.pages = pages
         self.links = links
         self.delay = delay
@@ -542,6 +574,8 @@ class DemoSite:
             cmd += ["--fail-mode", self.fail_mode]
         if self.throttle_at:
             cmd += ["--throttle-at", str(self.throttle_at), "--retry-after", str(self.retry_after)]
+        if self.leaves:
+            cmd += ["--leaves", str(self.leaves)]
         return cmd
 
     def start(self) -> DemoSite:
@@ -580,10 +614,10 @@ class DemoSite:
         return read_log(self.log_path) if self.log_path else []
 
     def expected_pages(self) -> set[str]:
-        return expected_pages(self.pages)
+        return expected_pages(self.pages, self.leaves)
 
     def expected_urls(self) -> set[str]:
-        return {self.url + p for p in expected_pages(self.pages)}
+        return {self.url + p for p in self.expected_pages()}
 
     def __enter__(self) -> DemoSite:
         return self.start()
@@ -597,7 +631,7 @@ class DemoSite:
         self.stop()
 
 
-def bfs_from_home(pages: int, links: int, seed: int) -> Iterator[str]:
+def bfs_from_home(pages: int, links: int, seed: int, leaves: int = 0) -> Iterator[str]:
     """Paths in crawl order from ``/``, following only HTML page links (what must be fetched)."""
     seen = {"/"}
     queue = ["/"]
@@ -607,7 +641,9 @@ def bfs_from_home(pages: int, links: int, seed: int) -> Iterator[str]:
         head += 1
         yield path
         if path == "/":
-            nxt = home_links(pages)
+            nxt = home_links(pages) + leaf_links(leaves)
+        elif path.startswith("/leaf/"):
+            nxt = []
         else:
             nxt = page_links(int(path.rsplit("/", 1)[1]), pages, links, seed)
         for p in nxt:
