@@ -8,7 +8,8 @@ workers use *before* it reaches Redis, builds every key through :class:`Frontier
 :func:`make_redis`, and only ever shows the Redis URL through :func:`redact_url`.
 
 Exit codes: 0 success, 1 partial failure or refusal (some entries refused, confirmation
-declined, other Redis error), 2 usage error, 3 Redis unreachable.
+declined, problems ``doctor`` found and did not repair, other Redis error), 2 usage error,
+3 Redis unreachable.
 """
 
 from __future__ import annotations
@@ -121,6 +122,13 @@ def _non_negative_int(value: str) -> int:
         raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
     if number < 0:
         raise argparse.ArgumentTypeError("must be >= 0")
+    return number
+
+
+def _positive_int(value: str) -> int:
+    number = _non_negative_int(value)
+    if number == 0:
+        raise argparse.ArgumentTypeError("must be >= 1")
     return number
 
 
@@ -349,6 +357,53 @@ def cmd_resume(args: argparse.Namespace, ctx: Context) -> int:
     return _set_paused(args, ctx, False)
 
 
+# ---------------------------------------------------------------------- doctor
+
+
+def _doctor_text(report: Any) -> str:
+    """The summary of a :class:`distcrawl.doctor.Report`: counts per problem, samples."""
+    from distcrawl.doctor import KINDS
+
+    scanned = ", ".join(f"{key} {n}" for key, n in report.scanned.items())
+    verb = "repaired" if report.repair else "checked"
+    lines = [f"doctor {verb} {report.namespace!r} (scanned {scanned})"]
+    for kind, finding in report.findings.items():
+        if not finding.found:
+            continue
+        what, fix = KINDS[kind]
+        line = f"  {finding.found:>8}  {what} [{kind}]"
+        if report.repair:
+            line += f": {finding.repaired} {fix}"
+            if finding.found > finding.repaired:
+                line += f", {finding.found - finding.repaired} gone meanwhile"
+        lines.append(line)
+        for sample in finding.samples:
+            text = ", ".join(f"{k} {'-' if v is None else v}" for k, v in sample.items())
+            lines.append("            " + _one_line(text))
+        if finding.found > len(finding.samples):
+            lines.append(f"            ... and {finding.found - len(finding.samples)} more")
+    if report.incomplete:
+        lines.append("  a scan stopped early (a key kept growing): run the doctor again")
+    if report.problems == 0:
+        lines.append("  no problems found")
+    elif not report.repair:
+        lines.append(f"  {report.problems} problems; distcrawl doctor --repair fixes them")
+    return "\n".join(lines)
+
+
+def cmd_doctor(args: argparse.Namespace, ctx: Context) -> int:
+    """Exit 0 when the frontier is clean or was repaired, 1 when problems were left."""
+    from distcrawl.doctor import Doctor
+
+    doctor = Doctor(ctx.client, args.spider, batch=args.batch, samples=args.samples)
+    report = doctor.examine(repair=args.repair)
+    if ctx.as_json:
+        _emit_json(report.as_dict())
+    else:
+        print(_doctor_text(report))
+    return EXIT_OK if report.resolved else EXIT_PARTIAL
+
+
 # ---------------------------------------------------------------------- reset
 
 
@@ -570,8 +625,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="distcrawl",
         description="Seed, inspect and clean a distcrawl frontier in Redis.",
-        epilog="exit codes: 0 ok, 1 partial failure/refused, 2 usage error, 3 Redis unreachable, "
-        "4 pending cap reached",
+        epilog="exit codes: 0 ok, 1 partial failure/refused/problems left, 2 usage error, "
+        "3 Redis unreachable, 4 pending cap reached",
     )
     _global_options(parser, defaults=True)
     common = argparse.ArgumentParser(add_help=False)
@@ -633,6 +688,34 @@ def build_parser() -> argparse.ArgumentParser:
     limit.add_argument("--clear", action="store_true", help="remove the override")
     command(commands, "pause", cmd_pause, "workers stop taking requests and finish theirs")
     command(commands, "resume", cmd_resume, "workers take requests again")
+
+    doctor = command(
+        commands,
+        "doctor",
+        cmd_doctor,
+        "find frontier state that should never exist (unparsable queue entries, slots "
+        "missing from ready, leases/retries/records without their counterpart, wrong "
+        "in-flight counts); exit 1 if any is left",
+    )
+    doctor.add_argument(
+        "--repair",
+        action="store_true",
+        help="fix what is found (each item re-checked atomically; safe while workers run)",
+    )
+    doctor.add_argument(
+        "--batch",
+        type=_positive_int,
+        default=1000,
+        metavar="N",
+        help="SCAN count and items per repair script (default 1000)",
+    )
+    doctor.add_argument(
+        "--samples",
+        type=_non_negative_int,
+        default=5,
+        metavar="N",
+        help="examples shown per problem (default 5)",
+    )
 
     reset = command(commands, "reset", cmd_reset, "delete every key of this crawl")
     reset.add_argument("--yes", action="store_true", help="do not ask for confirmation")

@@ -65,6 +65,7 @@ def snapshot(frontier: Frontier, stale_after: float = STALE_AFTER) -> dict[str, 
         "dead": dead,
         "paused": bool(paused),
         "totals": {key.decode(): int(value) for key, value in totals.items()},
+        "quarantined": int(totals.get(b"quarantined", 0)),
         "workers": _workers(workers, now, stale_after),
         "domains": [[d.decode(), int(n)] for d, n in domains],
     }
@@ -96,6 +97,8 @@ def render_status(snap: dict[str, Any]) -> str:
         f"  in flight   {snap['leased']:>10}",
         f"  retrying    {snap['delayed']:>10}",
         f"  dead        {snap['dead']:>10}",
+        f"  quarantined {snap.get('quarantined', 0):>10}   (unparsable queue entries "
+        "dead-lettered; see distcrawl doctor)",
         f"  seen        {snap['seen']:>10}",
         f"  start_urls  {snap['start_urls']:>10}",
     ]

@@ -597,7 +597,7 @@ class Frontier:
             queued, inflight, next_at, throttle, robots, limits = values[i * 6 : i * 6 + 6]
             out.append(
                 {
-                    "slot": name.decode(),
+                    "slot": name.decode(errors="backslashreplace"),
                     "queued": int(queued),
                     "in_flight": int(inflight or 0),
                     "next_in": max(0.0, (int(next_at or 0) - now_ms) / 1000),
