@@ -1,0 +1,182 @@
+"""Liveness beats from a thread of their own, so that a busy worker is never taken for dead.
+
+Other workers give a worker's leases back once its tag's score in ``<ns>:alive`` is older than
+the worker timeout (10 s by default). If the beat went through the reactor or the crawler's
+Redis thread, a long parse, a burst of callbacks or one slow pipeline in front of it could
+delay it past that timeout and get a healthy worker's requests fetched twice. So the beat has a
+daemon thread and a Redis connection that nothing else uses: it is late only when the process
+is frozen or Redis is unreachable, which is what the timeout is meant to detect.
+
+The score is Redis' own TIME (``lua/alive.lua``): ages are then computed against the clock of
+the node holding the key, whatever the clocks of the workers' hosts say.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+
+import redis
+from redis.commands.core import Script
+
+from distcrawl.connection import make_redis, redact_url
+from distcrawl.keys import FrontierKeys
+from distcrawl.lua import script_source
+
+logger = logging.getLogger(__name__)
+
+_TAG = re.compile(r"[0-9a-fA-F]{8}")
+#: how much longer than one Redis call stop() waits for the thread before leaving it behind
+JOIN_MARGIN = 1.0
+
+
+class Liveness:
+    """Beats ``ZADD <ns>:alive <server ms> <tag>`` every ``interval`` seconds until stopped.
+
+    Nothing is sent before ``start()`` or ``beat()``: creating one costs no I/O, so it can be
+    built wherever the scheduler is configured, reactor thread included.
+    """
+
+    def __init__(
+        self,
+        redis_url: str,
+        keys: FrontierKeys,
+        tag: str,
+        *,
+        interval: float,
+        socket_timeout: float,
+    ) -> None:
+        if not _TAG.fullmatch(tag):
+            raise ValueError(f"invalid worker tag {tag!r}: expected 8 hex characters")
+        if interval <= 0 or socket_timeout <= 0:
+            raise ValueError(
+                f"interval and socket_timeout must be positive: {interval!r}, {socket_timeout!r}"
+            )
+        self.keys = keys
+        self.tag = tag
+        self.interval = interval
+        self.socket_timeout = socket_timeout
+        #: beats that reached Redis, for stats (written by whichever thread beats)
+        self.beats = 0
+        self._url = redis_url
+        self._client: redis.Redis | None = None
+        self._script: Script | None = None
+        # held for each beat and for the final ZREM, so that a beat in flight when stop()
+        # gives up waiting cannot land after the tag was removed and resurrect it
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._failing = False
+
+    # ------------------------------------------------------------------ public API
+
+    def start(self) -> None:
+        """Start the thread: it beats at once, then every ``interval`` seconds."""
+        if self._thread is not None or self._closed:
+            raise RuntimeError("Liveness.start() called twice or after stop()")
+        self._thread = threading.Thread(
+            target=self._run, name=f"distcrawl-liveness-{self.tag}", daemon=True
+        )
+        self._thread.start()
+
+    def beat(self) -> None:
+        """One beat, synchronous; raises redis.RedisError when Redis cannot be reached.
+
+        After ``stop()`` it does nothing: a tag removed at a clean close must stay removed.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            if self._script is None:
+                self._script = self._redis().register_script(script_source("alive"))
+            self._script(keys=[self.keys.alive], args=[self.tag])
+            self.beats += 1
+
+    def stop(self, *, clean: bool) -> None:
+        """Stop beating; ``clean=True`` (a normal close) also removes the tag, so that nobody
+        waits for it to lapse or reaps leases it no longer holds. ``clean=False`` leaves the
+        score to age, as a crash would: the others then reap it after the worker timeout.
+
+        Waits at most about one Redis call for the thread, and never raises on Redis
+        trouble: it runs while the worker closes, where an error would only hide the reason
+        for closing.
+        """
+        self._stopping.set()
+        bound = self.socket_timeout + JOIN_MARGIN
+        deadline = time.monotonic() + bound
+        if self._thread is not None:
+            self._thread.join(bound)
+        locked = self._lock.acquire(timeout=max(0.0, deadline - time.monotonic()))
+        if not locked:
+            logger.warning(
+                "Liveness beat of worker %s still in flight after %.1fs; leaving it behind",
+                self.tag,
+                bound,
+            )
+        try:
+            self._closed = True
+            if clean:
+                try:
+                    self._redis().zrem(self.keys.alive, self.tag)
+                except redis.RedisError as exc:
+                    logger.warning(
+                        "Could not remove worker %s from %s at %s (%s); it will be reaped "
+                        "as dead once its last beat is old",
+                        self.tag,
+                        self.keys.alive,
+                        redact_url(self._url),
+                        exc,
+                    )
+        finally:
+            if locked:
+                self._lock.release()
+        if self._client is not None:
+            self._client.close()
+
+    # ------------------------------------------------------------------ internals
+
+    def _redis(self) -> redis.Redis:
+        if self._client is None:
+            self._client = make_redis(self._url, socket_timeout=self.socket_timeout)
+        return self._client
+
+    def _run(self) -> None:
+        # ticks on a fixed grid, so that slow beats do not make the period drift longer;
+        # ticks missed while a beat hung are skipped, not sent in a burst
+        next_at = time.monotonic()
+        while not self._stopping.is_set():
+            self._beat_logged()
+            now = time.monotonic()
+            next_at += self.interval
+            if next_at < now:
+                next_at = now + self.interval - (now - next_at) % self.interval
+            if self._stopping.wait(next_at - now):
+                return
+
+    def _beat_logged(self) -> None:
+        """A beat whose failure is logged once per outage: a dead Redis must not flood the
+        log with one line per interval, nor kill the thread and leave the worker beatless
+        once Redis is back."""
+        try:
+            self.beat()
+        except Exception as exc:
+            if not self._failing:
+                self._failing = True
+                logger.warning(
+                    "Liveness beats of worker %s to %s failing (%s: %s); other workers will "
+                    "take back its requests if this lasts",
+                    self.tag,
+                    redact_url(self._url),
+                    type(exc).__name__,
+                    exc,
+                    exc_info=not isinstance(exc, redis.RedisError),
+                )
+            return
+        if self._failing:
+            self._failing = False
+            logger.info(
+                "Liveness beats of worker %s to %s succeed again", self.tag, redact_url(self._url)
+            )
