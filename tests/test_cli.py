@@ -54,6 +54,8 @@ def fill(client, keys):
     client.set(keys.seq, 2)
     client.lpush(keys.dead, dead_letter("bad", raw=b"x", source="start_urls"))
     client.hset(keys.workers, b"host:1", b"{}")
+    client.zadd(keys.alive, {b"0a1b2c3d": 1})
+    client.hset(keys.commits, b"0a1b2c3d", b"1")
     client.hset(keys.stats, b"pages", 1)
     client.zadd(keys.domains, {b"example.com": 1})
     client.set(keys.paused, b"1")
