@@ -8,16 +8,20 @@ it. Against a real redis-server.
 
 from __future__ import annotations
 
+import json
 import re
 import time
+from types import SimpleNamespace
 
 import pytest
 import pytest_twisted
 from scrapy.crawler import AsyncCrawlerRunner
 from scrapy.utils.defer import deferred_from_coro
 
+from distcrawl import cli
 from distcrawl.frontier import Frontier
 from distcrawl.keys import FrontierKeys
+from distcrawl.liveness import Liveness
 from distcrawl.spiders.site import SiteSpider
 from tests.support import wait_until
 from tests.test_robots_bypass import PRIVATE, fetched_private
@@ -134,3 +138,91 @@ async def test_a_worker_a_day_behind_reads_an_expired_robots_txt_again(
     age, status, body = frontier.robots_txt(netloc)
     assert status == 200 and b"Disallow: /private/" in body  # the new copy is shared,
     assert 0 <= age < 60  # stamped anew
+
+
+# ---------------------------------------------------------------------- worker status
+
+
+def heartbeat(redis_client, wid: str, tag: str | None, state: str, last_beat: float) -> None:
+    """A heartbeat as WorkerMonitor writes it; ``last_beat`` is the worker host's clock."""
+    beat = {"host": wid.split(":")[0], "pid": 1, "state": state, "last_beat": last_beat}
+    if tag is not None:
+        beat["tag"] = tag
+    redis_client.hset(SITE.workers, wid, json.dumps(beat))
+
+
+def status(capsys, redis_url: str, *extra: str) -> dict[str, dict]:
+    capsys.readouterr()
+    assert cli.main(["--redis-url", redis_url, "--json", "status", "site", *extra]) == 0
+    return {w["id"]: w for w in json.loads(capsys.readouterr().out)["workers"]}
+
+
+def test_status_judges_workers_by_their_beats_and_the_server_clock(
+    redis_url, redis_client, capsys, monkeypatch
+):
+    now = time.time()
+    # host clocks all over the place: last_beat must not matter
+    heartbeat(redis_client, "ahead:1", "0000000a", "running", now + DAY)
+    heartbeat(redis_client, "behind:2", "0000000b", "running", now - DAY)
+    heartbeat(redis_client, "dead:3", "0000000c", "running", now + DAY)
+    heartbeat(redis_client, "old:4", None, "running", now)  # no tag: an older distcrawl
+    heartbeat(redis_client, "done:5", None, "finished", now - DAY)
+    beaters = [
+        Liveness(redis_url, SITE, tag, interval=0.1, socket_timeout=1.0)
+        for tag in ("0000000a", "0000000b")
+    ]
+    for liveness in beaters:
+        liveness.start()
+    try:
+        # the dead worker's last beat was 30 s ago by the server's clock
+        seconds, micros = redis_client.time()
+        redis_client.zadd(SITE.alive, {"0000000c": seconds * 1000 + micros // 1000 - 30_000})
+        assert wait_until(lambda: redis_client.zcard(SITE.alive) == 3, timeout=10)
+        for offset in (+DAY, -DAY):  # the CLI's host clock is off too
+            skew(monkeypatch, offset)
+            workers = status(capsys, redis_url)
+            assert {wid: w["status"] for wid, w in workers.items()} == {
+                "ahead:1": "alive",
+                "behind:2": "alive",
+                "dead:3": "stale",
+                "old:4": "stale",
+                "done:5": "exited",
+            }
+            assert workers["ahead:1"]["age"] < 10 and workers["behind:2"]["age"] < 10
+            assert 30 <= workers["dead:3"]["age"] < 90
+            assert workers["old:4"]["age"] is None and workers["done:5"]["age"] is None
+            assert workers["ahead:1"]["tag"] == "0000000a"  # heartbeat fields kept
+            assert workers["ahead:1"]["last_beat"] == now + DAY
+        assert status(capsys, redis_url, "--stale-after", "120")["dead:3"]["status"] == "alive"
+        # and as text
+        capsys.readouterr()
+        assert cli.main(["--redis-url", redis_url, "status", "site"]) == 0
+        out = capsys.readouterr().out
+        assert "workers: 2 alive of 5" in out
+        assert re.search(r"done:5 +exited +finished +last beat +- +pages", out), out
+        # a worker that closes normally leaves alive; its final heartbeat says it exited
+        beaters[0].stop(clean=True)
+        heartbeat(redis_client, "ahead:1", "0000000a", "finished", now + DAY)
+        assert status(capsys, redis_url)["ahead:1"]["status"] == "exited"
+    finally:
+        for liveness in beaters:
+            liveness.stop(clean=False)
+
+
+def test_the_heartbeat_names_the_schedulers_liveness_tag():
+    from distcrawl.config import DistcrawlConfig
+    from distcrawl.connection import RedisIO
+    from distcrawl.extensions import WorkerMonitor
+    from distcrawl.scheduler import _SCHEDULERS
+
+    class Crawler:  # what _snapshot reads of a crawler; weakly referenceable, as a key
+        stats = None
+
+    crawler = Crawler()
+    monitor = WorkerMonitor(crawler, DistcrawlConfig(), RedisIO("redis://127.0.0.1:1/0"))  # type: ignore[arg-type]
+    assert monitor._snapshot("running")[2]["tag"] is None  # no distcrawl scheduler
+    _SCHEDULERS[crawler] = SimpleNamespace(tag="0a1b2c3d")  # type: ignore[assignment]
+    try:
+        assert monitor._snapshot("running")[2]["tag"] == "0a1b2c3d"
+    finally:
+        del _SCHEDULERS[crawler]
