@@ -16,7 +16,8 @@ from typing import Any
 from distcrawl.frontier import Frontier
 from distcrawl.seen import BloomState
 
-#: a worker whose last heartbeat is older than this is reported as stale (dead or stuck)
+#: a worker whose last liveness beat is older than this is reported as stale (dead or stuck);
+#: the workers' own default timeout, after which they reap each other
 STALE_AFTER = 10.0
 SPARKS = "▁▂▃▄▅▆▇█"
 
@@ -36,6 +37,7 @@ def snapshot(frontier: Frontier, stale_after: float = STALE_AFTER) -> dict[str, 
     pipe.hgetall(k.stats)
     pipe.hgetall(k.workers)
     pipe.zrevrange(k.domains, 0, 9, withscores=True)
+    pipe.zrange(k.alive, 0, -1, withscores=True)
     pipe.time()
     (
         queue,
@@ -50,6 +52,7 @@ def snapshot(frontier: Frontier, stale_after: float = STALE_AFTER) -> dict[str, 
         totals,
         workers,
         domains,
+        alive,
         server_time,
     ) = pipe.execute()
     now = server_time[0] + server_time[1] / 1e6
@@ -66,24 +69,40 @@ def snapshot(frontier: Frontier, stale_after: float = STALE_AFTER) -> dict[str, 
         "paused": bool(paused),
         "totals": {key.decode(): int(value) for key, value in totals.items()},
         "quarantined": int(totals.get(b"quarantined", 0)),
-        "workers": _workers(workers, now, stale_after),
+        "workers": _workers(workers, _beats(alive), now, stale_after),
         "domains": [[d.decode(), int(n)] for d, n in domains],
     }
 
 
-def _workers(raw: dict[bytes, bytes], now: float, stale_after: float) -> list[dict[str, Any]]:
+def _beats(alive: list[tuple[bytes, float]]) -> dict[str, float]:
+    """Worker tag -> time of its last liveness beat, in server seconds."""
+    return {tag.decode(): score / 1000 for tag, score in alive}
+
+
+def _workers(
+    raw: dict[bytes, bytes], beats: dict[str, float], now: float, stale_after: float
+) -> list[dict[str, Any]]:
+    """Each heartbeat with its status. The age is the server's TIME minus the worker's
+    liveness beat (both the server's clock): the heartbeat's ``last_beat`` is the worker
+    host's clock, and comparing it with this host's clock would report a live worker on a
+    host running late as stale, or a dead one on a host running early as alive. A worker
+    with no beat to go by (no tag: an older distcrawl; or its tag gone) has no age and is
+    stale unless it says it exited."""
     out = []
     for wid, beat in raw.items():
         try:
             info = json.loads(beat)
         except ValueError:
             continue
-        age = now - float(info.get("last_beat", 0))
+        tag = info.get("tag")
+        last = beats.get(tag) if isinstance(tag, str) else None
+        age = None if last is None else max(0.0, now - last)
         closed = info.get("state") not in ("running", "paused")
+        fresh = age is not None and age <= stale_after
         info.update(
             id=wid.decode(),
-            age=round(age, 1),
-            status="exited" if closed else ("stale" if age > stale_after else "alive"),
+            age=None if age is None else round(age, 1),
+            status="exited" if closed else ("alive" if fresh else "stale"),
         )
         out.append(info)
     return sorted(out, key=lambda w: (w["status"] != "alive", w["id"]))
@@ -107,9 +126,10 @@ def render_status(snap: dict[str, Any]) -> str:
     alive = sum(1 for w in snap["workers"] if w["status"] == "alive")
     lines.append(f"workers: {alive} alive of {len(snap['workers'])}")
     for w in snap["workers"]:
+        age = f"{'-':>6}      " if w["age"] is None else f"{w['age']:>6.1f}s ago"
         lines.append(
             f"  {w['id']:<28} {w['status']:<7} {w.get('state', ''):<8} last beat "
-            f"{w['age']:>6.1f}s ago  pages {w.get('pages', 0):>7}  "
+            f"{age}  pages {w.get('pages', 0):>7}  "
             f"{w.get('pages_per_min', 0):>7.0f}/min  items {w.get('items', 0):>7}"
         )
     if snap["domains"]:

@@ -128,6 +128,9 @@ class WorkerMonitor:
         heartbeat = {
             "host": socket.gethostname(),
             "pid": os.getpid(),
+            # the key of its liveness beats in <ns>:alive, by which `distcrawl status` judges
+            # it (last_beat is this host's clock, for people, not for comparing with others)
+            "tag": getattr(scheduler_of(self.crawler), "tag", None),
             "started": self.started,
             "last_beat": time.time(),
             "state": state,

@@ -533,23 +533,29 @@ class Frontier:
         return Drained(int(start_urls), int(queued), int(leased), next_retry)
 
     def robots_txt(self, netloc: str) -> tuple[float, int, bytes] | None:
-        """(fetched at, HTTP status, body) of a netloc's shared robots.txt; status 0 means
-        the download failed (read as "allowed", like Scrapy)."""
-        value: bytes | None = self.client.hget(self.keys.robotstxt, netloc)  # type: ignore[assignment]
+        """(age in seconds, HTTP status, body) of a netloc's shared robots.txt; status 0 means
+        the download failed (read as "allowed", like Scrapy). The age is taken against the
+        TIME of the server that stamped the entry, never this host's clock, so that workers
+        with skewed clocks agree on when it expires."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hget(self.keys.robotstxt, netloc)
+        pipe.time()
+        value, (seconds, micros) = pipe.execute()
         if value is None:
             return None
         head, _, body = value.partition(b"\n")
         fetched, _, status = head.partition(b" ")
-        return float(fetched), int(status), body
+        return seconds + micros / 1e6 - float(fetched), int(status), body
 
     def lock_robots_txt(self, netloc: str, ttl_ms: int) -> bool:
         return bool(self.client.set(self.keys.robots_lock(netloc), worker_id(), nx=True, px=ttl_ms))
 
     def store_robots_txt(self, netloc: str, status: int, body: bytes) -> None:
-        pipe = self.client.pipeline(transaction=True)
-        pipe.hset(self.keys.robotstxt, netloc, b"%d %d\n" % (int(time.time()), status) + body)
-        pipe.delete(self.keys.robots_lock(netloc))
-        pipe.execute()
+        """Share a downloaded robots.txt, stamped with the server's TIME (robots_store.lua),
+        and free the download lock."""
+        self.scripts.robots_store(
+            keys=[self.keys.robotstxt, self.keys.robots_lock(netloc)], args=[netloc, status, body]
+        )
 
     def pending_room(self) -> int | None:
         """How many more start URLs the pending cap allows (None: no cap published)."""

@@ -2,11 +2,12 @@
 requests through.
 
 Sharing: each netloc's robots.txt is kept in Redis (``<ns>:robotstxt``) for
-DISTCRAWL_ROBOTS_TTL seconds. The first worker to need it takes a short lock, downloads it,
-and stores it; the others wait for it instead of downloading their own copy. Its
-Crawl-delay (up to DISTCRAWL_CRAWL_DELAY_MAX) becomes the slot's cluster-wide delay
-(``robots.lua``); until it is known, lease.lua hands out only the one request that makes a
-worker read robots.txt, so no burst goes out before the delay is known.
+DISTCRAWL_ROBOTS_TTL seconds, stamped and aged by the Redis server's clock so that workers
+whose clocks disagree still agree on when it expires. The first worker to need it takes a
+short lock, downloads it, and stores it; the others wait for it instead of downloading their
+own copy. Its Crawl-delay (up to DISTCRAWL_CRAWL_DELAY_MAX) becomes the slot's cluster-wide
+delay (``robots.lua``); until it is known, lease.lua hands out only the one request that makes
+a worker read robots.txt, so no burst goes out before the delay is known.
 
 The bug:
 While a netloc's robots.txt is being downloaded, ``RobotsTxtMiddleware._parsers[netloc]``
@@ -122,7 +123,9 @@ class RobotsTxtMiddleware(ScrapyRobotsTxtMiddleware):
         try:
             while True:
                 cached = await self._redis(scheduler, frontier.robots_txt, netloc)
-                if cached is not None and time.time() - cached[0] < self.config.robots_ttl:
+                # the age is by the server's clock; a negative one means the stamp came
+                # from another clock (a worker of an older distcrawl): read it again
+                if cached is not None and 0 <= cached[0] < self.config.robots_ttl:
                     self._stats.inc_value("distcrawl/robots/shared")
                     return (cached[2] if cached[1] else None), False
                 if time.monotonic() > give_up or await self._redis(

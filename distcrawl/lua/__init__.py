@@ -26,6 +26,7 @@ NAMES = (
     "renew",
     "requeue",
     "robots",
+    "robots_store",
     "seen",
     "bloom_grow",
     "sent",
@@ -68,6 +69,7 @@ class Scripts:
     renew: Script
     requeue: Script
     robots: Script
+    robots_store: Script
     seen: Script
     bloom_grow: Script
     sent: Script

@@ -1,0 +1,19 @@
+-- robots_store.lua: share the robots.txt a worker just downloaded, and free its download lock.
+--
+-- KEYS[1] robotstxt  HASH    netloc -> "<fetched> <status>\n<body>", fetched in seconds with
+--                            ms (this server's TIME)
+-- KEYS[2] lock       STRING  robotstxt:lock:<netloc>, held by the downloading worker
+--
+-- ARGV[1] netloc
+-- ARGV[2] HTTP status (0: the download failed, read as "allowed")
+-- ARGV[3] body
+--
+-- The stamp is this server's TIME, not the writer's clock: readers on other hosts measure the
+-- entry's age with the same server's TIME (``Frontier.robots_txt``), so a skewed host neither
+-- keeps a stale robots.txt nor re-reads a fresh one. Returns the stamp (ms).
+
+local now = now_ms()
+local fetched = string.format('%d.%03d', math.floor(now / 1000), now % 1000)
+redis.call('HSET', KEYS[1], ARGV[1], fetched .. ' ' .. ARGV[2] .. '\n' .. ARGV[3])
+redis.call('DEL', KEYS[2])
+return now
