@@ -9,6 +9,8 @@ from urllib.parse import urlsplit, urlunsplit
 from weakref import WeakKeyDictionary
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 from twisted.internet.defer import Deferred
 from twisted.internet.threads import deferToThreadPool
 from twisted.python.threadpool import ThreadPool
@@ -47,6 +49,10 @@ def make_redis(url: str, *, socket_timeout: float = 10.0) -> redis.Redis:
         socket_connect_timeout=socket_timeout,
         health_check_interval=30,
         decode_responses=False,
+        # never re-send a command behind distcrawl's back when its reply is lost: a commit
+        # sent again is recognised (its id), but a lease sent twice would hold requests
+        # nobody works on until the lease expires; the callers retry what is safe to retry
+        retry=Retry(NoBackoff(), 0),
     )
 
 

@@ -47,6 +47,11 @@ COUNTERS = {
     "download_errors": "downloader/exception_count",
     "dropped": "distcrawl/backpressure/dropped",
     "throttled": "distcrawl/politeness/throttled",
+    # queue entries this worker dead-lettered because they could not be parsed or decoded
+    # (lease.lua counts the ones it quarantines itself into the same field)
+    "quarantined": "distcrawl/quarantined",
+    "dead_worker_released": "distcrawl/dead_worker_released",
+    "stale_acks": "distcrawl/ack/stale",
 }
 #: how often a worker reads Redis' INFO memory to warn before maxmemory is reached
 MEMORY_CHECK_INTERVAL = 10.0

@@ -1,11 +1,20 @@
 """The frontier's scripts against a real redis-server."""
 
+import hashlib
 import json
 import time
 
 import pytest
+import redis
 
-from distcrawl.frontier import Entry, Frontier, dead_letter
+from distcrawl.frontier import (
+    DEAD_RAW_BYTES,
+    Entry,
+    Frontier,
+    LeaseRef,
+    dead_letter,
+    make_entry,
+)
 from distcrawl.keys import FrontierKeys
 
 
@@ -300,3 +309,198 @@ def test_pending_cap_drops_new_requests_but_keeps_high_priority_and_start_urls(r
     entry = Entry("s", b"fp-s", 0, b"s", b"http://c.test/x", "c.test")
     assert frontier.commit([], [entry]).held == 1
     assert redis_client.llen("t:start_urls") == 1  # left in place, not lost
+
+
+# ------------------------------------------------------------ owned leases, rollbacks, poison
+
+
+def entry(fp, payload, slot="t.test", kind="r", raw=b""):
+    return Entry(kind, fp, 0, payload, raw, slot)
+
+
+def test_a_late_ack_from_a_stalled_worker_is_a_counted_no_op(redis_client):
+    keys = FrontierKeys("t")
+    slow, fast = Frontier(redis_client, keys), Frontier(redis_client, keys)
+    slow.commit([], [entry(b"a", b"a")])
+    (mine,) = slow.lease(1, 50).items
+    time.sleep(0.1)
+    assert slow.requeue_expired().requeued == 1
+    (theirs,) = fast.lease(1, 60_000).items
+    assert theirs.id == mine.id and theirs.token != mine.token
+    late = slow.commit([mine.ref], [])
+    assert (late.stale, late.late, late.missing) == (1, 0, 0)
+    assert redis_client.zscore("t:leases", theirs.id) is not None  # still the fast worker's
+    assert slow.renew([mine.ref], 60_000) == 0
+    assert slow.release([mine.ref]) == 0
+    assert fast.renew([theirs.ref], 60_000) == 1
+    done = fast.commit([theirs.ref], [])
+    assert (done.stale, done.missing) == (0, 0)
+    assert redis_client.hlen("t:requests") == 0 and redis_client.hlen("t:inflight") == 0
+
+
+def test_ids_reused_after_redis_lost_its_data_never_match(redis_client):
+    keys = FrontierKeys("t")
+    old, new = Frontier(redis_client, keys), Frontier(redis_client, keys)
+    old.commit([], [entry(b"a", b"a")])
+    (held,) = old.lease(1, 60_000).items
+    redis_client.flushall()  # a restart without persistence, a failover to a lagging replica
+    new.commit([], [entry(b"b", b"b"), entry(b"", b"retry", kind="l", raw=b"60000")])
+    (fresh,) = new.lease(1, 60_000).items
+    assert fresh.id == held.id  # seq went back: the same id names another request
+    result = old.commit([held.ref], [])  # the old worker finishes what it held
+    assert result.stale == 1
+    assert redis_client.zscore("t:leases", fresh.id) is not None
+    assert redis_client.zcard("t:delayed") == 1  # the waiting retry is untouched
+    retry_id = redis_client.zrange("t:delayed", 0, 0)[0].decode()
+    assert old.commit([LeaseRef(retry_id, held.token)], []).stale == 1
+    assert redis_client.zcard("t:delayed") == 1
+
+
+def test_a_reused_id_with_a_record_gets_a_new_one_when_leased(redis_client):
+    frontier = Frontier(redis_client, FrontierKeys("t"))
+    # a record left under id 1 (e.g. a retry waiting) and a queued entry reusing id 1
+    record = b"\0" * 8 + make_entry("t.test", 0, 1, b"retry")
+    redis_client.hset("t:requests", "000000000001", record)
+    redis_client.zadd("t:delayed", {"000000000001": time.time() * 1000 + 60_000})
+    redis_client.zadd("t:queue", {make_entry("t.test", 0, 1, b"new"): 0})
+    redis_client.zadd("t:ready", {"t.test": 0})
+    redis_client.set("t:seq", 5)
+    (item,) = frontier.lease(5, 60_000).items
+    assert item.payload == b"new" and item.id != "000000000001"
+    assert redis_client.hget("t:requests", "000000000001") == record
+    frontier.commit([item.ref], [])
+    assert redis_client.hget("t:requests", "000000000001") == record
+
+
+def test_a_replayed_commit_changes_nothing(redis_client):
+    frontier = Frontier(redis_client, FrontierKeys("t"))
+    record = dead_letter("gave up", url="http://t.test/x", source="retry")
+    entries = [
+        entry(b"", b"dont-filter"),
+        entry(b"", b"retry", kind="l", raw=b"60000"),
+        Entry("d", b"", 0, record),
+    ]
+    first = frontier.commit([], entries, commit_id="c1")
+    again = frontier.commit([], entries, commit_id="c1")
+    assert (first.enqueued, first.dead, first.replayed) == (2, 1, 0)
+    assert (again.enqueued, again.dead, again.replayed) == (0, 0, 1)
+    assert redis_client.zcard("t:queue") == 1
+    assert redis_client.zcard("t:delayed") == 1
+    assert redis_client.llen("t:dead") == 1
+    assert frontier.commit([], entries, commit_id="c2").enqueued == 2  # a new commit is new
+
+
+def test_a_commit_is_checked_before_it_writes_anything(frontier, redis_client):
+    redis_client.lpush("t:start_urls", b"http://a.test/")
+    entries = [
+        entry(b"a", b"a"),
+        entry(b"s", b"s", kind="s", raw=b"http://a.test/", slot="a.test"),
+        entry(b"b", b"b", slot="a\0b"),
+    ]
+    with pytest.raises(redis.ResponseError, match="slot contains NUL"):
+        frontier.commit([], entries)
+    for bad, reason in (("", "empty slot"), ("x" * 256, "over 255 bytes")):
+        with pytest.raises(redis.ResponseError, match=reason):
+            frontier.commit([], [entry(b"a", b"a"), entry(b"c", b"c", slot=bad)])
+    assert redis_client.zcard("t:queue") == 0
+    assert redis_client.scard("t:seen") == 0
+    assert redis_client.get("t:seq") is None
+    assert redis_client.llen("t:start_urls") == 1
+
+
+@pytest.mark.parametrize(
+    "poison",
+    [b"t.test\0\x01\x02", b"no separator at all", b"t.test\0" + b"\x00" * 9],
+)
+def test_a_malformed_queue_member_is_quarantined_and_the_rest_leased(
+    frontier, redis_client, poison
+):
+    push(frontier, (b"a", 0, b"a"), (b"b", 0, b"b"))
+    redis_client.zadd("t:queue", {poison: 0})
+    leased, quarantined = [], 0
+    for _ in range(3):  # bounded: a member outside every slot's range needs an empty ready
+        result = frontier.lease(10, 60_000)
+        leased += result.items
+        quarantined += result.quarantined
+        for item in result.items:
+            frontier.commit([item.ref], [])
+    assert sorted(x.payload for x in leased) == [b"a", b"b"]
+    assert quarantined == 1
+    assert redis_client.zcard("t:queue") == 0
+    (record,) = [json.loads(r) for r in redis_client.lrange("t:dead", 0, -1)]
+    assert record["reason"] == "malformed queue entry" and record["source"] == "queue"
+    assert bytes.fromhex(record["raw_hex"]) == poison
+    assert record["raw_length"] == len(poison)
+    assert record["raw_sha1"] == hashlib.sha1(poison).hexdigest()
+    assert redis_client.hget("t:stats", "quarantined") == b"1"
+    assert redis_client.hlen("t:inflight") == 0
+
+
+def test_a_member_whose_slot_is_not_utf8_is_handed_over_to_be_dead_lettered(frontier, redis_client):
+    bad = b"\xff\xfe\0" + b"\0" * 4 + (7).to_bytes(6, "big") + b"payload"
+    redis_client.zadd("t:queue", {bad: 0})
+    redis_client.zadd("t:ready", {b"\xff\xfe": 0})
+    result = frontier.lease(10, 60_000)
+    assert result.items == [] and len(result.bad) == 1
+    assert "not UTF-8" in result.bad[0].reason and result.bad[0].raw == bad
+    # the worker dead-letters it with its acknowledgement: the place it held is freed
+    record = dead_letter(result.bad[0].reason, raw=bad, source="queue")
+    frontier.commit([result.bad[0].ref], [Entry("d", b"", 0, record)])
+    assert redis_client.hlen("t:inflight") == 0 and redis_client.hlen("t:requests") == 0
+    assert redis_client.llen("t:dead") == 1
+
+
+def test_a_slot_lost_from_ready_is_armed_again(frontier, redis_client):
+    push(frontier, (b"a", 0, b"a"))
+    redis_client.delete("t:ready")
+    first = frontier.lease(10, 60_000)
+    assert first.rearmed == 1
+    leased = first.items or frontier.lease(10, 60_000).items
+    assert [x.payload for x in leased] == [b"a"]
+
+
+def test_leases_of_a_dead_worker_are_given_back_and_a_live_ones_kept(redis_client):
+    keys = FrontierKeys("t")
+    dead, alive, reaper = (Frontier(redis_client, keys) for _ in range(3))
+    for i in range(4):
+        push(dead, (f"{i}".encode(), 0, f"{i}".encode()))
+    now_ms = int(time.time() * 1000)
+    redis_client.zadd("t:alive", {dead.tag: now_ms - 60_000, alive.tag: now_ms + 60_000})
+    held_dead = dead.lease(2, 600_000).items
+    held_alive = alive.lease(2, 600_000).items
+    result = reaper.requeue_expired(worker_timeout_ms=10_000)
+    assert (result.dead_workers, result.released) == (1, 2)
+    assert redis_client.zscore("t:alive", dead.tag) is None
+    assert redis_client.zscore("t:alive", alive.tag) is not None
+    for item in held_alive:
+        assert redis_client.zscore("t:leases", item.id) is not None
+    again = reaper.lease(10, 600_000).items
+    assert sorted(x.payload for x in again) == sorted(x.payload for x in held_dead)
+    # the dead worker was only frozen: its acknowledgements are stale now
+    assert dead.commit([x.ref for x in held_dead], []).stale == 2
+
+
+def test_drained_sees_every_kind_of_pending_work(frontier, redis_client):
+    assert frontier.drained().idle(1000)
+    redis_client.lpush("t:start_urls", b"http://a.test/")
+    assert not frontier.drained().idle(1000)
+    redis_client.delete("t:start_urls")
+    frontier.commit([], [entry(b"", b"retry", kind="l", raw=b"5000")])
+    assert not frontier.drained().idle(10_000)  # due within the idle timeout
+    assert frontier.drained().idle(1000)  # due later: another worker will take it
+    push(frontier, (b"a", 0, b"a"))
+    assert not frontier.drained().idle(1000)
+    frontier.lease(1, 60_000)
+    state = frontier.drained()
+    assert (state.queued, state.leased) == (0, 1) and not state.idle(1000)
+
+
+def test_dead_letter_records_keep_64_kb_of_raw_bytes_with_length_and_hash():
+    raw = b"\xe2\x82\xac" * 30_000  # 90,000 bytes of UTF-8, cut inside a character
+    record = json.loads(dead_letter("too large", raw=raw, source="start_urls"))
+    assert record["raw_length"] == 90_000 and record["truncated"] is True
+    assert record["raw_sha1"] == hashlib.sha1(raw).hexdigest()
+    assert len(record["raw"].encode()) <= DEAD_RAW_BYTES
+    assert raw.startswith(record["raw"].encode())
+    small = json.loads(dead_letter("bad", raw=b"\xff\x00x", source="queue"))
+    assert small["raw"].encode("latin-1") == b"\xff\x00x" and "truncated" not in small

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from typing import Any
 
+import pytest
 import pytest_twisted
-from scrapy import Request
+from scrapy import Request, signals
 from scrapy.crawler import AsyncCrawlerRunner
 from scrapy.utils.defer import deferred_from_coro
 from twisted.internet import task
@@ -226,3 +228,111 @@ def test_addon_swaps_in_the_redis_backed_retries():
     assert downloader[ScrapyRetry] is None
     assert downloader[RetryMiddleware] == 550
     assert s.getdict("SPIDER_MIDDLEWARES")[CallbackRetryMiddleware] == 30
+
+
+# -------------------------------------------------------------------- Scrapy's contract
+
+
+class TwoWaySpider(RedisSpider):
+    """Two pages linking to each other and to /page/3: duplicates caught in Redis too."""
+
+    name = "twoway"
+
+    def parse(self, response, **kwargs):
+        for n in (1, 2, 3):
+            yield Request(response.urljoin(f"/page/{n}"))
+
+
+class BadSlotSpider(RedisSpider):
+    name = "badslot"
+
+    def parse(self, response, **kwargs):
+        yield Request(response.urljoin("/page/2"), meta={"download_slot": "a\0b"})
+        yield Request(response.urljoin("/page/3"), meta={"download_slot": "x" * 300})
+        yield Request(response.urljoin("/page/4"))
+
+
+@pytest_twisted.ensureDeferred
+async def test_scheduler_speaks_scrapys_dialect(redis_url, redis_client, demo_site, caplog):
+    """len() without I/O, Scrapy's scheduler stats, request_dropped for duplicates caught in
+    Redis, and DUPEFILTER_DEBUG lines with the referer."""
+    site = demo_site(pages=5)
+    redis_client.lpush("twoway:start_urls", site.url + "/page/1", site.url + "/page/2")
+    runner = AsyncCrawlerRunner(
+        settings(redis_url, DUPEFILTER_DEBUG=True, DISTCRAWL_LOCAL_SEEN_CACHE=0, LOG_LEVEL="DEBUG")
+    )
+    crawler = runner.create_crawler(TwoWaySpider)
+    dropped: list[str] = []
+    lengths: list[int] = []
+
+    def on_dropped(request, spider):
+        dropped.append(request.url)
+
+    def on_scheduled(request, spider):
+        lengths.append(len(crawler.engine._slot.scheduler))
+
+    crawler.signals.connect(on_dropped, signal=signals.request_dropped, weak=False)
+    crawler.signals.connect(on_scheduled, signal=signals.request_scheduled, weak=False)
+    with caplog.at_level(logging.DEBUG, logger="distcrawl.dupefilter"):
+        await run(crawler.crawl_async())
+    stats = crawler.stats.get_stats()
+    assert sorted(set(fetched(site))) == ["/page/1", "/page/2", "/page/3"]
+    # 3 pages of 3 links, one of them new: with no local cache every duplicate is caught
+    # in Redis, and each is dropped, counted and logged as Scrapy's own filter would
+    assert len(dropped) == 8 and stats["dupefilter/filtered"] == 8
+    assert stats["scheduler/enqueued"] == stats["scheduler/enqueued/redis"] == 9
+    assert stats["scheduler/dequeued"] == stats["scheduler/dequeued/redis"] == 3
+    lines = [r.getMessage() for r in caplog.records if "Filtered duplicate" in r.getMessage()]
+    assert len(lines) == 8 and all("(referer: http" in line for line in lines)
+    assert lengths and all(isinstance(n, int) and n >= 0 for n in lengths)
+
+
+@pytest_twisted.ensureDeferred
+async def test_base_dupefilter_turns_the_shared_seen_set_off(redis_url, redis_client, demo_site):
+    site = demo_site(pages=5)
+    redis_client.lpush("twoway:start_urls", site.url + "/page/1")
+    crawler = await crawl(
+        TwoWaySpider,
+        redis_url,
+        DUPEFILTER_CLASS="scrapy.dupefilters.BaseDupeFilter",
+        DEPTH_LIMIT=1,
+    )
+    assert crawler.stats.get_value("dupefilter/filtered") is None
+    assert redis_client.scard("twoway:seen") == 0
+    # /page/1 again, /page/2, /page/3: nothing filtered
+    assert sorted(fetched(site)) == ["/page/1", "/page/1", "/page/2", "/page/3"]
+
+
+def test_a_foreign_dupefilter_is_a_configuration_error_naming_the_setting(redis_url):
+    from scrapy.utils.test import get_crawler
+
+    from distcrawl.config import ConfigError
+
+    crawler = get_crawler(
+        TwoWaySpider,
+        settings(redis_url, DUPEFILTER_CLASS="scrapy.dupefilters.RFPDupeFilter"),
+    )
+    with pytest.raises(
+        ConfigError, match=re.escape("DUPEFILTER_CLASS='scrapy.dupefilters.RFPDupeFilter'")
+    ):
+        Scheduler.from_crawler(crawler)
+    # Scrapy's default left in place (no add-on, no project value) means distcrawl's own
+    plain = get_crawler(TwoWaySpider, {"REDIS_URL": redis_url})
+    assert Scheduler.from_crawler(plain).df is not None
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_download_slot_that_cannot_be_a_slot_is_dead_lettered(
+    redis_url, redis_client, demo_site
+):
+    site = demo_site(pages=10)
+    redis_client.lpush("badslot:start_urls", site.url + "/page/1")
+    crawler = await crawl(BadSlotSpider, redis_url)
+    assert sorted(set(fetched(site))) == ["/page/1", "/page/4"]
+    reasons = sorted(json.loads(r)["reason"] for r in redis_client.lrange("badslot:dead", 0, -1))
+    assert reasons == [
+        "invalid download slot: slot contains NUL",
+        "invalid download slot: slot over 255 bytes",
+    ]
+    assert crawler.stats.get_value("distcrawl/invalid_slot") == 2
+    assert redis_client.hlen("badslot:inflight") == 0
