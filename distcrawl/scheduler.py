@@ -73,6 +73,8 @@ DRAIN_CHECK_MAX_AGE = 1.0
 #: how long (s) a closing worker waits for a batch still running
 CLOSE_WAIT = 30.0
 REDIS_DUPEFILTER = "distcrawl.dupefilter.RedisDupeFilter"
+#: seconds between two warnings of the same kind
+WARN_EVERY = 10.0
 
 
 _SCHEDULERS: WeakKeyDictionary[Any, Scheduler] = WeakKeyDictionary()
@@ -150,6 +152,7 @@ class Scheduler(BaseScheduler):
         #: the same, of those that reached it since the last batch (Frontier.sent)
         self._sent: list[tuple[str, int]] = []
         self._warned_full = 0.0
+        self._warned_acks = -WARN_EVERY
         self._ready: deque[tuple[LeaseRef, Request]] = deque()
         self._active: dict[LeaseRef, Request] = {}
         self._busy = False
@@ -631,10 +634,12 @@ class Scheduler(BaseScheduler):
                 "A commit whose reply was lost had already been stored; not stored again",
                 extra={"spider": self.spider},
             )
-        if c.stale or c.missing:
+        if (c.stale or c.missing) and time.monotonic() - self._warned_acks >= WARN_EVERY:
+            self._warned_acks = time.monotonic()
             logger.warning(
                 "%d acknowledgements came after their leases were taken over and %d found no "
-                "request (already done, or lost by Redis); they changed nothing",
+                "request (already done, or lost by Redis); they changed nothing (stats: "
+                "distcrawl/ack/stale, distcrawl/ack/missing)",
                 c.stale,
                 c.missing,
                 extra={"spider": self.spider},
@@ -647,7 +652,7 @@ class Scheduler(BaseScheduler):
             self._inc("distcrawl/backpressure/dropped", c.dropped)
             self._inc("distcrawl/backpressure/start_urls_held", c.held)
             self._next_peek = time.monotonic() + BUSY_PEEK_INTERVAL
-            if time.monotonic() - self._warned_full >= 10.0:
+            if time.monotonic() - self._warned_full >= WARN_EVERY:
                 self._warned_full = time.monotonic()
                 logger.warning(
                     "The shared queue is at DISTCRAWL_MAX_PENDING=%d: %d new requests dropped "
@@ -847,7 +852,6 @@ class Scheduler(BaseScheduler):
             or self._busy
             or self._failing  # cannot tell whether the shared queue is empty
             or self._paused
-            or self._remote_delayed  # retries will come due
             or self.has_pending_requests()
             or self._active
         ):

@@ -122,22 +122,26 @@ def test_a_dead_workers_domain_resumes_long_before_its_leases_expire(
     redis_client.lpush("site:start_urls", site.url + "/")
     victim = workers(1, **settings)
     assert wait_until(lambda: len(page_fetches(site)) >= 40, timeout=60)
-    survivor = workers(2, **settings)
-    assert survivor.wait_for_log("Frontier: ")
     victim.kill()
     killed = time.time()
+    # it died holding every place of the domain
+    assert int(redis_client.hget("site:inflight", "127.0.0.1") or 0) >= 8
+    survivor = workers(2, **settings)
     # the default worker timeout is 10 s, the lease 60 s: the dead-worker path frees the
     # domain's places
     assert survivor.wait_for_log("stopped sending liveness beats", timeout=40), survivor.log()
-    resumed = [
-        line.time
-        for line in site.read_log()
-        if line.user_agent == worker_agent(2) and line.time > killed + 1
-    ]
     assert survivor.wait(120) == 0, survivor.log()[-3000:]
     assert set(page_fetches(site)) == site.expected_pages()
     assert stat(survivor, "distcrawl/dead_worker_released") > 0
-    print(f"survivor's first fetch after the kill: {min(resumed) - killed:.1f}s")
+    # the survivor had no place on the domain until the dead worker's were given back:
+    # about the worker timeout plus a reclaim interval, not the lease time
+    resumed = min(
+        line.time
+        for line in site.read_log()
+        if line.user_agent == worker_agent(2) and line.time > killed + 1
+    )
+    print(f"survivor's first fetch after the kill: {resumed - killed:.1f}s (lease: 60 s)")
+    assert resumed - killed < 60
 
 
 def test_a_stalled_workers_late_ack_is_a_no_op(demo_site, workers, redis_client):
@@ -225,7 +229,7 @@ def test_workers_go_on_after_redis_loses_everything(
 def test_a_lost_commit_reply_stores_nothing_twice(demo_site, workers, redis_proxy, redis_client):
     """A proxy lets the first commit that stores a retry run in Redis, then drops its reply:
     the worker sends it again, Redis recognises it, and no retry is doubled."""
-    site = demo_site(pages=40, links=3, fail_rate=0.5, fail_times=1)
+    site = demo_site(pages=40, links=3, fail_rate=0.5, fail_times=1, fail_mode="drop")
     sha = __import__("hashlib").sha1(script_source("commit", "set").encode()).hexdigest()
 
     def commit_with_a_retry(args: list[bytes]) -> bool:
@@ -246,7 +250,7 @@ def test_a_lost_commit_reply_stores_nothing_twice(demo_site, workers, redis_prox
     all_fetches = page_fetches(site, ok_only=False)
     ok = page_fetches(site)
     assert set(ok) == site.expected_pages() and max(ok.values()) == 1
-    assert max(all_fetches.values()) <= 2  # one 503, then one retry: never a doubled retry
+    assert max(all_fetches.values()) <= 2  # one failure, then one retry: never a doubled one
     assert redis_client.llen("site:dead") == 0 and redis_client.hlen("site:requests") == 0
 
 
