@@ -89,6 +89,8 @@ class Commit:
     failures: int = 0
     #: refused for its content SPLIT_AFTER times: run piece by piece
     split: bool = False
+    #: leading entries a split commit has stored so far (a retry goes on from there)
+    stored: int = 0
 
     @property
     def start_entries(self) -> int:
@@ -245,26 +247,35 @@ class Runner:
                 commit.acks, commit.entries, commit.feedback, commit_id=commit.id, positions=True
             )
         total = CommitResult()
-        for part in self._pieces(commit.entries, res):
+        for part in self._pieces(commit, len(commit.entries) - commit.stored, res):
             total += part
         # the acknowledgements last, once every entry before them is stored
         return total + self.frontier.commit(commit.acks, [], commit.feedback, commit_id=commit.id)
 
-    def _pieces(self, entries: list[Entry], res: BatchResult) -> list[CommitResult]:
-        """Commit ``entries`` by halves until each piece is stored or is a single entry
-        that Redis refuses, which is dead-lettered instead."""
-        if not entries:
+    def _pieces(self, commit: Commit, count: int, res: BatchResult) -> list[CommitResult]:
+        """Store the next ``count`` entries of a split commit by halves, until each piece is
+        stored or is a single entry that Redis refuses, which is dead-lettered instead. Each
+        piece's id follows from its place, so a piece sent again after a lost reply is seen
+        as the replay it is, and a retry of the whole goes on after the pieces stored."""
+        if count <= 0:
             return []
+        at = commit.stored
+        piece = commit.entries[at : at + count]
+        piece_id = f"{commit.id}:{at}:{count}"
         try:
-            return [self.frontier.commit([], entries, commit_id=os.urandom(8).hex())]
+            done = self.frontier.commit([], piece, commit_id=piece_id)
         except redis.ResponseError as exc:
             if not refused(exc):
                 raise
-            if len(entries) > 1:
-                half = len(entries) // 2
-                return self._pieces(entries[:half], res) + self._pieces(entries[half:], res)
+            if count > 1:
+                half = count // 2
+                return self._pieces(commit, half, res) + self._pieces(commit, count - half, res)
             res.split_dead += 1
-            return [self.frontier.commit([], [refused_entry(entries[0], str(exc))])]
+            done = self.frontier.commit(
+                [], [refused_entry(piece[0], str(exc))], commit_id=piece_id + ":dead"
+            )
+        commit.stored += count
+        return [done]
 
 
 def refused_entry(entry: Entry, reason: str) -> Entry:

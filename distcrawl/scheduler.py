@@ -69,7 +69,7 @@ RETRY_DELAY_META = "distcrawl_retry_delay"
 BUSY_PEEK_INTERVAL = 1.0
 MAX_RETRY_DELAY = 15.0
 #: how old (s) the last look at the whole frontier may be for an idle worker to close
-DRAIN_CHECK_MAX_AGE = 1.0
+DRAIN_CHECK_MAX_AGE = 0.5
 #: how long (s) a closing worker waits for a batch still running
 CLOSE_WAIT = 30.0
 REDIS_DUPEFILTER = "distcrawl.dupefilter.RedisDupeFilter"
