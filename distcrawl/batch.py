@@ -22,8 +22,9 @@ from __future__ import annotations
 import base64
 import os
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import redis
 from scrapy import Request
@@ -62,6 +63,8 @@ TRANSIENT_REPLIES = (
 )
 #: times a commit is refused for its content before it is split
 SPLIT_AFTER = 2
+
+T = TypeVar("T")
 
 
 def refused(exc: BaseException) -> bool:
@@ -172,19 +175,22 @@ class Runner:
     def run(self, batch: Batch) -> BatchResult:
         res = BatchResult()
         frontier = self.frontier
-        down = False
+        down = False  # unreachable: the steps left would only wait for their own time-out
 
-        def failed(exc: redis.RedisError) -> None:
+        def step(call: Callable[[], T]) -> T | None:
             nonlocal down
-            if res.error is None:
-                res.error = exc
-            down = down or not isinstance(exc, redis.ResponseError)
+            if down:
+                return None
+            try:
+                return call()
+            except redis.RedisError as exc:
+                if res.error is None:
+                    res.error = exc
+                down = not isinstance(exc, redis.ResponseError)
+                return None
 
         if batch.sent:
-            try:
-                frontier.sent(batch.sent)
-            except redis.RedisError as exc:
-                failed(exc)
+            step(lambda: frontier.sent(batch.sent))
         for commit in batch.commits:
             if down:
                 break
@@ -196,42 +202,26 @@ class Runner:
                 break
             res.committed = done if res.committed is None else res.committed + done
             res.commits_done += 1
-        if batch.release and not down:
-            try:
-                res.released = frontier.release(batch.release)
-            except redis.RedisError as exc:
-                failed(exc)
-        if batch.renew and not down:
-            try:
-                res.renewed = frontier.renew(batch.renew, self.lease_ms)
-            except redis.RedisError as exc:
-                failed(exc)
-        if batch.reclaim and not down:
-            try:
-                res.requeue = frontier.requeue_expired(worker_timeout_ms=self.worker_timeout_ms)
-            except redis.RedisError as exc:
-                failed(exc)
-        if batch.want and not down:
-            try:
-                res.lease = frontier.lease(batch.want, self.lease_ms, held=batch.held)
-            except redis.RedisError as exc:
-                failed(exc)
-            else:
+        if batch.release:
+            res.released = step(lambda: frontier.release(batch.release)) or 0
+        if batch.renew:
+            res.renewed = step(lambda: frontier.renew(batch.renew, self.lease_ms)) or 0
+        if batch.reclaim:
+            res.requeue = step(
+                lambda: frontier.requeue_expired(worker_timeout_ms=self.worker_timeout_ms)
+            )
+        if batch.want:
+            res.lease = step(lambda: frontier.lease(batch.want, self.lease_ms, held=batch.held))
+            if res.lease is not None:
                 res.leased = [self._decode(item) for item in res.lease.items]
                 res.leased += [
                     LeasedRequest(bad.ref, None, bad.raw, "", False, bad.reason)
                     for bad in res.lease.bad
                 ]
-        if batch.peek and not down:
-            try:
-                res.peeked = frontier.peek_start_urls(batch.peek)
-            except redis.RedisError as exc:
-                failed(exc)
-        if batch.drain and not down:
-            try:
-                res.drained = frontier.drained()
-            except redis.RedisError as exc:
-                failed(exc)
+        if batch.peek:
+            res.peeked = step(lambda: frontier.peek_start_urls(batch.peek)) or []
+        if batch.drain:
+            res.drained = step(frontier.drained)
         return res
 
     def _decode(self, item: Leased) -> LeasedRequest:

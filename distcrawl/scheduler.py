@@ -161,7 +161,6 @@ class Scheduler(BaseScheduler):
         self._kick_pending = False
         self._loop: task.LoopingCall | None = None
         self._remote_queue = 0
-        self._remote_delayed = 0
         self._start_pending = 0
         now = time.monotonic()
         self._next_lease = self._next_peek = self._next_reclaim = now
@@ -255,7 +254,6 @@ class Scheduler(BaseScheduler):
 
     def _opened(self, sizes: dict[str, int]) -> None:
         self._remote_queue = sizes["queue"]
-        self._remote_delayed = sizes["delayed"]
         logger.info(
             "Frontier: %(queue)d queued, %(leased)d leased, %(delayed)d retries waiting, "
             "%(seen)d seen, %(start_urls)d start URLs waiting, %(dead)d dead letters",
@@ -738,7 +736,6 @@ class Scheduler(BaseScheduler):
                 self._ready.append((item.ref, item.request))
             got += 1
         self._remote_queue = lease.queue_size
-        self._remote_delayed = lease.delayed
         self._inc("distcrawl/retry/due", lease.released)
         if lease.quarantined:
             logger.error(
