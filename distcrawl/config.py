@@ -51,6 +51,16 @@ def _optional_float(settings: BaseSettings, name: str) -> float | None:
     return value
 
 
+def _optional_names(settings: BaseSettings, name: str) -> tuple[str, ...] | None:
+    """A list of names where None (unset) means "no list"; an empty list is a real value."""
+    if settings.get(name) is None:
+        return None
+    names = settings.getlist(name)
+    if not all(isinstance(n, str) and n for n in names):
+        raise ConfigError(f"{name}={settings.get(name)!r}: expected a list of names")
+    return tuple(names)
+
+
 def _bool(raw: Any) -> bool:
     if isinstance(raw, bool):
         return raw
@@ -129,6 +139,11 @@ class DistcrawlConfig:
     start_urls_batch: int = 100
     start_url_max_bytes: int = 8192
     allowed_schemes: tuple[str, ...] = ("http", "https")
+    #: callback and errback names a request read from Redis may name (None: every public
+    #: method of the spider, see serialize.py)
+    allowed_callbacks: tuple[str, ...] | None = None
+    #: meta keys that Scrapy or distcrawl interpret and a start_urls entry may still set
+    start_meta_keys: tuple[str, ...] = ()
     local_seen_cache: int = 100_000
     seen: str = "set"
     bloom_capacity: int = DEFAULT_CAPACITY
@@ -208,6 +223,8 @@ class DistcrawlConfig:
                 settings, "DISTCRAWL_START_URL_MAX_BYTES", 8192, _positive(int)
             ),
             allowed_schemes=tuple(s.lower() for s in schemes),
+            allowed_callbacks=_optional_names(settings, "DISTCRAWL_ALLOWED_CALLBACKS"),
+            start_meta_keys=tuple(settings.getlist("DISTCRAWL_START_META_KEYS", [])),
             local_seen_cache=_get(settings, "DISTCRAWL_LOCAL_SEEN_CACHE", 100_000, int),
             seen=seen,
             bloom_capacity=_get(
