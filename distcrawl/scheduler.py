@@ -774,7 +774,10 @@ class Scheduler(BaseScheduler):
         assert self.codec is not None
         try:
             data = parse_entry(
-                raw, max_bytes=self.config.start_url_max_bytes, schemes=self.config.allowed_schemes
+                raw,
+                max_bytes=self.config.start_url_max_bytes,
+                schemes=self.config.allowed_schemes,
+                start_meta_keys=self.config.start_meta_keys,
             ).data
             make = getattr(self.spider, "make_request_from_data", None)
             request = make(data) if callable(make) else request_from_entry(data)

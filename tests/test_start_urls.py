@@ -1,12 +1,28 @@
-import pytest
+import json
+import re
+from pathlib import Path
 
-from distcrawl.start_urls import InvalidEntry, parse_entry, request_from_entry
+import pytest
+import scrapy
+
+from distcrawl import deadletter, politeness, retry, scheduler
+from distcrawl.spiders import site
+from distcrawl.start_urls import (
+    RESERVED_META_KEYS,
+    InvalidEntry,
+    parse_entry,
+    request_from_entry,
+)
 
 SCHEMES = ("http", "https")
 
 
-def parse(raw: bytes, max_bytes: int = 8192):
-    return parse_entry(raw, max_bytes=max_bytes, schemes=SCHEMES).data
+def parse(raw: bytes, max_bytes: int = 8192, allowed: tuple[str, ...] = ()):
+    return parse_entry(raw, max_bytes=max_bytes, schemes=SCHEMES, start_meta_keys=allowed).data
+
+
+def entry(**fields) -> bytes:
+    return json.dumps({"url": "http://a.test/", **fields}).encode()
 
 
 def test_plain_url():
@@ -16,7 +32,8 @@ def test_plain_url():
 def test_json_entry_with_options():
     data = parse(
         b'{"url": "https://example.test/x", "priority": 5, "meta": {"k": 1}, "method": "POST",'
-        b' "headers": {"X-A": "b"}, "body": "q=1", "dont_filter": true}'
+        b' "headers": {"X-A": "b"}, "body": "q=1", "dont_filter": true}',
+        allowed=("dont_filter",),
     )
     request = request_from_entry(data)
     assert request.url == "https://example.test/x"
@@ -54,3 +71,82 @@ def test_bad_entries_give_a_reason(raw, reason):
 def test_oversized_entry():
     with pytest.raises(InvalidEntry, match="too large"):
         parse(b"http://a.test/" + b"a" * 100, max_bytes=50)
+
+
+@pytest.mark.parametrize("key", [*sorted(RESERVED_META_KEYS), "distcrawl_anything_new"])
+def test_reserved_meta_key_is_refused_by_name(key):
+    with pytest.raises(InvalidEntry, match=rf"reserved key\(s\) in JSON entry: meta\.{key} "):
+        parse(entry(meta={key: 1, "tag": "x"}))
+    # DISTCRAWL_START_META_KEYS lets exactly the named key through
+    assert parse(entry(meta={key: 1}), allowed=(key,))["meta"] == {key: 1}
+
+
+def test_every_refused_key_is_named():
+    raw = entry(meta={"proxy": "http://127.0.0.1:1", "tag": "x", "download_slot": "s"})
+    with pytest.raises(InvalidEntry, match=r"entry: meta\.download_slot, meta\.proxy \("):
+        parse(raw, allowed=("cookiejar",))
+
+
+def test_prefixed_key_is_shown_short_and_escaped():
+    key = "distcrawl_x\nWARNING forged line" + "y" * 200
+    with pytest.raises(InvalidEntry) as caught:
+        parse(entry(meta={key: 1}))
+    assert "meta.distcrawl_x\\nWARNING forged line" in str(caught.value)
+    assert "\n" not in str(caught.value) and "y" * 100 not in str(caught.value)
+
+
+def test_own_and_third_party_keys_pass():
+    meta = {"tag": "x", "splash": {"args": {}}, "playwright": True, "Proxy": 1, "_mine": 2}
+    assert request_from_entry(parse(entry(meta=meta))).meta == meta
+
+
+def test_dont_filter_true_needs_the_setting():
+    with pytest.raises(InvalidEntry, match=r"entry: dont_filter \("):
+        parse(entry(dont_filter=True), allowed=("download_timeout",))
+    with pytest.raises(InvalidEntry, match=r"entry: dont_filter, meta\.proxy \("):
+        parse(entry(dont_filter=True, meta={"proxy": "http://127.0.0.1:1"}))
+    assert request_from_entry(parse(entry(dont_filter=True), allowed=("dont_filter",))).dont_filter
+    # false is what every entry gets anyway
+    assert request_from_entry(parse(entry(dont_filter=False))).dont_filter is False
+
+
+def test_plain_url_entries_carry_no_meta():
+    assert request_from_entry(parse(b"http://a.test/?proxy=1&dont_filter=1")).meta == {}
+
+
+def test_distcrawl_meta_keys_are_reserved():
+    """distcrawl's own keys, by the constants its modules read them with."""
+    own = {
+        retry.ERRORS_META,
+        retry.CALLBACK_FAILURES_META,
+        scheduler.RETRY_DELAY_META,
+        site.SCOPE_META,
+        politeness.DOWNLOAD_SLOT,
+        *deadletter.ATTEMPT_META,
+    }
+    assert own <= RESERVED_META_KEYS
+
+
+#: meta keys Scrapy's source mentions that change nothing for a start request from Redis:
+#: ``scrapy parse`` bookkeeping (commands/parse.py)
+NOT_ACTED_ON = {"_callback", "_depth"}
+META_READ = re.compile(
+    r"""meta(?:\.get|\.pop|\.setdefault)\(\s*["'](\w+)["']"""
+    r"""|meta\[\s*["'](\w+)["']\s*\]"""
+    r"""|["'](\w+)["']\s+(?:not\s+)?in\s+[\w.]*meta\b"""
+)
+
+
+def test_list_covers_every_meta_key_scrapy_reads():
+    """A Scrapy upgrade that reads a new meta key fails here until the key is classified."""
+    root = Path(scrapy.__file__).parent
+    found = {
+        key
+        for path in root.rglob("*.py")
+        for match in META_READ.finditer(path.read_text(encoding="utf-8"))
+        for key in match.groups()
+        if key
+    }
+    assert {"proxy", "dont_obey_robotstxt", "download_fail_on_dataloss"} <= found  # sanity
+    unclassified = found - NOT_ACTED_ON - RESERVED_META_KEYS
+    assert not unclassified, sorted(unclassified)

@@ -37,7 +37,9 @@ class RedisMixin:
         """Build the request for one ``start_urls`` entry.
 
         ``data`` holds Request arguments already validated: ``url`` and optionally
-        ``priority``, ``meta``, ``method``, ``headers``, ``body`` and ``dont_filter``.
+        ``priority``, ``meta``, ``method``, ``headers``, ``body`` and ``dont_filter``; the
+        meta keys Scrapy or distcrawl act on, and ``dont_filter``, were already refused unless
+        DISTCRAWL_START_META_KEYS names them (``parse_entry``), so an override need not check.
         Override it to add spider-specific meta or a callback.
         """
         return request_from_entry(data)
