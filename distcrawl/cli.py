@@ -27,8 +27,9 @@ from urllib.parse import urlsplit
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+from scrapy.utils.project import get_project_settings
 
-from distcrawl.config import DEFAULT_REDIS_URL, DistcrawlConfig
+from distcrawl.config import DEFAULT_REDIS_URL, ConfigError, DistcrawlConfig
 from distcrawl.connection import make_redis, redact_url
 from distcrawl.frontier import Frontier
 from distcrawl.keys import FrontierKeys
@@ -111,7 +112,7 @@ def _json_object(value: str) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from None
     if not isinstance(data, dict):
-        raise argparse.ArgumentTypeError("must be a JSON object, e.g. '{\"depth\": 0}'")
+        raise argparse.ArgumentTypeError('must be a JSON object, e.g. \'{"tag": "x"}\'')
     return data
 
 
@@ -212,17 +213,40 @@ def _wrap(raw: bytes, priority: int | None, meta: dict[str, Any] | None) -> byte
     return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
+def _project_config(overrides: list[str]) -> DistcrawlConfig:
+    """The settings the project's workers run with (scrapy.cfg or SCRAPY_SETTINGS_MODULE, then
+    ``-s NAME=VALUE`` as on ``scrapy crawl``), so that push accepts what they accept."""
+    try:
+        settings = get_project_settings()
+    except Exception as exc:  # a broken settings module is the user's to fix, not a traceback
+        raise UsageError(f"cannot load the project settings: {type(exc).__name__}: {exc}") from None
+    for item in overrides:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise UsageError("-s expects NAME=VALUE")  # the text itself may be a secret
+        settings.set(name.strip(), value, priority="cmdline")
+    try:
+        return DistcrawlConfig.from_settings(settings)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def cmd_push(args: argparse.Namespace, ctx: Context) -> int:
     if not args.urls and not args.files:
         raise UsageError("nothing to push: give URLs and/or --file PATH (- for stdin)")
-    config = DistcrawlConfig()
+    config = _project_config(args.set or [])
     given = (u.encode("utf-8", errors="surrogateescape") for u in args.urls)
     valid: list[bytes] = []
     refused = 0
     for raw in (*given, *_input_lines(args.files or ())):
         entry = _wrap(raw, args.priority, args.meta)
         try:
-            parse_entry(entry, max_bytes=config.start_url_max_bytes, schemes=config.allowed_schemes)
+            parse_entry(
+                entry,
+                max_bytes=config.start_url_max_bytes,
+                schemes=config.allowed_schemes,
+                start_meta_keys=config.start_meta_keys,
+            )
         except InvalidEntry as exc:
             refused += 1
             print(f"refused: {_show_entry(raw)} ({exc})", file=sys.stderr)
@@ -661,6 +685,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=_json_object,
         metavar="JSON",
         help="wrap plain URLs into JSON with this meta object",
+    )
+    push.add_argument(
+        "-s",
+        "--set",
+        action="append",
+        metavar="NAME=VALUE",
+        help="a project setting, as on `scrapy crawl` (e.g. DISTCRAWL_START_META_KEYS=cookiejar); "
+        "repeatable",
     )
 
     status = command(commands, "status", cmd_status, "queue sizes, workers, totals, domains")

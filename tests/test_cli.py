@@ -214,13 +214,13 @@ def test_push_priority_and_meta_wrap_plain_urls(capsys, redis_url, redis_client,
         "--priority",
         "5",
         "--meta",
-        '{"depth": 1, "tag": "seed"}',
+        '{"batch": 1, "tag": "seed"}',
         "--file",
         str(path),
     )
     assert (code, out) == (0, "pushed 3, refused 0\n")
     pushed = start_urls(redis_client)[::-1]
-    meta = {"depth": 1, "tag": "seed"}
+    meta = {"batch": 1, "tag": "seed"}
     assert json.loads(pushed[0]) == {"url": "http://a.example/", "priority": 5, "meta": meta}
     assert json.loads(pushed[1]) == {"url": "http://b.example/", "priority": 5, "meta": meta}
     assert pushed[2] == own  # a JSON entry keeps its own fields
