@@ -56,8 +56,12 @@ def _optional_names(settings: BaseSettings, name: str) -> tuple[str, ...] | None
     if settings.get(name) is None:
         return None
     names = settings.getlist(name)
-    if not all(isinstance(n, str) and n for n in names):
+    if not all(isinstance(n, str) for n in names):
         raise ConfigError(f"{name}={settings.get(name)!r}: expected a list of names")
+    # "-s NAME=a, b" arrives as "a" and " b": spaces are never part of a name
+    names = [n.strip() for n in names if n.strip()]
+    if any(not n.replace("_", "").replace(".", "").isalnum() for n in names):
+        raise ConfigError(f"{name}={settings.get(name)!r}: expected names such as parse, proxy")
     return tuple(names)
 
 
@@ -224,7 +228,7 @@ class DistcrawlConfig:
             ),
             allowed_schemes=tuple(s.lower() for s in schemes),
             allowed_callbacks=_optional_names(settings, "DISTCRAWL_ALLOWED_CALLBACKS"),
-            start_meta_keys=tuple(settings.getlist("DISTCRAWL_START_META_KEYS", [])),
+            start_meta_keys=_optional_names(settings, "DISTCRAWL_START_META_KEYS") or (),
             local_seen_cache=_get(settings, "DISTCRAWL_LOCAL_SEEN_CACHE", 100_000, int),
             seen=seen,
             bloom_capacity=_get(

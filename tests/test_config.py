@@ -54,3 +54,15 @@ def test_config_is_frozen():
 def test_booleans_from_command_line_strings():
     assert config(DISTCRAWL_FLUSH_ON_START="true").flush_on_start is True
     assert config(DISTCRAWL_FLUSH_ON_START="0").flush_on_start is False
+
+
+def test_name_lists_are_stripped_and_checked():
+    config = DistcrawlConfig.from_settings(
+        Settings({"DISTCRAWL_START_META_KEYS": "download_timeout, dont_filter"})
+    )
+    assert config.start_meta_keys == ("download_timeout", "dont_filter")
+    assert config.allowed_callbacks is None
+    narrowed = DistcrawlConfig.from_settings(Settings({"DISTCRAWL_ALLOWED_CALLBACKS": []}))
+    assert narrowed.allowed_callbacks == ()
+    with pytest.raises(ConfigError, match="DISTCRAWL_START_META_KEYS"):
+        DistcrawlConfig.from_settings(Settings({"DISTCRAWL_START_META_KEYS": '["proxy"]'}))
