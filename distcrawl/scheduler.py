@@ -185,7 +185,9 @@ class Scheduler(BaseScheduler):
         _engine.check(self.crawler)
         self.spider = spider
         self.keys = FrontierKeys(self.config.namespace or spider.name)
-        self.codec = RequestCodec(self.config.serializer, spider)
+        self.codec = RequestCodec(
+            self.config.serializer, spider, allowed_callbacks=self.config.allowed_callbacks
+        )
         self.io.start()
         self.frontier = Frontier(
             self.io.client,

@@ -4,20 +4,28 @@ A payload is one format byte followed by the encoded request: ``m`` msgpack (def
 ``j`` JSON, ``p`` pickle. The format byte lets a worker refuse a pickled payload it was not
 told to trust: anyone who can write to Redis could otherwise run code in every worker.
 Defaults are left out of the payload (a plain GET costs its URL and a few bytes).
+
+A callback or errback is stored by name, and a name read back must be a callback of the
+spider (:func:`callback_refusal`): anyone who can write to Redis could otherwise call any
+method of the spider, ``__init__`` included, with arguments of their choosing.
 """
 
 from __future__ import annotations
 
 import base64
+import inspect
 import json
+import logging
 import pickle
 import sys
 from typing import Any
 
 import msgpack
 from scrapy import Request, Spider
+from scrapy.spiders import CrawlSpider
 from scrapy.utils.misc import load_object
-from scrapy.utils.request import request_from_dict
+
+logger = logging.getLogger(__name__)
 
 MSGPACK, JSON, PICKLE = b"m", b"j", b"p"
 _FORMATS = {"msgpack": MSGPACK, "json": JSON, "pickle": PICKLE}
@@ -39,6 +47,41 @@ _FIELDS: dict[str, tuple[str, Any]] = {
     "errback": ("eb", None),
 }
 _SHORT = {short: attr for attr, (short, _) in _FIELDS.items()}
+#: short key of the other ``Request.attributes`` of a Request subclass (``{name: value}``),
+#: e.g. JsonRequest's ``dumps_kwargs``
+_EXTRA = "a"
+
+#: Methods that Scrapy's own spiders name as a request's callback or errback, so they are
+#: callbacks although Scrapy defines them: ``parse`` (the default callback, which a spider
+#: overrides), CrawlSpider's ``_callback`` and ``_errback`` (every request a Rule follows: they
+#: hand the response to the rule's own callback), ``parse_start_url`` (CrawlSpider's documented
+#: callback for start responses) and SitemapSpider's ``_parse_sitemap``. Every other method
+#: of Scrapy's spider classes and of distcrawl's RedisMixin is API that Scrapy or distcrawl
+#: calls with other arguments (``start``, ``from_crawler``, ``parse_with_rules``,
+#: ``process_results``, ``make_request_from_data``...), never a callback.
+SCRAPY_CALLBACKS = frozenset(
+    {"parse", "parse_start_url", "_callback", "_errback", "_parse_sitemap"}
+)
+#: Lifecycle names refused even where no Scrapy class defines them: ``closed`` is looked up
+#: by name when the spider closes, the others are (or were, in older Scrapy) API.
+LIFECYCLE = frozenset(
+    {
+        "start",
+        "start_requests",
+        "closed",
+        "close",
+        "from_crawler",
+        "from_settings",
+        "update_settings",
+        "handles_request",
+        "log",
+        "logger",
+        "set_crawler",
+        "_set_crawler",
+        "make_requests_from_url",
+        "make_request_from_data",
+    }
+)
 
 
 class SerializationError(ValueError):
@@ -63,6 +106,52 @@ def _method_name(spider: Spider | None, func: Any, what: str) -> str | None:
     )
 
 
+_MISSING = object()
+
+
+def _framework_class(cls: type) -> bool:
+    """Scrapy's spider classes and distcrawl's spider bases: what they define is API."""
+    module = cls.__module__
+    return module in ("builtins", "distcrawl.spiders") or module.split(".")[0] == "scrapy"
+
+
+def callback_refusal(
+    spider_cls: type, name: Any, allowed: tuple[str, ...] | None = None
+) -> str | None:
+    """Why ``name`` cannot be a callback of ``spider_cls``, or None if it can.
+
+    A callback is a plain function (``def`` or ``async def``) on the spider class: the
+    spider's own public methods, and the few that Scrapy's spiders use as callbacks
+    (:data:`SCRAPY_CALLBACKS`). ``allowed`` (DISTCRAWL_ALLOWED_CALLBACKS) narrows that further.
+    """
+    if not isinstance(name, str) or not name.isidentifier():
+        return f"{_shown(name)} is not a method name"
+    if name.startswith("__"):
+        return f"{name!r} is a special method, never a callback"
+    if name in LIFECYCLE:
+        return f"{name!r} is part of the spider's lifecycle, not a callback"
+    func = inspect.getattr_static(spider_cls, name, _MISSING)
+    if func is _MISSING:
+        return f"the spider has no method {name!r}"
+    if not inspect.isfunction(func):
+        return f"{name!r} is not a method defined on the spider class"
+    defined_by_scrapy = any(_framework_class(c) and name in vars(c) for c in spider_cls.__mro__)
+    if name not in SCRAPY_CALLBACKS or not defined_by_scrapy:
+        if name.startswith("_"):
+            return f"{name!r} is a private method, never a callback"
+        if defined_by_scrapy:
+            return f"{name!r} is part of Scrapy's spider API, not a callback"
+    if allowed is not None and name not in allowed:
+        return f"{name!r} is not in DISTCRAWL_ALLOWED_CALLBACKS"
+    return None
+
+
+def _shown(value: Any) -> str:
+    """A value read from Redis, quoted and cut short for a log line or a dead letter."""
+    text = repr(value)
+    return text if len(text) <= 100 else text[:97] + "..."
+
+
 def _json_default(value: Any) -> Any:
     if isinstance(value, bytes):
         return {"$b": base64.b64encode(value).decode("ascii")}
@@ -78,23 +167,70 @@ def _json_hook(obj: dict[str, Any]) -> Any:
 
 
 class RequestCodec:
-    """Encodes requests for the shared queue and decodes them for this spider."""
+    """Encodes requests for the shared queue and decodes them for this spider.
 
-    def __init__(self, serializer: str = "msgpack", spider: Spider | None = None) -> None:
+    ``allowed_callbacks`` (DISTCRAWL_ALLOWED_CALLBACKS) narrows the callbacks a request may
+    name; None leaves every callback of the spider (see :func:`callback_refusal`).
+    """
+
+    def __init__(
+        self,
+        serializer: str = "msgpack",
+        spider: Spider | None = None,
+        allowed_callbacks: tuple[str, ...] | None = None,
+    ) -> None:
         if serializer not in _FORMATS:
             raise ValueError(f"unknown serializer {serializer!r}")
         self.format = _FORMATS[serializer]
         self.allow_pickle = serializer == "pickle"
         self.spider = spider
+        self.allowed_callbacks = allowed_callbacks
+        # name -> function of the spider class, computed once: a decode is a dict lookup
+        self._callbacks: dict[str, Any] = {}
+        self._signatures: dict[str, inspect.Signature | None] = {}
+        self._defaults: dict[type, dict[str, Any]] = {}
+        if spider is not None:
+            cls = type(spider)
+            for name in dir(cls):
+                if callback_refusal(cls, name, allowed_callbacks) is None:
+                    self._callbacks[name] = inspect.getattr_static(cls, name)
+            self._check_allowed(cls)
+
+    def _check_allowed(self, cls: type) -> None:
+        """Warn once about a DISTCRAWL_ALLOWED_CALLBACKS that refuses the spider's own work."""
+        if self.allowed_callbacks is None:
+            return
+        for name in self.allowed_callbacks:
+            why = callback_refusal(cls, name)
+            if why is not None:
+                logger.warning(
+                    "DISTCRAWL_ALLOWED_CALLBACKS lists %r, which is refused: %s", name, why
+                )
+        if issubclass(cls, CrawlSpider) and cls.rules:
+            missing = [n for n in ("_callback", "_errback") if n not in self.allowed_callbacks]
+            if missing:
+                logger.warning(
+                    "DISTCRAWL_ALLOWED_CALLBACKS lacks %s: the requests that the rules of %s "
+                    "follow name CrawlSpider's _callback and _errback, and will be refused",
+                    ", ".join(missing),
+                    cls.__name__,
+                )
+
+    def _stored_name(self, func: Any, what: str) -> str | None:
+        name = _method_name(self.spider, func, what)
+        if name is not None and self.spider is not None and name not in self._callbacks:
+            why = callback_refusal(type(self.spider), name, self.allowed_callbacks)
+            raise SerializationError(f"{what} refused ({why}): workers would not call it")
+        return name
 
     def to_dict(self, request: Request) -> dict[str, Any]:
         out: dict[str, Any] = {}
         value: Any
         for attr, (short, default) in _FIELDS.items():
             if attr == "callback":
-                value = _method_name(self.spider, request.callback, "callback")
+                value = self._stored_name(request.callback, "callback")
             elif attr == "errback":
-                value = _method_name(self.spider, request.errback, "errback")
+                value = self._stored_name(request.errback, "errback")
             elif attr == "headers":
                 # pairs, not a dict: JSON has no bytes keys
                 value = [[k, list(v)] for k, v in request.headers.items()]
@@ -102,9 +238,33 @@ class RequestCodec:
                 value = getattr(request, attr)
             if value != default:
                 out[short] = value
-        if type(request) is not Request:
-            cls = type(request)
+        cls = type(request)
+        if cls is not Request:
             out["cls"] = f"{cls.__module__}.{cls.__qualname__}"
+            extra = self._extra_attributes(request)
+            if extra:
+                out[_EXTRA] = extra
+        return out
+
+    def _extra_attributes(self, request: Request) -> dict[str, Any]:
+        """The class's other ``Request.attributes`` (as Scrapy's ``Request.to_dict`` keeps
+        them), those that differ from what the class sets by default."""
+        cls = type(request)
+        names = [a for a in cls.attributes if a not in _FIELDS]
+        if not names:
+            return {}
+        if cls not in self._defaults:
+            try:
+                probe = cls("http://default.invalid/")
+                self._defaults[cls] = {a: getattr(probe, a) for a in names}
+            except Exception:  # a class that needs more arguments: keep every value
+                self._defaults[cls] = {}
+        defaults = self._defaults[cls]
+        out: dict[str, Any] = {}
+        for attr in names:
+            value = getattr(request, attr)
+            if attr not in defaults or value != defaults[attr]:
+                out[attr] = value
         return out
 
     def encode(self, request: Request) -> bytes:
@@ -124,8 +284,8 @@ class RequestCodec:
             return PICKLE + pickle.dumps(data, protocol=pickle.HIGHEST_PROTOCOL)
         except (TypeError, ValueError, OverflowError, pickle.PicklingError) as exc:
             raise SerializationError(
-                f"{exc} (meta, cb_kwargs and cookies must hold plain data: str, bytes, "
-                "numbers, bools, None, lists and dicts)"
+                f"{exc} (meta, cb_kwargs, cookies and the attributes of a Request subclass "
+                "must hold plain data: str, bytes, numbers, bools, None, lists and dicts)"
             ) from None
 
     def decode_dict(self, payload: bytes) -> dict[str, Any]:
@@ -158,17 +318,80 @@ class RequestCodec:
         data = self.decode_dict(payload)
         try:
             kwargs = {_SHORT[k]: v for k, v in data.items() if k in _SHORT}
-            if "cls" in data:
-                # only a class whose module is already imported: importing a module named
-                # by a Redis writer could run its code
-                if str(data["cls"]).rpartition(".")[0] not in sys.modules:
-                    raise DecodeError(f"request class {data['cls']!r} is not loaded")
-                cls = load_object(data["cls"])
-                if not (isinstance(cls, type) and issubclass(cls, Request)):
-                    raise DecodeError(f"{data['cls']!r} is not a Request class")
-                kwargs["_class"] = data["cls"]
-            return request_from_dict(kwargs, spider=self.spider)
+            cls = self._request_class(data.get("cls"))
+            if _EXTRA in data:
+                kwargs.update(self._decode_extra(cls, data[_EXTRA]))
+            callback = kwargs.get("callback")
+            if callback is not None:
+                kwargs["callback"] = self._resolve(callback, "callback")
+            if kwargs.get("errback") is not None:
+                kwargs["errback"] = self._resolve(kwargs["errback"], "errback")
+            if kwargs.get("cb_kwargs"):
+                self._check_cb_kwargs(callback, kwargs["cb_kwargs"])
+            return cls(**kwargs)
         except DecodeError:
             raise
         except Exception as exc:
             raise DecodeError(f"invalid request: {type(exc).__name__}: {exc}") from None
+
+    @staticmethod
+    def _request_class(name: Any) -> type[Request]:
+        if name is None:
+            return Request
+        # only a class whose module is already imported: importing a module named by a
+        # Redis writer could run its code
+        if str(name).rpartition(".")[0] not in sys.modules:
+            raise DecodeError(f"request class {_shown(name)} is not loaded")
+        cls = load_object(str(name))
+        if not (isinstance(cls, type) and issubclass(cls, Request)):
+            raise DecodeError(f"{_shown(name)} is not a Request class")
+        return cls
+
+    @staticmethod
+    def _decode_extra(cls: type[Request], extra: Any) -> dict[str, Any]:
+        """Only the attributes the class declares beyond the fields stored under their own
+        keys: a callback cannot come in this way."""
+        if not isinstance(extra, dict):
+            raise DecodeError(f"request attributes are not a map: {_shown(extra)}")
+        for attr in extra:
+            if attr in _FIELDS or attr not in cls.attributes:
+                raise DecodeError(f"{cls.__name__} has no attribute {_shown(attr)} to set")
+        return extra
+
+    def _resolve(self, name: Any, what: str) -> Any:
+        """The bound method for a callback name read from Redis, if it is a callback."""
+        if self.spider is None:
+            raise DecodeError(f"{what} {_shown(name)} cannot be resolved without a spider")
+        func = self._callbacks.get(name) if isinstance(name, str) else None
+        if func is None:
+            why = callback_refusal(type(self.spider), name, self.allowed_callbacks)
+            raise DecodeError(f"{what} refused: {why or 'not a callback'}")
+        bound = getattr(self.spider, name, None)
+        # an attribute of the instance hides the method of the class
+        if getattr(bound, "__self__", None) is not self.spider or (
+            getattr(bound, "__func__", None) is not func
+        ):
+            raise DecodeError(f"{what} refused: the spider's {name!r} is no longer its method")
+        return bound
+
+    def _check_cb_kwargs(self, callback: Any, cb_kwargs: Any) -> None:
+        """cb_kwargs become keyword arguments of the callback: a set the callback cannot take
+        would fail on every attempt, so it is refused here, with the reason."""
+        if not isinstance(cb_kwargs, dict) or not all(isinstance(k, str) for k in cb_kwargs):
+            raise DecodeError(f"cb_kwargs are not a map of names: {_shown(cb_kwargs)}")
+        if not isinstance(callback, str):
+            return  # the default callback (parse, or parse_start_url) takes **kwargs
+        if callback not in self._signatures:
+            try:
+                # the wrapper's own parameters: a decorator may take arguments of its own
+                method = getattr(self.spider, callback)
+                self._signatures[callback] = inspect.signature(method, follow_wrapped=False)
+            except (TypeError, ValueError):
+                self._signatures[callback] = None
+        signature = self._signatures[callback]
+        if signature is None:
+            return
+        try:
+            signature.bind(None, **cb_kwargs)  # None stands for the response
+        except TypeError as exc:
+            raise DecodeError(f"cb_kwargs do not fit callback {callback!r}: {exc}") from None
