@@ -31,7 +31,12 @@ def in_scope(url: str, domains: list[str]) -> bool:
 class SiteSpider(RedisSpider):
     name = "site"
     # polite by default, whatever the project says; `-s ROBOTSTXT_OBEY=False` still wins
-    custom_settings = {"ROBOTSTXT_OBEY": True}
+    custom_settings = {
+        "ROBOTSTXT_OBEY": True,
+        # its only callback: a request read from Redis cannot name page_item (or anything
+        # else public) to make items of its choosing
+        "DISTCRAWL_ALLOWED_CALLBACKS": ["parse"],
+    }
 
     def __init__(
         self, *args: Any, allowed_domains: str | list[str] | None = None, **kwargs: Any
