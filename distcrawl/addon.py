@@ -15,6 +15,9 @@ CALLBACK_RETRY_ORDER = 30
 MONGO_PIPELINE = "distcrawl.pipelines.MongoPipeline"
 #: late in the chain: pipelines that clean or drop items run before storage
 MONGO_PIPELINE_ORDER = 800
+#: Scrapy's download handlers that fetch no web page (local files, buckets, FTP, inline
+#: data): turned off unless their scheme is in DISTCRAWL_ALLOWED_SCHEMES
+NON_WEB_SCHEMES = ("file", "s3", "ftp", "data")
 
 
 class Addon:
@@ -47,6 +50,7 @@ class Addon:
         from scrapy.extensions.throttle import AutoThrottle
 
         settings.set_in_component_priority_dict("EXTENSIONS", AutoThrottle, None)
+        self._handlers_and_listeners(settings)
         if settings.get("MONGO_URI"):
             pipelines = settings["ITEM_PIPELINES"]
             if isinstance(pipelines, BaseSettings):
@@ -55,3 +59,23 @@ class Addon:
                 merged = dict(pipelines or {})
                 merged.setdefault(MONGO_PIPELINE, MONGO_PIPELINE_ORDER)
                 settings.set("ITEM_PIPELINES", merged, "addon")
+
+    def _handlers_and_listeners(self, settings: BaseSettings) -> None:
+        """Nothing a crawled page or a queue entry names may read local files, and a worker
+        opens no port it was not asked to (project settings still win over both)."""
+        from distcrawl.config import allowed_schemes
+
+        allowed = allowed_schemes(settings)
+        handlers = settings["DOWNLOAD_HANDLERS"]
+        off = [scheme for scheme in NON_WEB_SCHEMES if scheme not in allowed]
+        if isinstance(handlers, BaseSettings):
+            for scheme in off:
+                handlers.set(scheme, None, "addon")
+        else:
+            merged = dict(handlers or {})
+            for scheme in off:
+                merged.setdefault(scheme, None)
+            settings.set("DOWNLOAD_HANDLERS", merged, "addon")
+        # Scrapy 2.19's remote control: an HTTP endpoint that runs code sent to it, and a
+        # job file (with its token) left behind by every worker killed
+        settings.set("REMOTE_CONTROL_ENABLED", False, "addon")

@@ -166,9 +166,12 @@ class Runner:
         *,
         lease_ms: int,
         worker_timeout_ms: int,
+        schemes: tuple[str, ...] = ("http", "https"),
     ) -> None:
         self.frontier = frontier
         self.codec = codec
+        #: DISTCRAWL_ALLOWED_SCHEMES: anyone who can write to Redis can queue any URL
+        self.schemes = schemes
         self.lease_ms = lease_ms
         self.worker_timeout_ms = worker_timeout_ms
 
@@ -229,6 +232,9 @@ class Runner:
             request = self.codec.decode(item.payload)
         except DecodeError as exc:
             return LeasedRequest(item.ref, None, item.payload, item.slot, False, str(exc))
+        why = refused_scheme(request.url, self.schemes)
+        if why is not None:
+            return LeasedRequest(item.ref, None, item.payload, item.slot, False, why)
         return LeasedRequest(item.ref, request, item.payload, item.slot, item.paced)
 
     def commit(self, commit: Commit, res: BatchResult) -> CommitResult:
@@ -266,6 +272,20 @@ class Runner:
             )
         commit.stored += count
         return [done]
+
+
+def refused_scheme(url: str, schemes: tuple[str, ...]) -> str | None:
+    """Why ``url`` may not be downloaded (None: it may): its scheme is not in
+    DISTCRAWL_ALLOWED_SCHEMES, and Scrapy would hand it to whatever download handler the
+    scheme names (``file`` reads local files). The reason leaves the URL out, so that it
+    can be logged as it is: the URL may hold a password."""
+    # exactly what precedes the first colon: a URL that only becomes an allowed scheme once
+    # cleaned up (blanks stripped, say) is refused, never the other way round
+    scheme, colon, _ = url.partition(":")
+    scheme = scheme.lower() if colon else ""
+    if scheme in schemes:
+        return None
+    return f"scheme {scheme[:20]!r} not in DISTCRAWL_ALLOWED_SCHEMES ({', '.join(schemes)})"
 
 
 def refused_entry(entry: Entry, reason: str) -> Entry:

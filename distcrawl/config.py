@@ -125,6 +125,18 @@ def _fraction(raw: Any) -> float:
     return value
 
 
+def allowed_schemes(settings: BaseSettings) -> tuple[str, ...]:
+    """DISTCRAWL_ALLOWED_SCHEMES, lower-cased; a function of its own because the add-on
+    needs it before the config is built (to keep only the download handlers allowed)."""
+    raw = settings.get("DISTCRAWL_ALLOWED_SCHEMES")
+    schemes = settings.getlist("DISTCRAWL_ALLOWED_SCHEMES", ["http", "https"])
+    if not schemes:
+        raise ConfigError("DISTCRAWL_ALLOWED_SCHEMES=[]: at least one scheme is needed")
+    if not all(isinstance(s, str) and s.strip() for s in schemes):
+        raise ConfigError(f"DISTCRAWL_ALLOWED_SCHEMES={raw!r}: expected a list of schemes")
+    return tuple(s.strip().lower() for s in schemes)
+
+
 @dataclass(frozen=True)
 class DistcrawlConfig:
     """The parsed settings; see the README for what each one does."""
@@ -194,9 +206,7 @@ class DistcrawlConfig:
             raise ConfigError(f"DISTCRAWL_SEEN={seen!r}: expected one of {', '.join(SEEN_MODES)}")
         concurrency = _get(settings, "CONCURRENT_REQUESTS", 16, _positive(int))
         lease_timeout = _get(settings, "DISTCRAWL_LEASE_TIMEOUT", 30.0, _positive(float))
-        schemes = settings.getlist("DISTCRAWL_ALLOWED_SCHEMES", ["http", "https"])
-        if not schemes:
-            raise ConfigError("DISTCRAWL_ALLOWED_SCHEMES=[]: at least one scheme is needed")
+        schemes = allowed_schemes(settings)
         heartbeat = _get(settings, "DISTCRAWL_HEARTBEAT_INTERVAL", 1.0, _positive(float))
         worker_timeout = _get(settings, "DISTCRAWL_WORKER_TIMEOUT", 10.0, _positive(float))
         if worker_timeout < 3 * heartbeat:
@@ -226,7 +236,7 @@ class DistcrawlConfig:
             start_url_max_bytes=_get(
                 settings, "DISTCRAWL_START_URL_MAX_BYTES", 8192, _positive(int)
             ),
-            allowed_schemes=tuple(s.lower() for s in schemes),
+            allowed_schemes=schemes,
             allowed_callbacks=_optional_names(settings, "DISTCRAWL_ALLOWED_CALLBACKS"),
             start_meta_keys=_optional_names(settings, "DISTCRAWL_START_META_KEYS") or (),
             local_seen_cache=_get(settings, "DISTCRAWL_LOCAL_SEEN_CACHE", 100_000, int),

@@ -39,7 +39,16 @@ from scrapy.utils.misc import build_from_crawler, load_object
 from twisted.internet import defer, task
 
 from distcrawl import _engine
-from distcrawl.batch import SPLIT_AFTER, Ack, Batch, BatchResult, Commit, Runner, refused
+from distcrawl.batch import (
+    SPLIT_AFTER,
+    Ack,
+    Batch,
+    BatchResult,
+    Commit,
+    Runner,
+    refused,
+    refused_scheme,
+)
 from distcrawl.config import ConfigError, DistcrawlConfig
 from distcrawl.connection import RedisIO, redact_url, redis_io
 from distcrawl.dupefilter import RedisDupeFilter
@@ -75,6 +84,10 @@ CLOSE_WAIT = 30.0
 REDIS_DUPEFILTER = "distcrawl.dupefilter.RedisDupeFilter"
 #: seconds between two warnings of the same kind
 WARN_EVERY = 10.0
+#: seconds between two warnings about requests refused for the same scheme
+SCHEME_WARN_EVERY = 60.0
+#: schemes whose last warning time is kept (a page can make up any number of schemes)
+SCHEME_WARN_MAX = 100
 
 
 _SCHEDULERS: WeakKeyDictionary[Any, Scheduler] = WeakKeyDictionary()
@@ -153,6 +166,8 @@ class Scheduler(BaseScheduler):
         self._sent: list[tuple[str, int]] = []
         self._warned_full = 0.0
         self._warned_acks = -WARN_EVERY
+        #: scheme -> monotonic time of the last warning about requests refused for it
+        self._warned_schemes: dict[str, float] = {}
         self._ready: deque[tuple[LeaseRef, Request]] = deque()
         self._active: dict[LeaseRef, Request] = {}
         self._busy = False
@@ -203,6 +218,7 @@ class Scheduler(BaseScheduler):
             self.codec,
             lease_ms=int(self.config.lease_timeout * 1000),
             worker_timeout_ms=int(self.config.worker_timeout * 1000),
+            schemes=self.config.allowed_schemes,
         )
         self._liveness = Liveness(
             self.config.redis_url,
@@ -285,6 +301,11 @@ class Scheduler(BaseScheduler):
         )
 
     def enqueue_request(self, request: Request) -> bool:
+        # first of all: a page can link to file://, and Scrapy would read the file
+        why = refused_scheme(request.url, self.config.allowed_schemes)
+        if why is not None:
+            self._refuse_scheme(request, why)
+            return False
         fp = b""
         if not request.dont_filter and self.df is not None:
             fp = self.df.fingerprint(request)
@@ -327,6 +348,25 @@ class Scheduler(BaseScheduler):
         if len(self._outgoing) >= self.config.push_batch_size:
             self._kick()
         return True
+
+    def _refuse_scheme(self, request: Request, why: str) -> None:
+        """Count the refusal; warn once a minute per scheme, as a crawled page can hold
+        any number of such links."""
+        self._inc("distcrawl/refused/scheme")
+        scheme = request.url.partition(":")[0].lower()[:20]
+        now = time.monotonic()
+        last = self._warned_schemes.get(scheme)
+        if last is not None and now - last < SCHEME_WARN_EVERY:
+            return
+        if len(self._warned_schemes) >= SCHEME_WARN_MAX:
+            self._warned_schemes.clear()
+        self._warned_schemes[scheme] = now
+        logger.warning(
+            "Refused %s: %s (counted in distcrawl/refused/scheme; logged once a minute per scheme)",
+            redact_url(request.url)[:200],
+            why,
+            extra={"spider": self.spider},
+        )
 
     def dead_letter(self, request: Request, reason: str, *, source: str, **extra: Any) -> None:
         """Store a request that will not be crawled, with what is needed to re-drive it.
@@ -785,6 +825,9 @@ class Scheduler(BaseScheduler):
             request = make(data) if callable(make) else request_from_entry(data)
             if not isinstance(request, Request):
                 raise InvalidEntry(f"make_request_from_data returned {type(request).__name__}")
+            why = refused_scheme(request.url, self.config.allowed_schemes)
+            if why is not None:  # the spider's hook may have made another URL of the entry
+                raise InvalidEntry(why)
             fp = b""
             if not request.dont_filter and self.df is not None:
                 fp = self.df.fingerprint(request)

@@ -37,6 +37,10 @@ PDF_BODY = b"%PDF-1.4\n% distcrawl demo file\n%%EOF\n"
 HTML_TYPE = b"text/html; charset=utf-8"
 DISCONNECTED_STATUS = 499  # nginx's "client closed request": logged, never sent
 DROPPED_STATUS = 0  # the site dropped the connection on purpose (--fail-mode drop)
+#: linked from / only when the site has hostile links (--hostile-link)
+HOSTILE_PAGE = "/hostile/links"
+#: + i: a 302 to the i-th hostile link
+HOSTILE_REDIRECT = "/hostile/redirect/"
 
 # fmt: off
 _WORDS = (
@@ -143,11 +147,12 @@ def _document(title: str, description: str, body: str) -> bytes:
     ).encode()
 
 
-def render_home(pages: int, leaves: int = 0) -> bytes:
+def render_home(pages: int, leaves: int = 0, hostile: bool = False) -> bytes:
     """The home page: the crawl's single start URL.
 
-    Leaves get a list of their own, after the pages, and only when there are some: the
-    home page of a site without leaves stays byte-for-byte what it always was.
+    Leaves get a list of their own, after the pages, and only when there are some; so does
+    the hostile page: the home page of a site without either stays byte-for-byte what it
+    always was.
     """
     body = (
         "<h1>distcrawl demo site</h1>\n<p>A deterministic site for crawling tests.</p>\n"
@@ -155,6 +160,8 @@ def render_home(pages: int, leaves: int = 0) -> bytes:
     )
     if leaves > 0:
         body += f'\n<ul class="leaves">\n{_anchors(leaf_links(leaves))}\n</ul>'
+    if hostile:
+        body += f'\n<ul class="hostile">\n{_anchors([HOSTILE_PAGE])}\n</ul>'
     return _document("Home", "The demo site home page", body)
 
 
@@ -174,6 +181,17 @@ def render_leaf(i: int) -> bytes:
 def render_private(n: int) -> bytes:
     """Served if fetched, so a crawler ignoring robots.txt is visible in the log."""
     return _document(f"Private {n}", f"Private page {n}", f"<h1>Private {n}</h1>")
+
+
+def render_hostile(links: tuple[str, ...]) -> bytes:
+    """A page such as any crawled site may serve: links to URLs of any scheme (``file://``
+    on the crawled host, ``ftp://``, ``data:``), and to redirects to each of them."""
+    anchors = "\n".join(
+        f'<li><a href="{html.escape(url)}">{html.escape(url)}</a></li>' for url in links
+    )
+    redirects = _anchors([f"{HOSTILE_REDIRECT}{i}" for i in range(len(links))])
+    body = f"<h1>Hostile links</h1>\n<ul>\n{anchors}\n{redirects}\n</ul>"
+    return _document("Hostile links", "Links a crawler must not follow", body)
 
 
 def render_not_found() -> bytes:
@@ -240,6 +258,8 @@ class SiteConfig(NamedTuple):
     retry_after: float = 0.0
     #: the home page also links to /leaf/0 .. /leaf/(leaves-1), tiny pages without links
     leaves: int = 0
+    #: URLs listed on HOSTILE_PAGE, which the home page links to when there are some
+    hostile_links: tuple[str, ...] = ()
 
 
 def fails_first(path: str, cfg: SiteConfig) -> bool:
@@ -253,7 +273,7 @@ def fails_first(path: str, cfg: SiteConfig) -> bool:
 def route(path: str, cfg: SiteConfig) -> _Route:
     """Map a request path to a response; pure so it can be unit-tested without a reactor."""
     if path == "/":
-        return _Route(200, HTML_TYPE, render_home(cfg.pages, cfg.leaves))
+        return _Route(200, HTML_TYPE, render_home(cfg.pages, cfg.leaves, bool(cfg.hostile_links)))
     if path == "/robots.txt":
         return _Route(200, b"text/plain; charset=utf-8", robots_txt(cfg.crawl_delay).encode())
     head, _, tail = path[1:].partition("/")
@@ -277,6 +297,12 @@ def route(path: str, cfg: SiteConfig) -> _Route:
         n = _parse_index(tail)
         if n is not None and n < cfg.pages:
             return _Route(302, HTML_TYPE, b"", f"/page/{n}".encode())
+    elif head == "hostile" and cfg.hostile_links:
+        if path == HOSTILE_PAGE:
+            return _Route(200, HTML_TYPE, render_hostile(cfg.hostile_links))
+        n = _parse_index(path.removeprefix(HOSTILE_REDIRECT))
+        if path.startswith(HOSTILE_REDIRECT) and n is not None and n < len(cfg.hostile_links):
+            return _Route(302, HTML_TYPE, b"", cfg.hostile_links[n].encode())
     elif head == "private":
         n = _parse_index(tail)
         if n is not None and n < cfg.pages and is_special(n):
@@ -464,6 +490,13 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=0,
         help="the home page also links to /leaf/0 .. /leaf/N-1, tiny pages without links",
     )
+    p.add_argument(
+        "--hostile-link",
+        action="append",
+        default=[],
+        help=f"a URL (any scheme) that {HOSTILE_PAGE}, linked from the home page, links to "
+        f"and that {HOSTILE_REDIRECT}<i> redirects to (repeatable)",
+    )
     return p.parse_args(argv)
 
 
@@ -481,6 +514,7 @@ def main(argv: list[str] | None = None) -> int:
         args.throttle_at,
         args.retry_after,
         args.leaves,
+        tuple(args.hostile_link),
     )
     serve(args.host, args.port, cfg, args.log)
     return 0
@@ -542,7 +576,9 @@ class DemoSite:
         throttle_at: int = 0,
         retry_after: float = 3.0,
         leaves: int = 0,
+        hostile_links: tuple[str, ...] | list[str] = (),
     ) -> None:
+        self.hostile_links = tuple(hostile_links)
         self.fail_rate, self.fail_times, self.fail_mode = fail_rate, fail_times, fail_mode
         self.throttle_at, self.retry_after = throttle_at, retry_after
         self.leaves = leaves
@@ -576,6 +612,8 @@ class DemoSite:
             cmd += ["--throttle-at", str(self.throttle_at), "--retry-after", str(self.retry_after)]
         if self.leaves:
             cmd += ["--leaves", str(self.leaves)]
+        for url in self.hostile_links:
+            cmd += ["--hostile-link", url]
         return cmd
 
     def start(self) -> DemoSite:
