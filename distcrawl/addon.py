@@ -79,3 +79,5 @@ class Addon:
         # Scrapy 2.19's remote control: an HTTP endpoint that runs code sent to it, and a
         # job file (with its token) left behind by every worker killed
         settings.set("REMOTE_CONTROL_ENABLED", False, "addon")
+        # and its telnet console, a Python shell on a local port, on by default in Scrapy
+        settings.set("TELNETCONSOLE_ENABLED", False, "addon")

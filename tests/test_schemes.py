@@ -146,9 +146,13 @@ def test_addon_turns_the_remote_control_server_off_unless_the_project_wants_it()
     assert "scrapy.extensions.remote_control.RemoteControl" in build_component_list(
         settings.getwithbase("EXTENSIONS")
     )  # still listed: the extension itself reads the setting and stays off
-    wanted = Settings({"REMOTE_CONTROL_ENABLED": True}, priority="project")
+    assert settings.getbool("TELNETCONSOLE_ENABLED") is False
+    wanted = Settings(
+        {"REMOTE_CONTROL_ENABLED": True, "TELNETCONSOLE_ENABLED": True}, priority="project"
+    )
     Addon().update_settings(wanted)
     assert wanted.getbool("REMOTE_CONTROL_ENABLED") is True
+    assert wanted.getbool("TELNETCONSOLE_ENABLED") is True
 
 
 def test_demo_site_hostile_page_only_when_asked_for():
