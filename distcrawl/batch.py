@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -61,6 +62,7 @@ TRANSIENT_REPLIES = (
     "WRONGPASS",
     "NOPERM",
 )
+_TRANSIENT = re.compile(r"(?<![A-Za-z])(" + "|".join(TRANSIENT_REPLIES) + r")(?![A-Za-z])")
 #: times a commit is refused for its content before it is split
 SPLIT_AFTER = 2
 
@@ -72,7 +74,8 @@ def refused(exc: BaseException) -> bool:
     being unreachable, busy, out of memory or read-only, when any commit would fail."""
     if not isinstance(exc, redis.ResponseError):
         return False
-    return not str(exc).lstrip().upper().startswith(TRANSIENT_REPLIES)
+    # a script's error wraps the reply of the command that failed inside it
+    return _TRANSIENT.search(str(exc)) is None
 
 
 class Ack(NamedTuple):

@@ -8,8 +8,8 @@ workers use *before* it reaches Redis, builds every key through :class:`Frontier
 :func:`make_redis`, and only ever shows the Redis URL through :func:`redact_url`.
 
 Exit codes: 0 success, 1 partial failure or refusal (some entries refused, confirmation
-declined, problems ``doctor`` found and did not repair, other Redis error), 2 usage error,
-3 Redis unreachable.
+declined, problems ``doctor`` found and did not repair, Redis refused the password, other
+Redis error), 2 usage error, 3 Redis unreachable.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timezone
 from typing import Any
-from urllib.parse import urlsplit
 
 import redis
 from redis.backoff import NoBackoff
@@ -30,9 +29,10 @@ from redis.retry import Retry
 from scrapy.utils.project import get_project_settings
 
 from distcrawl.config import DEFAULT_REDIS_URL, ConfigError, DistcrawlConfig
-from distcrawl.connection import make_redis, redact_url
+from distcrawl.connection import auth_refusal, make_redis
 from distcrawl.frontier import Frontier
 from distcrawl.keys import FrontierKeys
+from distcrawl.redact import redact_text, redact_url, url_secrets
 from distcrawl.start_urls import InvalidEntry, parse_entry
 
 EXIT_OK = 0
@@ -81,12 +81,8 @@ class Context:
         return Frontier(self.client, keys)
 
     def scrub(self, text: str) -> str:
-        """``text`` with the URL's password removed, should an error message quote it."""
-        try:
-            password = urlsplit(self.redis_url).password
-        except ValueError:
-            password = None
-        return text.replace(password, "***") if password else text
+        """``text`` without the URL's secrets, should an error message quote them."""
+        return redact_text(text, url_secrets(self.redis_url))
 
     def close(self) -> None:
         if self._client is not None:
@@ -556,12 +552,17 @@ def cmd_mongo_replay(args: argparse.Namespace, ctx: Context) -> int:
     """Write spill files (items a worker could not store at close) into MongoDB."""
     from pymongo.errors import ConfigurationError, ConnectionFailure, InvalidURI, PyMongoError
 
-    from distcrawl.mongo import redact_mongo_uri, replay, scrub
+    from distcrawl.mongo import auth_refusal as mongo_auth_refusal
+    from distcrawl.mongo import replay
 
     uri = args.mongo_uri
     if not uri:
         raise UsageError("no MongoDB: pass --mongo-uri URI or set MONGO_URI")
-    shown = redact_mongo_uri(uri)
+    shown = redact_url(uri)
+
+    def scrub(text: str, uri: str) -> str:
+        return redact_text(text, url_secrets(uri))
+
     for path in args.files:
         if not os.path.isfile(path):
             raise UsageError(f"cannot read {path}: no such file")
@@ -576,7 +577,8 @@ def cmd_mongo_replay(args: argparse.Namespace, ctx: Context) -> int:
         print(f"error: cannot reach MongoDB at {shown}: {reason}", file=sys.stderr)
         return EXIT_UNREACHABLE
     except PyMongoError as exc:
-        print(f"error: MongoDB at {shown}: {scrub(str(exc), uri)}", file=sys.stderr)
+        what = mongo_auth_refusal(exc) or "MongoDB"
+        print(f"error: {what} at {shown}: {scrub(str(exc), uri)}", file=sys.stderr)
         return EXIT_PARTIAL
     refused = result.dead + result.spilled
     if ctx.as_json:
@@ -835,12 +837,16 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"distcrawl: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
-        reason = ctx.scrub(str(exc)) or type(exc).__name__
-        print(f"error: cannot reach Redis at {ctx.shown_url}: {reason}", file=sys.stderr)
-        return EXIT_UNREACHABLE
     except redis.RedisError as exc:
-        print(f"error: Redis at {ctx.shown_url}: {ctx.scrub(str(exc))}", file=sys.stderr)
+        reason = ctx.scrub(str(exc)) or type(exc).__name__
+        refusal = auth_refusal(exc)
+        if refusal is not None:  # a ConnectionError to redis-py, but no network problem
+            print(f"error: {refusal} at {ctx.shown_url}: {reason}", file=sys.stderr)
+            return EXIT_PARTIAL
+        if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
+            print(f"error: cannot reach Redis at {ctx.shown_url}: {reason}", file=sys.stderr)
+            return EXIT_UNREACHABLE
+        print(f"error: Redis at {ctx.shown_url}: {reason}", file=sys.stderr)
         return EXIT_PARTIAL
     finally:
         ctx.close()

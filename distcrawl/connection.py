@@ -1,11 +1,10 @@
-"""The one place a Redis client is made, and the one way a Redis URL is shown in logs."""
+"""The one place a Redis client is made (URLs are shown through :mod:`distcrawl.redact`)."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 from weakref import WeakKeyDictionary
 
 import redis
@@ -15,26 +14,30 @@ from twisted.internet.defer import Deferred
 from twisted.internet.threads import deferToThreadPool
 from twisted.python.threadpool import ThreadPool
 
+from distcrawl.redact import redact_url
+
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
 T = TypeVar("T")
 
+__all__ = ["RedisIO", "auth_refusal", "make_redis", "redact_url", "redis_io"]
 
-def redact_url(url: str) -> str:
-    """The URL with its password (or token) replaced, safe for logs and error messages."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparsable url>"
-    if parts.password is None and parts.username is None:
-        return url
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    user = parts.username or ""
-    auth = f"{user}:***@" if parts.password is not None else f"{user}@"
-    return urlunsplit((parts.scheme, auth + host, parts.path, parts.query, parts.fragment))
+
+def auth_refusal(exc: BaseException) -> str | None:
+    """What Redis refused, when ``exc`` is a refused password or missing permission.
+
+    redis-py raises these as ``ConnectionError`` subclasses (or ``ResponseError``), and a
+    wrong password reported as "cannot reach Redis" sends the operator after the network.
+    """
+    reply = str(exc).lstrip().upper()
+    if isinstance(exc, redis.exceptions.NoPermissionError) or reply.startswith("NOPERM"):
+        return "Redis refused the user's permissions"
+    if isinstance(
+        exc, redis.AuthenticationError | redis.exceptions.AuthenticationWrongNumberOfArgsError
+    ) or reply.startswith(("WRONGPASS", "NOAUTH")):
+        return "Redis refused the password"
+    return None
 
 
 def make_redis(url: str, *, socket_timeout: float = 10.0) -> redis.Redis:

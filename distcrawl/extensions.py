@@ -28,6 +28,7 @@ from distcrawl.config import DistcrawlConfig
 from distcrawl.connection import RedisIO, redis_io
 from distcrawl.frontier import Frontier, worker_id
 from distcrawl.keys import FrontierKeys
+from distcrawl.redact import redact_error, redact_text, url_secrets
 from distcrawl.scheduler import scheduler_of
 
 if TYPE_CHECKING:
@@ -120,7 +121,7 @@ class WorkerMonitor:
 
                 await maybe_deferred_to_future(self.io.run(self._publish, *self._snapshot(reason)))
             except redis.RedisError as exc:
-                logger.warning("Last heartbeat not stored: %s", exc)
+                logger.warning("Last heartbeat not stored: %s", redact_error(exc, self.io.url))
         self.io.stop()
 
     # -- the beat ------------------------------------------------------------------------
@@ -221,7 +222,10 @@ class WorkerMonitor:
             self.sent[name] -= delta
         self.domains.update(domains)
         if not failure.check(redis.RedisError):
-            logger.error("Heartbeat failed: %s", failure.getErrorMessage())
+            logger.error(
+                "Heartbeat failed: %s",
+                redact_text(failure.getErrorMessage(), url_secrets(self.io.url)),
+            )
 
     # -- Prometheus ----------------------------------------------------------------------
 

@@ -21,9 +21,10 @@ import time
 import redis
 from redis.commands.core import Script
 
-from distcrawl.connection import make_redis, redact_url
+from distcrawl.connection import auth_refusal, make_redis, redact_url
 from distcrawl.keys import FrontierKeys
 from distcrawl.lua import script_source
+from distcrawl.redact import redact_error, redacted_exc_info
 
 logger = logging.getLogger(__name__)
 
@@ -128,7 +129,7 @@ class Liveness:
                         self.tag,
                         self.keys.alive,
                         redact_url(self._url),
-                        exc,
+                        redact_error(exc, self._url),
                     )
         finally:
             if locked:
@@ -165,14 +166,18 @@ class Liveness:
         except Exception as exc:
             if not self._failing:
                 self._failing = True
+                refusal = auth_refusal(exc)
                 logger.warning(
-                    "Liveness beats of worker %s to %s failing (%s: %s); other workers will "
+                    "Liveness beats of worker %s to %s failing (%s%s: %s); other workers will "
                     "take back its requests if this lasts",
                     self.tag,
                     redact_url(self._url),
+                    f"{refusal}, " if refusal else "",
                     type(exc).__name__,
-                    exc,
-                    exc_info=not isinstance(exc, redis.RedisError),
+                    redact_error(exc, self._url),
+                    exc_info=None
+                    if isinstance(exc, redis.RedisError)
+                    else redacted_exc_info(exc, self._url),
                 )
             return
         if self._failing:

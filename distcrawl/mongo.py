@@ -1,4 +1,4 @@
-"""The MongoDB side of item storage: settings, URI redaction, and the blocking writer.
+"""The MongoDB side of item storage: settings and the blocking writer.
 
 :class:`MongoWriter` is plain synchronous pymongo code; :class:`distcrawl.pipelines.MongoPipeline`
 runs it on one dedicated thread (:class:`MongoIO`) so that no MongoDB call ever blocks the
@@ -45,6 +45,7 @@ from twisted.internet.threads import deferToThreadPool
 from twisted.python.threadpool import ThreadPool
 
 from distcrawl.config import ConfigError, _get, _positive
+from distcrawl.redact import redact_text, redact_url, url_secrets
 
 logger = logging.getLogger(__name__)
 
@@ -69,10 +70,6 @@ TRANSIENT_CODES = frozenset(
     {6, 7, 50, 89, 91, 112, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436}
 )
 DUPLICATE_KEY = 11000
-#: URI options whose values are secrets
-SECRET_OPTIONS = frozenset(
-    {"tlscertificatekeyfilepassword", "sslpemkeypassword", "authmechanismproperties"}
-)
 _BAD_DATABASE_CHARS = re.compile(r"[/\\. \"$*<>:|?\x00]")
 
 
@@ -86,62 +83,6 @@ def _split_uri(uri: str) -> tuple[str, str, str] | None:
         return None
     head, _, query = match.group(2).partition("?")
     return match.group(1), head, query
-
-
-def redact_mongo_uri(uri: str) -> str:
-    """The URI with its password and secret options replaced by ``***``, safe for logs.
-
-    When the URI cannot be read the way pymongo reads it (say, an unescaped ``?`` in a
-    password), everything after the scheme is hidden rather than guessed at.
-    """
-    parts = _split_uri(uri)
-    if parts is None:
-        return "<not a mongodb:// uri>" if "@" in uri else uri
-    scheme, head, query = parts
-    if "@" in head:
-        # pymongo: userinfo ends at the last "@" of the host part
-        host_part, slash, path = head.partition("/")
-        if "@" not in host_part:
-            return scheme + "***"
-        userinfo, _, hosts = host_part.rpartition("@")
-        user, colon, _password = userinfo.partition(":")
-        head = f"{user}{':***' if colon else ''}@{hosts}{slash}{path}"
-    elif "@" in query:
-        return scheme + "***"
-    if query:
-        options = []
-        for option in re.split(r"[&;]", query):
-            name, eq, value = option.partition("=")
-            if eq and name.lower() in SECRET_OPTIONS:
-                value = "***"
-            options.append(f"{name}{eq}{value}")
-        return f"{scheme}{head}?{'&'.join(options)}"
-    return scheme + head
-
-
-def uri_secrets(uri: str) -> list[str]:
-    """The password (raw and decoded) and secret option values of ``uri``."""
-    parts = _split_uri(uri)
-    if parts is None:
-        return []
-    _scheme, head, query = parts
-    secrets: list[str] = []
-    host_part = head.partition("/")[0]
-    if "@" in host_part:
-        password = host_part.rpartition("@")[0].partition(":")[2]
-        secrets += [password, unquote_plus(password)]
-    for option in re.split(r"[&;]", query):
-        name, _, value = option.partition("=")
-        if name.lower() in SECRET_OPTIONS:
-            secrets += [value, unquote_plus(value)]
-    return sorted({s for s in secrets if s}, key=len, reverse=True)
-
-
-def scrub(text: str, uri: str) -> str:
-    """``text`` (say, an error message) without any secret of ``uri`` in it."""
-    for secret in uri_secrets(uri):
-        text = text.replace(secret, "***")
-    return text
 
 
 def uri_database(uri: str) -> str | None:
@@ -220,13 +161,13 @@ class MongoConfig:
 
     @property
     def shown_uri(self) -> str:
-        return redact_mongo_uri(self.uri or "")
+        return redact_url(self.uri or "")
 
     @classmethod
     def from_settings(cls, settings: BaseSettings) -> MongoConfig:
         uri = settings.get("MONGO_URI") or None
         if uri is not None and (not isinstance(uri, str) or _split_uri(uri) is None):
-            shown = redact_mongo_uri(uri) if isinstance(uri, str) else type(uri).__name__
+            shown = redact_url(uri) if isinstance(uri, str) else type(uri).__name__
             raise ConfigError(f"MONGO_URI={shown!r}: expected mongodb://... or mongodb+srv://...")
         if settings.get("MONGO_DATABASE"):
             database = _get(settings, "MONGO_DATABASE", DEFAULT_DATABASE, _database_name)
@@ -414,6 +355,22 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, OperationFailure) and exc.code in TRANSIENT_CODES
 
 
+#: OperationFailure codes of a refused login (AuthenticationFailed) and a refused action
+#: (Unauthorized): retrying will not help, and "unreachable" would point at the network
+AUTH_FAILED, UNAUTHORIZED = 18, 13
+AUTH_REFUSALS = {
+    AUTH_FAILED: "MongoDB refused the credentials",
+    UNAUTHORIZED: "MongoDB refused the user's permissions",
+}
+
+
+def auth_refusal(exc: BaseException) -> str | None:
+    """What MongoDB refused, when ``exc`` is a failed login or a missing permission."""
+    if isinstance(exc, OperationFailure):
+        return AUTH_REFUSALS.get(exc.code or 0)
+    return None
+
+
 class WriteConcernFailed(PyMongoError):
     """The writes were applied but not acknowledged as durable: the batch is retried."""
 
@@ -535,15 +492,15 @@ class MongoWriter:
                     [(f, 1) for f in self.key_fields], unique=True, name="distcrawl_key"
                 )
         except OperationFailure as exc:
-            if is_transient(exc):
-                raise
+            if is_transient(exc) or exc.code == AUTH_FAILED:
+                raise  # a refused login refuses the writes too: they wait for a fix
             # e.g. existing documents already break uniqueness: writes by _id stay
             # idempotent, so the crawl goes on, loudly
             logger.error(
                 "MongoDB: cannot create the indexes of %s.%s: %s",
                 self.database_name,
                 name,
-                scrub(str(exc), self.uri),
+                redact_text(str(exc), url_secrets(self.uri)),
             )
         self._prepared.add(name)
 

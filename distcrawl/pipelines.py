@@ -46,8 +46,9 @@ from distcrawl.mongo import (
     SpillFile,
     is_transient,
     key_from_fields,
-    scrub,
 )
+from distcrawl.mongo import auth_refusal as mongo_auth_refusal
+from distcrawl.redact import redact_text, redacted_exc_info, url_secrets
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -66,8 +67,10 @@ STATS = "distcrawl/mongo"
 def _reason(exc: BaseException, uri: str) -> str:
     """The error message, without secrets and without pymongo's topology dump."""
     text = str(exc).split(", Timeout: ")[0].split(", full error: ")[0]
-    text = scrub(text, uri)
-    return text if len(text) <= 300 else text[:300] + "..."
+    text = redact_text(text, url_secrets(uri))
+    text = text if len(text) <= 300 else text[:300] + "..."
+    refusal = mongo_auth_refusal(exc)
+    return f"{refusal}: {text}" if refusal else text
 
 
 def _call_later(delay: float, func: Callable[[], None]) -> DelayedCall:
@@ -329,7 +332,9 @@ class MongoPipeline:
                 _reason(exc, self.config.uri or ""),
                 self._queued(),
                 RETRY_MAX_DELAY,
-                exc_info=None if transient else (type(exc), exc, exc.__traceback__),
+                exc_info=None
+                if transient or mongo_auth_refusal(exc)
+                else redacted_exc_info(exc, self.config.uri),
             )
         self._retry_delay = min(RETRY_MAX_DELAY, max(RETRY_MIN_DELAY, self._retry_delay * 2))
         self._retry_at = now + self._retry_delay
@@ -446,8 +451,9 @@ class MongoPipeline:
 
     def _log_unreachable_at_open(self, failure: Failure) -> None:
         logger.warning(
-            "MongoDB at %s is not reachable yet (%s); items will wait for it",
+            "MongoDB at %s is not %s yet (%s); items will wait for it",
             self.config.shown_uri,
+            "usable" if mongo_auth_refusal(failure.value) else "reachable",
             _reason(failure.value, self.config.uri or ""),
         )
 

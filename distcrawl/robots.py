@@ -46,6 +46,7 @@ from twisted.internet.defer import Deferred
 
 from distcrawl.config import DistcrawlConfig
 from distcrawl.politeness import slot_of
+from distcrawl.redact import redact_error
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -149,7 +150,11 @@ class RobotsTxtMiddleware(ScrapyRobotsTxtMiddleware):
     def _redis_failed(self, what: str, name: str, exc: Exception) -> None:
         """Redis trouble costs sharing, never the crawl: the worker reads robots.txt itself."""
         logger.warning(
-            "Could not %s %s (%s)", what, name, exc, extra={"spider": self.crawler.spider}
+            "Could not %s %s (%s)",
+            what,
+            name,
+            redact_error(exc, self.config.redis_url),
+            extra={"spider": self.crawler.spider},
         )
 
     async def _download(self, request: Request) -> tuple[int, bytes | None]:

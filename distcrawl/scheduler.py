@@ -50,7 +50,7 @@ from distcrawl.batch import (
     refused_scheme,
 )
 from distcrawl.config import ConfigError, DistcrawlConfig
-from distcrawl.connection import RedisIO, redact_url, redis_io
+from distcrawl.connection import RedisIO, auth_refusal, redact_url, redis_io
 from distcrawl.dupefilter import RedisDupeFilter
 from distcrawl.frontier import (
     CommitResult,
@@ -65,6 +65,7 @@ from distcrawl.frontier import (
 from distcrawl.keys import FrontierKeys
 from distcrawl.liveness import Liveness
 from distcrawl.politeness import FeedbackBuffer, politeness, slot_of
+from distcrawl.redact import redact_error, redacted_exc_info
 from distcrawl.serialize import RequestCodec, SerializationError
 from distcrawl.start_urls import InvalidEntry, parse_entry, request_from_entry
 
@@ -472,7 +473,7 @@ class Scheduler(BaseScheduler):
             logger.error(
                 "Could not save the last batch to Redis (%s): %d acknowledgements and %d "
                 "pushes not stored; the leases concerned will expire and be crawled again",
-                exc,
+                redact_error(exc, self.config.redis_url),
                 acks,
                 pushes,
                 extra={"spider": self.spider},
@@ -648,7 +649,7 @@ class Scheduler(BaseScheduler):
                     "one part at a time to find the entry it refuses",
                     len(failed.entries),
                     failed.failures,
-                    res.commit_error,
+                    redact_error(res.commit_error, self.config.redis_url),
                     extra={"spider": self.spider},
                 )
                 failed.split = True
@@ -855,7 +856,9 @@ class Scheduler(BaseScheduler):
         self._busy = False
         logger.error(
             "distcrawl scheduler error",
-            exc_info=(failure.type, failure.value, failure.getTracebackObject()),
+            exc_info=redacted_exc_info(
+                failure.value, self.config.redis_url, tb=failure.getTracebackObject()
+            ),
             extra={"spider": self.spider},
         )
         self._retry_at = time.monotonic() + 1.0
@@ -865,12 +868,17 @@ class Scheduler(BaseScheduler):
         self._retry_delay = min(max(self._retry_delay * 2, 0.5), MAX_RETRY_DELAY)
         self._retry_at = time.monotonic() + self._retry_delay
         if not self._failing:
+            what = auth_refusal(exc) or (
+                "Redis refused a batch"
+                if isinstance(exc, redis.ResponseError)
+                else "Redis unreachable"
+            )
             logger.error(
-                "Redis %s at %s (%s: %s); keeping %d pushes and %d acknowledgements and retrying",
-                "refused a batch" if isinstance(exc, redis.ResponseError) else "unreachable",
+                "%s at %s (%s: %s); keeping %d pushes and %d acknowledgements and retrying",
+                what,
                 redact_url(self.config.redis_url),
                 type(exc).__name__,
-                exc,
+                redact_error(exc, self.config.redis_url),
                 len(self._outgoing) + (len(self._commit.entries) if self._commit else 0),
                 len(self._acks) + (len(self._commit.acks) if self._commit else 0),
                 extra={"spider": self.spider},

@@ -51,6 +51,8 @@ from urllib.error import HTTPError, URLError
 from urllib.parse import urlencode, urljoin, urlsplit, urlunsplit
 from urllib.request import Request, urlopen
 
+from distcrawl.redact import MASK, is_secret_name, redact_text
+
 EXIT_OK = 0
 EXIT_PARTIAL = 1
 EXIT_UNREACHABLE = 3
@@ -69,16 +71,6 @@ TIMEOUT = 30.0
 #: how much of a finished job's log is read to find why it closed
 LOG_TAIL_BYTES = 65536
 
-#: setting names whose whole value is a secret
-SECRET_NAME = re.compile(r"PASSWORD|PASSWD|PWD|SECRET|TOKEN|CREDENTIAL|API_?KEY|PRIVATE_KEY", re.I)
-#: ``scheme://user:password@`` (up to the last ``@`` of the word); the user is kept
-_URL_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^\s:/@]*:)\S*@(?=[^\s@]*(\s|$))")
-#: ``?password=...`` and the like inside a URL's query
-_QUERY_SECRET = re.compile(
-    r"([?&;][^=&;\s]*(?:pass|pwd|secret|token|credential|api_?key|authmechanismproperties)"
-    r"[^=&;\s]*=)[^&;#\s]*",
-    re.I,
-)
 _CLOSE_REASON = re.compile(r"Spider closed \(([^)]*)\)")
 
 _SETUP_PY = """\
@@ -130,17 +122,11 @@ class ConfigProblem(Exception):
 # ---------------------------------------------------------------------- secrets
 
 
-def redact_text(text: str) -> str:
-    """``text`` with URL passwords and password-like query parameters replaced by ``***``."""
-    text = _URL_PASSWORD.sub(r"\1***@", text)
-    return _QUERY_SECRET.sub(r"\1***", text)
-
-
 def redact_setting(name: str, value: Any) -> str:
     """How a setting (or spider argument) may be shown: secret names hide the whole value."""
     text = value if isinstance(value, str) else json.dumps(value, default=str)
-    if text and SECRET_NAME.search(name):
-        return "***"
+    if text and is_secret_name(name):
+        return MASK
     return redact_text(text)
 
 
@@ -274,6 +260,11 @@ def parse_nodes(spec: str | None, username: str | None, password: str | None) ->
 # ---------------------------------------------------------------------- HTTP
 
 
+def _secrets(node: Node) -> list[str]:
+    """The node's password, should its answer (or an error about it) quote it."""
+    return [node.password] if node.password else []
+
+
 def _auth_header(node: Node) -> dict[str, str]:
     if not node.username:
         return {}
@@ -307,11 +298,13 @@ def _fetch(node: Node, request: Request, timeout: float) -> tuple[bytes, Mapping
         with contextlib.suppress(ValueError, AttributeError):
             message = json.loads(body).get("message") or body
         raise ScrapydError(
-            f"{node}: HTTP {exc.code}: {redact_text(message.strip())[:500]}"
+            f"{node}: HTTP {exc.code}: {redact_text(message.strip(), _secrets(node))[:500]}"
         ) from None
     except (URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
-        raise NodeUnreachable(f"{node}: unreachable ({reason})") from None
+        raise NodeUnreachable(
+            f"{node}: unreachable ({redact_text(str(reason), _secrets(node))})"
+        ) from None
 
 
 def call(
@@ -338,7 +331,7 @@ def _answer(node: Node, endpoint: str, raw: bytes) -> dict[str, Any]:
         raise ScrapydError(f"{node}{endpoint}: not a JSON answer: {raw[:200]!r}") from None
     if not isinstance(answer, dict) or answer.get("status") != "ok":
         message = answer.get("message", answer) if isinstance(answer, dict) else answer
-        raise ScrapydError(f"{node}: {redact_text(str(message)).strip()[:500]}")
+        raise ScrapydError(f"{node}: {redact_text(str(message), _secrets(node)).strip()[:500]}")
     return answer
 
 

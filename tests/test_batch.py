@@ -26,6 +26,12 @@ def test_replies_that_say_redis_cannot_commit_now_are_not_refusals():
     for transient in ("OOM command not allowed", "BUSY Redis is busy", "LOADING", "READONLY x"):
         assert not refused(redis.ResponseError(transient))
     assert not refused(redis.ConnectionError("gone"))
+    wrapped = (
+        "Error running script (call to f_0123): @user_script:42: @user_script: 42: NOPERM this "
+        "user has no permissions to run the 'hincrby' command"
+    )
+    assert not refused(redis.ResponseError(wrapped))
+    assert not refused(redis.ResponseError("ERR ... -OOM command not allowed when used memory"))
 
 
 def test_a_refused_commit_is_split_and_only_the_bad_entry_dead_lettered(runner, redis_client):

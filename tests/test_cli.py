@@ -398,10 +398,11 @@ def test_prompt_redacts_the_password(capsys, tmp_path, monkeypatch):
         assert code == 1
         assert f"at redis://:***@127.0.0.1:{server.port}/0?" in err
         assert "s3cret" not in out + err
-        # a wrong password is reported like an unreachable server, still redacted
+        # a wrong password is reported as such (not as an unreachable server), redacted
         wrong = server.url.replace("s3cret", "wr0ng")
         code, out, err = run(capsys, wrong, "status", "site")
-        assert code == 3
+        assert code == 1
+        assert err.startswith("error: Redis refused the password at redis://:***@127.0.0.1:")
         assert "wr0ng" not in out + err and "s3cret" not in out + err
     finally:
         server.stop()

@@ -21,6 +21,7 @@ from distcrawl.demo.mongo_server import MongoServer
 from distcrawl.demo.redis_server import RedisServer
 from distcrawl.demo.site import DemoSite
 from distcrawl.demo.workers import Worker, worker_agent
+from distcrawl.redact import redact_url
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -52,11 +53,13 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_mongo:
             mongo = MongoServer(directory=args.dir / "mongo").start()
         print(
-            f"Redis       {redis_server.url}   (watch it live from another terminal: "
-            f".venv/bin/distcrawl --redis-url {redis_server.url} watch site)"
+            f"Redis       {redact_url(redis_server.url)}   (watch it live from another "
+            f"terminal: .venv/bin/distcrawl --redis-url {redact_url(redis_server.url)} watch site)"
         )
         if mongo is not None:
-            print(f"MongoDB     {mongo.uri}   (secantusd-py; items go to distcrawl.site)")
+            print(
+                f"MongoDB     {redact_url(mongo.uri)}   (secantusd-py; items go to distcrawl.site)"
+            )
         print(f"Demo site   {site.url}/ ({args.pages} pages, 17 links each)")
         for i in range(1, args.workers + 1):
             pool.append(

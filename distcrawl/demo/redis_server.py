@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
+from urllib.parse import quote
 
 import redis
 from redis.backoff import NoBackoff
@@ -52,6 +53,7 @@ class RedisServer:
         password: str | None = None,
         appendfsync: str = "everysec",
         binary: str = REDIS_BINARY,
+        unixsocket: str | os.PathLike[str] | None = None,
     ) -> None:
         self.port = port
         self._fixed_port = port is not None
@@ -61,6 +63,8 @@ class RedisServer:
         self.password = password
         self.appendfsync = appendfsync
         self.binary = binary
+        #: also listen on this unix socket (keep the path short: about 100 bytes at most)
+        self.unixsocket = str(unixsocket) if unixsocket is not None else None
         self.proc: subprocess.Popen[bytes] | None = None
         self._output: IO[bytes] | None = None
 
@@ -76,6 +80,15 @@ class RedisServer:
             raise RuntimeError("redis server not started")
         auth = f":{self.password}@" if self.password else ""
         return f"redis://{auth}{HOST}:{self.port}/0"
+
+    @property
+    def unix_url(self) -> str:
+        """The ``unix://`` URL of :attr:`unixsocket`, the password as a query option (the
+        only place redis-py reads it from in that form)."""
+        if self.unixsocket is None:
+            raise RuntimeError("redis server has no unix socket")
+        auth = f"password={quote(self.password, safe='')}&" if self.password else ""
+        return f"unix://{self.unixsocket}?{auth}db=0"
 
     @property
     def log_path(self) -> Path | None:
@@ -94,6 +107,8 @@ class RedisServer:
         cmd += ["--appendfsync", self.appendfsync, "--daemonize", "no"]
         if self.password:
             cmd += ["--requirepass", self.password]
+        if self.unixsocket:
+            cmd += ["--unixsocket", self.unixsocket, "--unixsocketperm", "700"]
         return cmd
 
     def start(self) -> RedisServer:
