@@ -414,3 +414,31 @@ def test_make_redis_sends_no_client_subcommand(redis_proxy):
         plain.close()
         ours.close()
         redis_proxy.disarm()
+
+
+@pytest.mark.parametrize(
+    ("denied", "logged"),
+    [
+        # INFO is @dangerous and often denied: only the memory check may go with it
+        ("info", "WARNING: Redis refused INFO"),
+        # a grant missing for the monitor: said once, not taken for an outage that passes
+        ("zincrby", "ERROR: Heartbeat refused by Redis"),
+    ],
+)
+def test_monitor_under_a_user_missing_a_command_says_so(
+    denied, logged, capsys, monkeypatch, demo_site, workers, redis_server, redis_client
+):
+    monkeypatch.setenv("W_PW", WORKER_SECRET)
+    code, out, _ = acl_output(capsys, "site", "--worker-password-env", "W_PW", "--json")
+    assert code == 0
+    rules = json.loads(out)["users"][1]["rules"]
+    redis_client.execute_command("ACL", "SETUSER", "w", "reset", *rules, f"-{denied}")
+    site = demo_site(pages=20)
+    redis_client.lpush(SITE.start_urls, site.url + "/")
+    worker_url = user_url(redis_server, "w", WORKER_SECRET)
+    w = workers(1, REDIS_URL=worker_url, DISTCRAWL_IDLE_TIMEOUT=3)
+    assert w.wait(120) == 0, w.log()[-3000:]
+    assert set(page_fetches(site)) == site.expected_pages()
+    assert w.log().count(logged) == 1, w.log()[-3000:]
+    assert redis_client.hlen(SITE.workers) == 1  # the heartbeat went on
+    assert {entry["object"] for entry in acl_denials(redis_client)} == {denied}
