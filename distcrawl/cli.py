@@ -545,6 +545,53 @@ def cmd_dead_redrive(args: argparse.Namespace, ctx: Context) -> int:
     return EXIT_PARTIAL if unusable else EXIT_OK
 
 
+# ---------------------------------------------------------------------- acl
+
+
+def cmd_acl(args: argparse.Namespace, ctx: Context) -> int:
+    """Print the producer and worker ACL users of a crawl; talks to no Redis."""
+    from distcrawl import acl
+
+    keys: FrontierKeys = args.namespace or args.spider
+    try:
+        users = acl.roles(
+            keys,
+            producer=args.producer_user,
+            worker=args.worker_user,
+            producer_password_env=args.producer_password_env,
+            worker_password_env=args.worker_password_env,
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if ctx.as_json:
+        _emit_json(
+            {
+                "namespace": keys.namespace,
+                "users": [
+                    {
+                        "role": u.role,
+                        "user": u.name,
+                        "rules": list(u.rules),
+                        "command": u.command(),
+                        "password_placeholder": u.placeholder,
+                    }
+                    for u in users
+                ],
+            }
+        )
+    else:
+        for user in users:
+            print(user.aclfile_line() if args.format == "aclfile" else user.command())
+    for user in users:
+        if user.placeholder:
+            print(
+                f"note: replace <{user.role}-password> before use, or pass "
+                f"--{user.role}-password-env VAR to print its SHA-256 instead",
+                file=sys.stderr,
+            )
+    return EXIT_OK
+
+
 # ---------------------------------------------------------------------- mongo
 
 
@@ -788,6 +835,30 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("msgpack", "json"),
         default="msgpack",
         help="DISTCRAWL_SERIALIZER of the workers (default msgpack)",
+    )
+    acl_help = (
+        "print ACL SETUSER commands of two least-privilege Redis users: a producer that can "
+        "only add start URLs (and read what push and status need), a worker with exactly the "
+        "commands distcrawl sends, on this crawl's keys"
+    )
+    acl = command(commands, "acl", cmd_acl, acl_help)
+    acl.add_argument(
+        "--namespace", type=_spider, metavar="NS", help="DISTCRAWL_NAMESPACE, if not SPIDER"
+    )
+    acl.add_argument("--producer-user", metavar="NAME", help="default: <namespace>-producer")
+    acl.add_argument("--worker-user", metavar="NAME", help="default: <namespace>-worker")
+    for role in ("producer", "worker"):
+        acl.add_argument(
+            f"--{role}-password-env",
+            metavar="VAR",
+            help=f"the {role} password is in this environment variable: printed as its "
+            "SHA-256 (#<hex>), never in clear; default: a >placeholder to replace",
+        )
+    acl.add_argument(
+        "--format",
+        choices=("commands", "aclfile"),
+        default="commands",
+        help="ACL SETUSER commands (for redis-cli) or lines of an ACL file (aclfile)",
     )
     mongo = commands.add_parser(
         "mongo", parents=[common], help="items stored in MongoDB", description="MongoDB items"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -22,6 +23,22 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 __all__ = ["RedisIO", "auth_refusal", "make_redis", "redact_url", "redis_io"]
+
+#: no CLIENT subcommand on connect: redis-py 5+ sends CLIENT SETINFO, newer ones also CLIENT
+#: MAINT_NOTIFICATIONS over RESP3 (both only informational or for managed-cloud failovers,
+#: and their errors are ignored). Without them a least-privilege ACL user (``distcrawl acl``)
+#: needs no CLIENT subcommand, which Redis < 7.2 could not even grant.
+_QUIET_CONNECT: dict[str, Any] = (
+    {"driver_info": None}
+    if "driver_info" in inspect.signature(redis.connection.AbstractConnection.__init__).parameters
+    else {"lib_name": None, "lib_version": None}
+)
+try:
+    from redis.maint_notifications import MaintNotificationsConfig
+except ImportError:  # an older redis-py, which does not send it
+    pass
+else:
+    _QUIET_CONNECT["maint_notifications_config"] = MaintNotificationsConfig(enabled=False)
 
 
 def auth_refusal(exc: BaseException) -> str | None:
@@ -56,6 +73,7 @@ def make_redis(url: str, *, socket_timeout: float = 10.0) -> redis.Redis:
         # sent again is recognised (its id), but a lease sent twice would hold requests
         # nobody works on until the lease expires; the callers retry what is safe to retry
         retry=Retry(NoBackoff(), 0),
+        **_QUIET_CONNECT,
     )
 
 

@@ -74,6 +74,7 @@ class WorkerMonitor:
         self.config = config
         self._next_memory_check = 0.0
         self._warned_policy = ""
+        self._refused = False
         self.io = io
         self.id = worker_id()
         self.started = time.time()
@@ -181,9 +182,24 @@ class WorkerMonitor:
         if time.monotonic() >= self._next_memory_check:
             # on its own: a full Redis refuses the writes above, and this must still be said
             self._next_memory_check = time.monotonic() + MEMORY_CHECK_INTERVAL
-            self._check_memory(self.io.client.info("memory"))
+            self._memory_info()
         *_, paused, queue, leased, delayed, dead = pipe.execute()
         return bool(paused), {"queue": queue, "leased": leased, "delayed": delayed, "dead": dead}
+
+    def _memory_info(self) -> None:
+        """An ACL user without INFO (``-@dangerous`` denies it) loses the memory check, not
+        the heartbeat, the counters and pause with it."""
+        try:
+            info = self.io.client.info("memory")
+        except redis.exceptions.NoPermissionError as exc:
+            self._next_memory_check = float("inf")
+            logger.warning(
+                "Redis refused INFO (%s): the maxmemory check is off; grant +info to this "
+                "worker's Redis user to have it (see distcrawl acl)",
+                exc,
+            )
+            return
+        self._check_memory(info)
 
     def _check_memory(self, info: dict[str, Any]) -> None:
         """Loud before Redis is full: past maxmemory, writes fail (noeviction) or, worse,
@@ -221,7 +237,16 @@ class WorkerMonitor:
         for name, delta in deltas.items():
             self.sent[name] -= delta
         self.domains.update(domains)
-        if not failure.check(redis.RedisError):
+        if failure.check(redis.exceptions.NoPermissionError):
+            # not an outage that passes: the heartbeat, totals and pause never work
+            if not self._refused:
+                self._refused = True
+                logger.error(
+                    "Heartbeat refused by Redis (%s): the Redis user of REDIS_URL lacks a "
+                    "command or key the monitor needs (see distcrawl acl)",
+                    redact_text(failure.getErrorMessage(), url_secrets(self.io.url)),
+                )
+        elif not failure.check(redis.RedisError):
             logger.error(
                 "Heartbeat failed: %s",
                 redact_text(failure.getErrorMessage(), url_secrets(self.io.url)),

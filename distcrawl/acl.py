@@ -1,0 +1,247 @@
+"""Two Redis ACL users per crawl, so that a leaked credential cannot steer the workers.
+
+Whoever can write a crawl's keys decides what its workers fetch and how they call back: the
+queue, the request records, the seen-set, the politeness state. With the default Redis user
+every producer (a cron job, a web form, a partner's script) holds that power over every crawl
+on the server. So ``distcrawl acl`` prints two users for one namespace:
+
+* a **producer** that may add start URLs (``LPUSH``/``RPUSH`` on ``<ns>:start_urls``, the one
+  key it may write) and read the few keys ``distcrawl push`` (pending cap) and ``distcrawl
+  status`` read; it runs no script and reads no request record (they may hold headers);
+* a **worker** with exactly the commands distcrawl sends (workers and the operator's
+  ``distcrawl`` commands), on ``<ns>:*`` only.
+
+The command lists are kept in step with the code by tests/test_acl.py, which reads every
+``redis.call`` of ``distcrawl/lua`` and every redis-py call of ``distcrawl/`` and fails when
+a command is missing here or granted without use. Since Redis 7 the commands a Lua script
+calls are checked against the caller's ACL too, so they are granted one by one, not through
+EVALSHA alone. Passwords are never printed: ``--*-password-env`` gives the SHA-256 form
+(``#<hex>``), else a ``>`` placeholder the operator replaces.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from dataclasses import dataclass
+
+from distcrawl.keys import FrontierKeys
+
+#: what redis-py sends besides the commands distcrawl issues: PING is its health check
+#: (``health_check_interval``), SELECT comes with a database number in the URL. AUTH and
+#: HELLO are allowed to every user; ``make_redis`` turns off CLIENT SETINFO and CLIENT
+#: MAINT_NOTIFICATIONS, so no CLIENT subcommand has to be granted.
+CONNECTION_COMMANDS = ("ping", "select")
+
+#: EVALSHA runs the frontier's scripts; SCRIPT LOAD is redis-py's answer to NOSCRIPT after a
+#: Redis restart or SCRIPT FLUSH. EVAL is never sent.
+SCRIPT_COMMANDS = ("evalsha", "script|load")
+
+#: every command called inside distcrawl/lua/*.lua
+LUA_COMMANDS = (
+    "bitfield",
+    "del",
+    "getbit",
+    "hdel",
+    "hexists",
+    "hget",
+    "hgetall",
+    "hincrby",
+    "hmget",
+    "hset",
+    "incr",
+    "lpush",
+    "lrem",
+    "sadd",
+    "setbit",
+    "sismember",
+    "time",
+    "zadd",
+    "zcard",
+    "zlexcount",
+    "zrange",
+    "zrangebylex",
+    "zrangebyscore",
+    "zrem",
+    "zscore",
+)
+
+#: every command distcrawl sends from Python (frontier, scheduler, liveness, monitor, seen,
+#: dashboard, doctor, cli): MULTI/EXEC for the transactional pipelines, INFO for the
+#: monitor's memory check (INFO memory), TIME for ages on the server's clock
+PYTHON_COMMANDS = (
+    "del",
+    "exec",
+    "exists",
+    "hdel",
+    "hexists",
+    "hget",
+    "hgetall",
+    "hincrby",
+    "hkeys",
+    "hlen",
+    "hscan",
+    "hset",
+    "info",
+    "llen",
+    "lpush",
+    "lrange",
+    "multi",
+    "scard",
+    "set",
+    "time",
+    "zcard",
+    "zincrby",
+    "zlexcount",
+    "zmscore",
+    "zrange",
+    "zrem",
+    "zrevrange",
+    "zscan",
+    "zscore",
+)
+
+#: ``distcrawl push`` (HGET of the pending cap, ZCARD/LLEN for the room left, LPUSH inside
+#: MULTI/EXEC) and ``distcrawl status``/``watch`` (one pipeline of reads and TIME), plus RPUSH
+#: for producers that want an entry taken before the others
+PRODUCER_COMMANDS = (
+    "exec",
+    "exists",
+    "hget",
+    "hgetall",
+    "llen",
+    "lpush",
+    "multi",
+    "ping",
+    "rpush",
+    "scard",
+    "select",
+    "time",
+    "zcard",
+    "zrange",
+    "zrevrange",
+)
+
+
+def producer_read_keys(keys: FrontierKeys) -> tuple[str, ...]:
+    """What push and status read: sizes, counters, heartbeats; never ``requests`` (payloads
+    may carry headers and cookies) nor the dead letters' content."""
+    return (
+        keys.settings,
+        keys.start_urls,
+        keys.queue,
+        keys.ready,
+        keys.leases,
+        keys.delayed,
+        keys.seen,
+        keys.bloom,
+        keys.dead,
+        keys.paused,
+        keys.stats,
+        keys.workers,
+        keys.domains,
+        keys.alive,
+    )
+
+
+def worker_commands() -> tuple[str, ...]:
+    return tuple(sorted({*CONNECTION_COMMANDS, *SCRIPT_COMMANDS, *LUA_COMMANDS, *PYTHON_COMMANDS}))
+
+
+_GLOB = re.compile(r"([*?\[\]\\])")
+#: characters that would need quoting in redis-cli input or an ACL file
+_UNSAFE = re.compile(r"[\s\"'\x00-\x1f\x7f]")
+
+
+def key_pattern(key: str) -> str:
+    """``key`` as an ACL glob that matches itself only (``*?[]\\`` escaped)."""
+    return _GLOB.sub(r"\\\1", key)
+
+
+def check_token(what: str, value: str) -> str:
+    """Refuse what cannot be written unquoted in an ACL rule: whitespace, quotes, control
+    characters (an ACL file has no quoting, and redis-cli would split or unquote them)."""
+    if not value or _UNSAFE.search(value):
+        raise ValueError(f"{what} {value!r} cannot be used in an ACL rule (quotes or whitespace)")
+    return value
+
+
+@dataclass(frozen=True)
+class AclUser:
+    role: str
+    name: str
+    rules: tuple[str, ...]
+    #: True when the password rule is a placeholder the operator must replace
+    placeholder: bool
+
+    def command(self) -> str:
+        return " ".join(("ACL", "SETUSER", self.name, "reset", *self.rules))
+
+    def aclfile_line(self) -> str:
+        """With ``reset`` too, so that both forms make the same user (reset also turns on
+        sanitize-payload, which a user read from a file lacks)."""
+        return " ".join(("user", self.name, "reset", *self.rules))
+
+
+def password_rule(role: str, env_var: str | None) -> tuple[str, bool]:
+    """``#<sha256>`` of the password in ``env_var`` (never the password itself), else a
+    ``>`` placeholder; raises ValueError naming the variable when it is unset or empty."""
+    if env_var is None:
+        return f"><{role}-password>", True
+    secret = os.environ.get(env_var)
+    if not secret:
+        raise ValueError(f"environment variable {env_var} (--{role}-password-env) is not set")
+    return "#" + hashlib.sha256(secret.encode("utf-8")).hexdigest(), False
+
+
+def producer_user(keys: FrontierKeys, name: str, password: tuple[str, bool]) -> AclUser:
+    check_token("producer user", name)
+    reads = tuple(f"%R~{key_pattern(check_token('key', key))}" for key in producer_read_keys(keys))
+    rules = (
+        "on",
+        password[0],
+        "resetchannels",
+        *reads,
+        f"%W~{key_pattern(keys.start_urls)}",
+        "-@all",
+        *(f"+{c}" for c in PRODUCER_COMMANDS),
+    )
+    return AclUser("producer", name, rules, password[1])
+
+
+def worker_user(keys: FrontierKeys, name: str, password: tuple[str, bool]) -> AclUser:
+    check_token("worker user", name)
+    pattern = key_pattern(check_token("namespace", keys.namespace)) + ":*"
+    rules = (
+        "on",
+        password[0],
+        "resetchannels",
+        f"~{pattern}",
+        "-@all",
+        *(f"+{c}" for c in worker_commands()),
+    )
+    return AclUser("worker", name, rules, password[1])
+
+
+def roles(
+    keys: FrontierKeys,
+    *,
+    producer: str | None = None,
+    worker: str | None = None,
+    producer_password_env: str | None = None,
+    worker_password_env: str | None = None,
+) -> tuple[AclUser, AclUser]:
+    """Both users of one crawl; names default to ``<ns>-producer`` and ``<ns>-worker``."""
+    return (
+        producer_user(
+            keys,
+            producer or f"{keys.namespace}-producer",
+            password_rule("producer", producer_password_env),
+        ),
+        worker_user(
+            keys,
+            worker or f"{keys.namespace}-worker",
+            password_rule("worker", worker_password_env),
+        ),
+    )
