@@ -336,3 +336,19 @@ async def test_a_download_slot_that_cannot_be_a_slot_is_dead_lettered(
     ]
     assert crawler.stats.get_value("distcrawl/invalid_slot") == 2
     assert redis_client.hlen("badslot:inflight") == 0
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_10_mb_start_url_entry_leaves_a_64_kb_dead_letter(
+    redis_url, redis_client, demo_site
+):
+    site = demo_site(pages=3)
+    huge = b"http://127.0.0.1/" + b"x" * 10_000_000
+    redis_client.lpush("site:start_urls", huge, site.url + "/page/1")
+    await crawl(SiteSpider, redis_url, DEPTH_LIMIT=0)
+    (raw,) = redis_client.lrange("site:dead", 0, -1)
+    record = json.loads(raw)
+    assert "too large" in record["reason"]
+    assert record["raw_length"] == len(huge) and record["truncated"] is True
+    assert len(raw) < 70_000
+    assert redis_client.llen("site:start_urls") == 0
