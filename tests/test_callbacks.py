@@ -19,8 +19,7 @@ from scrapy.spiders import Rule
 
 from distcrawl.frontier import make_entry
 from distcrawl.spiders import RedisCrawlSpider, RedisSpider
-from tests.support import page_fetches, wait_until
-from tests.test_scheduler import crawl, fetched, run, settings
+from tests.support import crawl, crawl_settings, fetched, page_fetches, run, wait_until
 
 
 def write_queue(redis_client: Any, namespace: str, payloads: list[dict[str, Any]]) -> None:
@@ -133,7 +132,9 @@ async def test_allowed_callbacks_narrow_and_attributes_survive(redis_url, redis_
     JsonSpider.url = site.url
     write_queue(redis_client, "jsonspider", [{"u": site.url + "/page/3", "cb": "parse_other"}])
     items: list[dict[str, Any]] = []
-    runner = AsyncCrawlerRunner(settings(redis_url, DISTCRAWL_ALLOWED_CALLBACKS=["parse_json"]))
+    runner = AsyncCrawlerRunner(
+        crawl_settings(redis_url, DISTCRAWL_ALLOWED_CALLBACKS=["parse_json"])
+    )
     crawler = runner.create_crawler(JsonSpider)
 
     def collect(item: Any) -> None:  # held here: signals keep only a weak reference

@@ -23,7 +23,7 @@ from distcrawl.frontier import Frontier
 from distcrawl.keys import FrontierKeys
 from distcrawl.liveness import Liveness
 from distcrawl.spiders.site import SiteSpider
-from tests.support import wait_until
+from tests.support import crawl_settings, wait_until
 from tests.test_robots_bypass import PRIVATE, fetched_private
 
 pytestmark = pytest.mark.timeout(120)
@@ -80,17 +80,6 @@ def test_a_robots_txt_ages_by_the_server_clock(redis_client, monkeypatch):
     frontier.store_robots_txt("a.test", 200, DISALLOW)
     first = frontier.robots_txt("a.test")[0]
     assert wait_until(lambda: frontier.robots_txt("a.test")[0] >= first + 0.5, timeout=10)
-
-
-def crawl_settings(redis_url: str, **extra: object) -> dict[str, object]:
-    return {
-        "ADDONS": {"distcrawl.Addon": 0},
-        "REDIS_URL": redis_url,
-        "DISTCRAWL_IDLE_TIMEOUT": 1,
-        "TELNETCONSOLE_ENABLED": False,
-        "LOG_LEVEL": "INFO",
-        **extra,
-    }
 
 
 async def crawl_private(redis_url: str, redis_client, site, **extra: object) -> dict:

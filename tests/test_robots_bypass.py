@@ -17,6 +17,7 @@ from scrapy.utils.defer import deferred_from_coro
 from distcrawl.robots import RobotsTxtMiddleware
 from distcrawl.spiders import RedisSpider
 from distcrawl.spiders.site import SiteSpider
+from tests.support import crawl_settings
 
 #: all disallowed by the demo site's robots.txt (``Disallow: /private/``)
 PRIVATE = [f"/private/{n}" for n in (7, 57, 107, 157, 7 + 50 * 4, 7 + 50 * 5)]
@@ -46,15 +47,7 @@ async def test_disallowed_requests_waiting_for_robots_txt_are_all_forbidden(
     site = demo_site(pages=400)
     for path in PRIVATE:
         redis_client.lpush("site:start_urls", site.url + path)
-    runner = AsyncCrawlerRunner(
-        {
-            "ADDONS": {"distcrawl.Addon": 0},
-            "REDIS_URL": redis_url,
-            "DISTCRAWL_IDLE_TIMEOUT": 1,
-            "TELNETCONSOLE_ENABLED": False,
-            "LOG_LEVEL": "INFO",
-        }
-    )
+    runner = AsyncCrawlerRunner(crawl_settings(redis_url))
     crawler = runner.create_crawler(SiteSpider)
     await deferred_from_coro(crawler.crawl_async())
     stats = crawler.stats.get_stats()

@@ -6,51 +6,18 @@ import json
 import logging
 import re
 import time
-from typing import Any
 
 import pytest
 import pytest_twisted
 from scrapy import Request, signals
 from scrapy.crawler import AsyncCrawlerRunner
-from scrapy.utils.defer import deferred_from_coro
 from twisted.internet import task
 
 from distcrawl.demo.redis_server import RedisServer, find_free_port
 from distcrawl.scheduler import Scheduler
 from distcrawl.spiders import RedisSpider
 from distcrawl.spiders.site import SiteSpider
-
-
-def settings(redis_url: str, **extra: Any) -> dict[str, Any]:
-    base = {
-        "ADDONS": {"distcrawl.Addon": 0},
-        "REDIS_URL": redis_url,
-        "DISTCRAWL_IDLE_TIMEOUT": 1,
-        "TELNETCONSOLE_ENABLED": False,
-        "LOG_LEVEL": "INFO",
-    }
-    base.update(extra)
-    return base
-
-
-def run(coro: Any) -> Any:
-    """Scrapy's coroutines await asyncio futures: run them as asyncio tasks."""
-    return deferred_from_coro(coro)
-
-
-async def crawl(spider_cls: type, redis_url: str, **extra: Any) -> Any:
-    runner = AsyncCrawlerRunner(settings(redis_url, **extra))
-    crawler = runner.create_crawler(spider_cls)
-    await run(crawler.crawl_async())
-    return crawler
-
-
-def fetched(site) -> list[str]:
-    return [
-        line.path
-        for line in site.read_log()
-        if line.status in (200, 302) and line.path != "/robots.txt"
-    ]
+from tests.support import crawl, crawl_settings, fetched, run
 
 
 class MetaObjectSpider(RedisSpider):
@@ -145,7 +112,7 @@ async def test_flush_on_start_clears_only_when_asked(redis_url, redis_client, de
 async def test_idle_worker_stays_up_without_idle_timeout(redis_url, demo_site):
     from twisted.internet import reactor
 
-    runner = AsyncCrawlerRunner(settings(redis_url, DISTCRAWL_IDLE_TIMEOUT=None))
+    runner = AsyncCrawlerRunner(crawl_settings(redis_url, DISTCRAWL_IDLE_TIMEOUT=None))
     crawler = runner.create_crawler(SiteSpider)
     done = run(crawler.crawl_async())
     await task.deferLater(reactor, 3.0)
@@ -164,7 +131,7 @@ async def test_worker_started_before_redis_waits_for_it(tmp_path, demo_site):
     site = demo_site(pages=5)
     port = find_free_port()
     url = f"redis://:pw-secret@127.0.0.1:{port}/0"
-    runner = AsyncCrawlerRunner(settings(url, DISTCRAWL_IDLE_TIMEOUT=2))
+    runner = AsyncCrawlerRunner(crawl_settings(url, DISTCRAWL_IDLE_TIMEOUT=2))
     crawler = runner.create_crawler(SiteSpider)
     errors: list[str] = []
 
@@ -259,7 +226,9 @@ async def test_scheduler_speaks_scrapys_dialect(redis_url, redis_client, demo_si
     site = demo_site(pages=5)
     redis_client.lpush("twoway:start_urls", site.url + "/page/1", site.url + "/page/2")
     runner = AsyncCrawlerRunner(
-        settings(redis_url, DUPEFILTER_DEBUG=True, DISTCRAWL_LOCAL_SEEN_CACHE=0, LOG_LEVEL="DEBUG")
+        crawl_settings(
+            redis_url, DUPEFILTER_DEBUG=True, DISTCRAWL_LOCAL_SEEN_CACHE=0, LOG_LEVEL="DEBUG"
+        )
     )
     crawler = runner.create_crawler(TwoWaySpider)
     dropped: list[str] = []
@@ -310,7 +279,7 @@ def test_a_foreign_dupefilter_is_a_configuration_error_naming_the_setting(redis_
 
     crawler = get_crawler(
         TwoWaySpider,
-        settings(redis_url, DUPEFILTER_CLASS="scrapy.dupefilters.RFPDupeFilter"),
+        crawl_settings(redis_url, DUPEFILTER_CLASS="scrapy.dupefilters.RFPDupeFilter"),
     )
     with pytest.raises(
         ConfigError, match=re.escape("DUPEFILTER_CLASS='scrapy.dupefilters.RFPDupeFilter'")

@@ -30,7 +30,7 @@ from distcrawl.demo.site import HOSTILE_PAGE, SiteConfig, route
 from distcrawl.frontier import make_entry
 from distcrawl.serialize import RequestCodec
 from distcrawl.spiders import RedisSpider
-from tests.support import page_fetches, wait_until
+from tests.support import crawl_settings, page_fetches, wait_until
 
 HREF = re.compile(r'href="([^"]+)"')
 SCRAPY_HANDLERS = {"http", "https", "file", "s3", "ftp", "data"}
@@ -210,15 +210,7 @@ async def test_scheduler_refuses_schemes_not_allowed(redis_url, redis_client, de
     redis_client.zadd("schemes:ready", {"127.0.0.1": 0})
     redis_client.lpush("schemes:start_urls", site.url + "/")
 
-    runner = AsyncCrawlerRunner(
-        {
-            "ADDONS": {"distcrawl.Addon": 0},
-            "REDIS_URL": redis_url,
-            "DISTCRAWL_IDLE_TIMEOUT": 1,
-            "TELNETCONSOLE_ENABLED": False,
-            "LOG_LEVEL": "INFO",
-        }
-    )
+    runner = AsyncCrawlerRunner(crawl_settings(redis_url))
     crawler = runner.create_crawler(SchemeSpider)
     dropped: list[str] = []
 
