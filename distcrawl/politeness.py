@@ -70,6 +70,7 @@ def politeness(config: DistcrawlConfig) -> Politeness:
     robots = ""
     if config.robots_obey:
         robots = f"{int(config.robots_probe_timeout * 1000)}:{int(config.crawl_delay_max * 1000)}"
+    share = f"{config.throttle_share:.4f}".rstrip("0").rstrip(".")  # never 1e-05: Lua reads it
     return Politeness(
         delay_ms=int(config.domain_delay * 1000),
         concurrency=config.domain_concurrency,
@@ -77,7 +78,8 @@ def politeness(config: DistcrawlConfig) -> Politeness:
         robots=robots,
         throttle=(
             f"{int(config.throttle_start_delay * 1000)}:{int(config.throttle_max_delay * 1000)}"
-            f":{config.throttle_target_concurrency:g}"
+            f":{config.throttle_target_concurrency:g}:{config.throttle_window}"
+            f":{share}"
         ),
         max_pending=config.max_pending or 0,
         keep_priority=(
