@@ -208,7 +208,7 @@ end
 -- below it and the share is under half of t_share) and bring the delay down: AutoThrottle's
 -- rule when a target concurrency is set, else by a quarter per answer. A Retry-After wins
 -- over all of this: the slot is held back that long, for every worker, and its delay is at
--- least that.
+-- least that. A slot with no cap, nothing to hold and a share under 0.001 has no state.
 local keep_per_answer = 1 - 1 / t_window
 for i = 0, records - 1 do
   local at = fb + 1 + i * 5
@@ -269,7 +269,7 @@ for i = 0, records - 1 do
   end
   local text = nil
   if conc_cap > 0 or hold > 0 or share >= 0.001 then
-    text = string.format('%.3f:%.4f:%d', conc_cap, share, math.floor(hold))
+    text = string.format('%.3f:%.5f:%d', conc_cap, share, math.floor(hold))
   end
   if text ~= state then
     if text then
