@@ -145,6 +145,30 @@ def test_sporadic_503s_of_broken_pages_do_not_stall_the_crawl(demo_site, workers
     assert redis_client.llen("site:dead") == 0
 
 
+def test_a_retrys_answer_feeds_the_rate_only_with_a_retry_after():
+    from scrapy import Request
+    from scrapy.http import HtmlResponse
+    from scrapy.settings import Settings
+
+    from distcrawl.config import DistcrawlConfig
+    from distcrawl.frontier import Feedback
+    from distcrawl.politeness import FeedbackBuffer
+
+    buffer = FeedbackBuffer(DistcrawlConfig.from_settings(Settings()))
+
+    def answer(status, retry_times=0, headers=None):
+        request = Request("http://a.test/x", meta={"retry_times": retry_times})
+        response = HtmlResponse(request.url, status=status, headers=headers, request=request)
+        return buffer.add(request, response)
+
+    assert answer(503) and answer(200) is False  # first attempts: counted
+    assert answer(503, retry_times=1)  # a broken page answering again: not counted
+    assert answer(200, retry_times=2) is False  # nor is its retry's success
+    assert answer(429, retry_times=1, headers={"Retry-After": "2"})  # Retry-After always is
+    assert buffer.drain() == [Feedback("a.test", 1, 0, 2, 2000)]
+    assert answer(503, retry_times=1) and not buffer  # nothing to send
+
+
 def test_robots_crawl_delay_is_shared_and_robots_txt_read_once(demo_site, workers, redis_client):
     site = demo_site(pages=4, links=2, host="127.0.0.2", crawl_delay=2)
     settings = {"DISTCRAWL_IDLE_TIMEOUT": 5}

@@ -51,7 +51,8 @@
 --   raw      the start_urls entry for 's' and 'x' (removed with LREM; if another worker
 --            removed it first the entry is skipped); the delay in ms for 'l'; '' otherwise
 -- then                 number of feedback records (F), then 5 arguments per record:
---   slot, responses, summed latency (ms), throttled answers (429/503), Retry-After (ms)
+--   slot, responses, summed latency (ms), throttled answers (429/503), Retry-After (ms);
+--   answers to first attempts only, and to retries carrying a Retry-After (politeness.py)
 --
 -- Every argument is checked before the first write (Redis keeps what a failing script
 -- wrote): a bad one fails the whole commit with an error starting "distcrawl: invalid".
