@@ -283,13 +283,14 @@ def cmd_domains(args: argparse.Namespace, ctx: Context) -> int:
         return EXIT_OK
     print(
         f"{'slot':<32} {'queued':>8} {'in flight':>9} {'next in':>8} {'throttle':>8} "
-        f"{'crawl-delay':>11}  override"
+        f"{'cap':>4} {'crawl-delay':>11}  override"
     )
     for st in states:
         crawl_delay = "-" if st["crawl_delay"] is None else f"{st['crawl_delay']:.1f}s"
+        cap = "-" if st["throttle_concurrency"] is None else st["throttle_concurrency"]
         print(
             f"{st['slot']:<32} {st['queued']:>8} {st['in_flight']:>9} {st['next_in']:>7.1f}s "
-            f"{st['throttle_delay']:>7.1f}s {crawl_delay:>11}  {st['override'] or '-'}"
+            f"{st['throttle_delay']:>7.1f}s {cap:>4} {crawl_delay:>11}  {st['override'] or '-'}"
         )
     return EXIT_OK
 

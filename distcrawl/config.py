@@ -188,6 +188,10 @@ class DistcrawlConfig:
     throttle_codes: tuple[int, ...] = (429, 503)
     throttle_start_delay: float = 1.0
     throttle_max_delay: float = 60.0
+    #: answers a slot's throttled share is averaged over (an exponential moving average)
+    throttle_window: int = 30
+    #: above this share of 429/503 among its recent answers, a slot is overloaded
+    throttle_share: float = 0.3
     #: AUTOTHROTTLE_TARGET_CONCURRENCY when AUTOTHROTTLE_ENABLED, else 0 (no latency rule)
     throttle_target_concurrency: float = 0.0
     max_pending: int | None = None
@@ -330,6 +334,8 @@ def _politeness(settings: BaseSettings) -> dict[str, Any]:
             _get(settings, "AUTOTHROTTLE_MAX_DELAY", 60.0, _at_least(0.0, float)),
             _at_least(0.0, float),
         ),
+        "throttle_window": _get(settings, "DISTCRAWL_THROTTLE_WINDOW", 30, _positive(int)),
+        "throttle_share": _get(settings, "DISTCRAWL_THROTTLE_SHARE", 0.3, _fraction),
         "throttle_target_concurrency": (
             _get(settings, "AUTOTHROTTLE_TARGET_CONCURRENCY", 1.0, _positive(float))
             if autothrottle

@@ -188,8 +188,8 @@ class Politeness:
     overrides: str = ""
     #: "<probe timeout ms>:<max Crawl-delay ms>" when robots.txt is obeyed, else ""
     robots: str = ""
-    #: "<start ms>:<max ms>:<target concurrency>" (see commit.lua)
-    throttle: str = "1000:60000:0"
+    #: "<start ms>:<max ms>:<target concurrency>:<window>:<share>" (see commit.lua)
+    throttle: str = "1000:60000:0:30:0.3"
     max_pending: int = 0
     keep_priority: int = 2**31
     scan: int = 64
@@ -197,6 +197,16 @@ class Politeness:
 
 def _overrides(text: str) -> dict[str, list[int]]:
     return json.loads(text) if text else {}
+
+
+def _throttle_state(raw: bytes | None) -> tuple[int | None, float]:
+    """(adaptive concurrency cap or None, throttled share) from a ``throttle_state`` value
+    (``<cap>:<share>:<hold>``, see commit.lua)."""
+    try:
+        cap, share, _ = (raw or b"0:0:0").split(b":")
+        return (int(float(cap)) if float(cap) >= 1 else None), float(share)
+    except ValueError:
+        return None, 0.0
 
 
 def make_entry(slot: str, priority: int, seq: int, payload: bytes) -> bytes:
@@ -373,6 +383,7 @@ class Frontier:
             k.robots,
             k.throttle_raised,
             k.commits,
+            k.throttle_state,
         ]
         if self.bloom is not None:
             res = self.bloom.run(self.scripts.commit, keys, args)
@@ -427,6 +438,7 @@ class Frontier:
                 k.seq,
                 k.dead,
                 k.stats,
+                k.throttle_state,
             ],
             args=[
                 *(count, lease_ms, promote, p.scan, p.delay_ms, p.concurrency),
@@ -594,13 +606,15 @@ class Frontier:
             pipe.hget(k.throttle, name)
             pipe.hget(k.robots, name)
             pipe.hget(k.limits, name)
+            pipe.hget(k.throttle_state, name)
         pipe.time()
         values = pipe.execute()
         seconds, micros = values[-1]
         now_ms = seconds * 1000 + micros // 1000
         out = []
         for i, name in enumerate(ordered):
-            queued, inflight, next_at, throttle, robots, limits = values[i * 6 : i * 6 + 6]
+            queued, inflight, next_at, throttle, robots, limits, state = values[i * 7 : i * 7 + 7]
+            cap, share = _throttle_state(state)
             out.append(
                 {
                     "slot": name.decode(errors="backslashreplace"),
@@ -608,6 +622,8 @@ class Frontier:
                     "in_flight": int(inflight or 0),
                     "next_in": max(0.0, (int(next_at or 0) - now_ms) / 1000),
                     "throttle_delay": int(throttle or 0) / 1000,
+                    "throttle_concurrency": cap,
+                    "throttled_share": share,
                     "crawl_delay": None if robots is None else max(0, int(robots)) / 1000,
                     "override": None if limits is None else limits.decode(),
                 }

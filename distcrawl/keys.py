@@ -132,6 +132,14 @@ class FrontierKeys:
         return self._key("throttle:raised")
 
     @property
+    def throttle_state(self) -> str:
+        """HASH slot -> ``<cap>:<share>:<hold>``: the slot's adaptive concurrency cap (0:
+        none), the share of 429/503 among its recent answers (a moving average over
+        ``DISTCRAWL_THROTTLE_WINDOW`` answers) and how many more answers must come before the
+        cap may be cut again; written by commit.lua, the cap read by lease.lua."""
+        return self._key("throttle:state")
+
+    @property
     def hungry(self) -> str:
         """HASH slot -> when a worker last found it full while holding less than its share."""
         return self._key("hungry")
@@ -189,6 +197,7 @@ class FrontierKeys:
             self.inflight,
             self.throttle,
             self.throttle_raised,
+            self.throttle_state,
             self.hungry,
             self.limits,
             self.robots,

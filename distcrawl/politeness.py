@@ -70,6 +70,7 @@ def politeness(config: DistcrawlConfig) -> Politeness:
     robots = ""
     if config.robots_obey:
         robots = f"{int(config.robots_probe_timeout * 1000)}:{int(config.crawl_delay_max * 1000)}"
+    share = f"{config.throttle_share:.4f}".rstrip("0").rstrip(".")  # never 1e-05: Lua reads it
     return Politeness(
         delay_ms=int(config.domain_delay * 1000),
         concurrency=config.domain_concurrency,
@@ -77,7 +78,8 @@ def politeness(config: DistcrawlConfig) -> Politeness:
         robots=robots,
         throttle=(
             f"{int(config.throttle_start_delay * 1000)}:{int(config.throttle_max_delay * 1000)}"
-            f":{config.throttle_target_concurrency:g}"
+            f":{config.throttle_target_concurrency:g}:{config.throttle_window}"
+            f":{share}"
         ),
         max_pending=config.max_pending or 0,
         keep_priority=(
@@ -97,13 +99,19 @@ class FeedbackBuffer:
         self._slots: dict[str, list[int]] = {}
 
     def add(self, request: Request, response: Response) -> bool:
-        """Count one response; True when it asked to slow down."""
-        slot = slot_of(request, by_ip=self.by_ip)
-        record = self._slots.setdefault(slot, [0, 0, 0, 0])
+        """Count one response; True when it asked to slow down (429/503).
+
+        Only first attempts feed the rate of 429/503 answers (commit.lua): a retry's answer
+        says more about its page than about the site (a broken page answers 503 to every
+        attempt, and once the other pages are done its retries are all a slot gets), so it
+        is left out, unless it carries a Retry-After, which always counts."""
         throttled = response.status in self.codes
+        after = parse_retry_after(response.headers.get(b"Retry-After")) if throttled else None
+        if request.meta.get("retry_times", 0) and after is None:
+            return throttled
+        record = self._slots.setdefault(slot_of(request, by_ip=self.by_ip), [0, 0, 0, 0])
         if throttled:
             record[2] += 1
-            after = parse_retry_after(response.headers.get(b"Retry-After"))
             if after is not None:
                 after_ms = int(min(after, self.retry_after_max) * 1000)
                 record[3] = max(record[3], after_ms)

@@ -64,6 +64,7 @@ def fill(client, keys):
     client.hset(keys.inflight, b"example.com", 1)
     client.hset(keys.throttle, b"example.com", 1000)
     client.hset(keys.throttle_raised, b"example.com", 1)
+    client.hset(keys.throttle_state, b"example.com", b"2:0.5:0")
     client.hset(keys.limits, b"example.com", b"1000:")
     client.hset(keys.hungry, b"example.com", 1)
     client.hset(keys.robots, b"example.com", 0)

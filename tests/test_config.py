@@ -38,6 +38,8 @@ def test_zero_idle_timeout_is_kept_not_dropped():
         ("DISTCRAWL_PREFETCH", 0),
         ("DISTCRAWL_FLUSH_ON_START", "maybe"),
         ("DISTCRAWL_ALLOWED_SCHEMES", []),
+        ("DISTCRAWL_THROTTLE_WINDOW", 0),
+        ("DISTCRAWL_THROTTLE_SHARE", 1.5),
     ],
 )
 def test_bad_values_name_the_setting(name, value):
@@ -66,3 +68,12 @@ def test_name_lists_are_stripped_and_checked():
     assert narrowed.allowed_callbacks == ()
     with pytest.raises(ConfigError, match="DISTCRAWL_START_META_KEYS"):
         DistcrawlConfig.from_settings(Settings({"DISTCRAWL_START_META_KEYS": '["proxy"]'}))
+
+
+def test_throttle_window_and_share_reach_the_scripts():
+    from distcrawl.politeness import politeness
+
+    assert politeness(config()).throttle == "1000:60000:0:30:0.3"
+    tuned = config(DISTCRAWL_THROTTLE_WINDOW="50", DISTCRAWL_THROTTLE_SHARE="0.5")
+    assert (tuned.throttle_window, tuned.throttle_share) == (50, 0.5)
+    assert politeness(tuned).throttle.endswith(":50:0.5")

@@ -1,6 +1,7 @@
 """The frontier's scripts against a real redis-server."""
 
 import hashlib
+import itertools
 import json
 import time
 
@@ -285,17 +286,96 @@ def test_429_feedback_holds_the_slot_back_for_retry_after(redis_client):
 def test_a_burst_of_503s_raises_the_delay_once_per_delay(redis_client):
     from distcrawl.frontier import Feedback
 
-    frontier = polite(redis_client, throttle="200:60000:0")
+    frontier = polite(redis_client, throttle="200:60000:0:30:0.3")
     push_slot(frontier, "b.test", 3)
-    # ten workers' batches, each with a 503 for a request already in flight
+    # ten workers' batches, each with a 503: one answer after another, but the share of
+    # 503s among the slot's last ~30 answers is still under 0.3: nothing changes
     for _ in range(10):
         frontier.commit([], [], [Feedback("b.test", 0, 0, 1, 0)])
-    assert int(redis_client.hget("t:throttle", "b.test")) == 200  # once, not 200 * 2**9
+    assert redis_client.hget("t:throttle", "b.test") is None
+    assert redis_client.hget("t:throttle:state", "b.test").startswith(b"0.000:0.28")
+    # ten more: the share passes 0.3, the concurrency is cut to 1 (nothing was in flight),
+    # then the delay is raised, once, not 200 * 2**8
+    for _ in range(10):
+        frontier.commit([], [], [Feedback("b.test", 0, 0, 1, 0)])
+    assert int(redis_client.hget("t:throttle", "b.test")) == 200
+    assert redis_client.hget("t:throttle:state", "b.test").startswith(b"1.000:")
     time.sleep(0.25)  # a whole delay later, a 503 is news: it doubles
     frontier.commit([], [], [Feedback("b.test", 0, 0, 1, 0)])
     assert int(redis_client.hget("t:throttle", "b.test")) == 400
     frontier.commit([], [], [Feedback("b.test", 0, 0, 1, 5000)])
     assert int(redis_client.hget("t:throttle", "b.test")) == 5000  # Retry-After still counts
+
+
+def answer(frontier, items, throttled):
+    """Acknowledge ``items`` with one feedback record: ``throttled`` of them answered 503
+    (no Retry-After), the others 200 in 20 ms."""
+    from distcrawl.frontier import Feedback
+
+    good = len(items) - throttled
+    slot = items[0].slot
+    feedback = Feedback(slot, good, 20 * good, throttled, 0)
+    return frontier.commit([x.ref for x in items], [], [feedback])
+
+
+def test_sporadic_503s_keep_the_slot_at_full_speed(redis_client):
+    """One answer in six is a 503 (a tenth of the pages failing twice before they work):
+    the slot keeps its whole concurrency and gets no delay."""
+    frontier = polite(redis_client, concurrency=8)
+    push_slot(frontier, "s.test", 400)
+    leased = []
+    for n in range(40):
+        items = frontier.lease(100, 10_000).items
+        leased.append(len(items))
+        # 503s bunched at the worst moment too: three in one batch of eight
+        answer(frontier, items, 3 if n == 5 else (1 if n % 3 else 2))
+    assert leased == [8] * 40
+    assert redis_client.hget("t:throttle", "s.test") is None
+    cap, share, _ = redis_client.hget("t:throttle:state", "s.test").split(b":")
+    assert float(cap) == 0 and 0.1 < float(share) < 0.3
+
+
+def test_a_site_answering_503_to_most_requests_slows_every_worker(redis_client):
+    a, b = polite(redis_client, concurrency=8), polite(redis_client, concurrency=8)
+    push_slot(a, "o.test", 400)
+    leased = []
+    for _ in range(30):
+        items = a.lease(100, 10_000).items
+        if not items:
+            break
+        leased.append(len(items))
+        answer(a, items, len(items) - len(items) // 4)  # three in four, or all, are 503s
+    # concurrency first, halved while the 503s go on, then one at a time and a delay
+    print("leased per round:", leased)
+    assert leased[:2] == [8, 8] and 4 in leased and 2 in leased and leased[-1] == 1
+    assert all(x >= y for x, y in itertools.pairwise(leased))
+    assert int(redis_client.hget("t:throttle", "o.test")) == 1000  # START_DELAY
+    # the slot is held back for every worker, not only the one that got the answers
+    for frontier in (a, b):
+        held = frontier.lease(100, 10_000)
+        assert held.items == [] and 0.8 < held.wait <= 1.0
+    time.sleep(1.05)
+    (one,) = b.lease(100, 10_000).items  # one at a time, a jittered delay apart
+    assert one.paced
+    wait = a.lease(100, 10_000).wait
+    assert 0.45 <= wait <= 1.5
+    next_turn = time.monotonic() + wait
+    answer(b, [one], 0)
+    # good answers: the delay goes first (a quarter off each), then the cap grows back
+    from distcrawl.frontier import Feedback
+
+    for _ in range(60):
+        a.commit([], [], [Feedback("o.test", 4, 80, 0, 0)])
+    assert redis_client.hget("t:throttle", "o.test") is None
+    assert redis_client.hget("t:throttle:state", "o.test") is None  # cap and share forgotten
+    time.sleep(max(0.0, next_turn - time.monotonic()) + 0.05)
+    assert len(b.lease(100, 10_000).items) == 8
+
+
+def test_throttle_parameters_are_checked(redis_client):
+    frontier = polite(redis_client, throttle="1000:60000:0")
+    with pytest.raises(redis.ResponseError, match="distcrawl: invalid commit: parameters"):
+        frontier.commit([], [])
 
 
 def test_pending_cap_drops_new_requests_but_keeps_high_priority_and_start_urls(redis_client):

@@ -27,6 +27,7 @@ def test_key_names_are_pinned():
     assert k.inflight == "site:inflight"
     assert k.throttle == "site:throttle"
     assert k.throttle_raised == "site:throttle:raised"
+    assert k.throttle_state == "site:throttle:state"
     assert k.limits == "site:limits"
     assert k.hungry == "site:hungry"
     assert k.robots == "site:robots"
@@ -54,6 +55,7 @@ def test_key_names_are_pinned():
         "site:inflight",
         "site:throttle",
         "site:throttle:raised",
+        "site:throttle:state",
         "site:limits",
         "site:hungry",
         "site:robots",

@@ -17,7 +17,10 @@
 -- KEYS[13] robots     HASH   slot -> robots.txt Crawl-delay (ms), negative while being read
 -- KEYS[14] raised     HASH   slot -> when its adaptive delay was last raised (ms)
 -- KEYS[15] commits    HASH   worker tag -> id of the last commit it ran
--- KEYS[16 ..]         the Bloom filter's keys with DISTCRAWL_SEEN = "bloom" (seen_bloom.lua)
+-- KEYS[16] state      HASH   slot -> "<cap>:<share>:<hold>": adaptive concurrency cap (0 =
+--                            none), share of 429/503 among its recent answers, answers to
+--                            wait for before the cap is cut again (see the feedback section)
+-- KEYS[17 ..]         the Bloom filter's keys with DISTCRAWL_SEEN = "bloom" (seen_bloom.lua)
 --
 -- distcrawl/lua/__init__.py prepends the seen-set snippet (seen_set.lua or seen_bloom.lua),
 -- which defines seen_add(fp) and may end the script before anything is written.
@@ -25,8 +28,11 @@
 -- ARGV[1]              pending cap (0 = none): past it new requests are dropped and
 --                      start_urls entries are left in their list
 -- ARGV[2]              requests at or above this priority are kept past the cap
--- ARGV[3]              throttle parameters "start_ms:max_ms:target_concurrency" (target
---                      0 = no latency-based delay, only 429/503 answers raise it)
+-- ARGV[3]              throttle parameters "start_ms:max_ms:target:window:share": the first
+--                      and the longest adaptive delay; AutoThrottle's target concurrency (0 =
+--                      no latency-based delay, only 429/503 answers raise it); how many
+--                      answers the throttled share is averaged over; the share above which a
+--                      slot is overloaded
 -- ARGV[4]              the committing worker's tag ('' = none: no replay protection)
 -- ARGV[5]              commit id ('' = none): a commit whose id is the last one this worker
 --                      ran is a replay (its reply was lost) and changes nothing
@@ -45,7 +51,8 @@
 --   raw      the start_urls entry for 's' and 'x' (removed with LREM; if another worker
 --            removed it first the entry is skipped); the delay in ms for 'l'; '' otherwise
 -- then                 number of feedback records (F), then 5 arguments per record:
---   slot, responses, summed latency (ms), throttled answers (429/503), Retry-After (ms)
+--   slot, responses, summed latency (ms), throttled answers (429/503), Retry-After (ms);
+--   answers to first attempts only, and to retries carrying a Retry-After (politeness.py)
 --
 -- Every argument is checked before the first write (Redis keeps what a failing script
 -- wrote): a bad one fails the whole commit with an error starting "distcrawl: invalid".
@@ -66,9 +73,13 @@ end
 
 local KINDS = {r = true, s = true, x = true, d = true, l = true}
 local cap, keep_prio = tonumber(ARGV[1]), tonumber(ARGV[2])
-local t_start, t_max, t_target = string.match(ARGV[3], '^(%d+):(%d+):([%d.]+)$')
+local t_start, t_max, t_target, t_window, t_share =
+  string.match(ARGV[3], '^(%d+):(%d+):([%d.]+):(%d+):([%d.]+)$')
 t_start, t_max, t_target = tonumber(t_start), tonumber(t_max), tonumber(t_target)
-if not (cap and keep_prio and t_start) then return invalid('parameters') end
+t_window, t_share = tonumber(t_window), tonumber(t_share)
+if not (cap and keep_prio and t_start and t_window and t_window >= 1) then
+  return invalid('parameters')
+end
 local tag, commit_id, want_positions = ARGV[4], ARGV[5], ARGV[6] == '1'
 
 local acks = tonumber(ARGV[7])
@@ -182,26 +193,62 @@ for i = 0, n - 1 do
   end
 end
 
--- politeness feedback: 429/503 answers double a slot's adaptive delay (at least start_ms,
--- at least Retry-After, at most max_ms) and push its next request back; answers that are
--- fine bring it down again, gradually (AutoThrottle's rule when a target concurrency is
--- set, else by a quarter per answer). It doubles at most once per delay: the answers to
--- the requests that were already in flight when it was raised (a burst of 503s from many
--- workers) say nothing new, and compounding them would park the slot at max_ms.
+-- politeness feedback. One 429/503 says little: a broken page answers 503 too. What says
+-- "slow down" is their share among the slot's recent answers: a moving average over about
+-- t_window answers (each answer weighs 1/t_window; a slot starts as if its last answers
+-- were fine). When a throttled answer comes while that share is above t_share, the slot is
+-- overloaded and backs off like TCP (AIMD), concurrency first:
+--   1. its concurrency cap is cut to half of what it had in flight (at least 1); the
+--      answers to the requests already in flight say nothing new, so the cap is not cut
+--      again before as many answers have come back;
+--   2. once the cap is down to 1, the adaptive delay doubles (at least start_ms, at most
+--      max_ms, at most once per current delay: the answers to the requests that were in
+--      flight when it was raised, a burst of 503s from many workers, say nothing new) and
+--      the slot is held back that long, for every worker.
+-- Answers that are fine grow the cap by 1 per cap answers (dropped once the slot stays
+-- below it and the share is under half of t_share) and bring the delay down: AutoThrottle's
+-- rule when a target concurrency is set, else by a quarter per answer. A Retry-After wins
+-- over all of this: the slot is held back that long, for every worker, and its delay is at
+-- least that. A slot with no cap, nothing to hold and a share under 0.001 has no state.
+local keep_per_answer = 1 - 1 / t_window
 for i = 0, records - 1 do
   local at = fb + 1 + i * 5
   local slot, count, latency = ARGV[at], tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
   local throttled, retry_after = tonumber(ARGV[at + 3]), tonumber(ARGV[at + 4])
+  local answers = count + throttled
   local old = tonumber(redis.call('HGET', KEYS[12], slot)) or 0
   local new = old
-  if throttled > 0 then
-    local raised = tonumber(redis.call('HGET', KEYS[14], slot)) or 0
-    if now - raised >= old then
-      new = math.min(math.max(old * 2, t_start), t_max)
-      redis.call('HSET', KEYS[14], slot, now)
+  local state = redis.call('HGET', KEYS[16], slot)
+  local conc_cap, share, hold = 0, 0, 0
+  if state then
+    local a, b, c = string.match(state, '^([%d.]+):([%d.]+):(%d+)$')
+    conc_cap, share, hold = tonumber(a) or 0, tonumber(b) or 0, tonumber(c) or 0
+  end
+  if answers > 0 then
+    local keep = math.pow(keep_per_answer, answers)
+    share = share * keep + throttled / answers * (1 - keep)
+    hold = math.max(0, hold - answers)
+  end
+  local cut, hold_back = false, 0
+  if throttled > 0 and share > t_share and hold <= 0 then
+    if conc_cap == 0 or conc_cap >= 2 then
+      local flight = (tonumber(redis.call('HGET', KEYS[11], slot)) or 0) + answers
+      if conc_cap > 0 then flight = math.min(flight, math.floor(conc_cap)) end
+      conc_cap, hold, cut = math.max(1, math.floor(flight / 2)), flight, true
+    else
+      if now - (tonumber(redis.call('HGET', KEYS[14], slot)) or 0) >= old then
+        new = math.min(math.max(old * 2, t_start), t_max)
+        redis.call('HSET', KEYS[14], slot, now)
+      end
+      hold_back = new
     end
+  end
+  if throttled > 0 and retry_after > 0 then
     new = math.max(new, retry_after)
-    local until_ = now + math.max(new, retry_after)
+    hold_back = new
+  end
+  if hold_back > 0 then
+    local until_ = now + hold_back
     if until_ > (tonumber(redis.call('HGET', KEYS[10], slot)) or 0) then
       redis.call('HSET', KEYS[10], slot, until_)
     end
@@ -212,6 +259,24 @@ for i = 0, records - 1 do
       new = math.min(math.max(target, (old + target) / 2), t_max)
     else
       new = old * math.pow(0.75, count)
+    end
+  end
+  if conc_cap > 0 and not cut then
+    if count > 0 then conc_cap = math.sqrt(conc_cap * conc_cap + 2 * count) end
+    if share < t_share / 2 then
+      local flight = (tonumber(redis.call('HGET', KEYS[11], slot)) or 0) + answers
+      if conc_cap >= flight + 2 then conc_cap = 0 end
+    end
+  end
+  local text = nil
+  if conc_cap > 0 or hold > 0 or share >= 0.001 then
+    text = string.format('%.3f:%.5f:%d', conc_cap, share, math.floor(hold))
+  end
+  if text ~= state then
+    if text then
+      redis.call('HSET', KEYS[16], slot, text)
+    else
+      redis.call('HDEL', KEYS[16], slot)
     end
   end
   new = math.floor(new)

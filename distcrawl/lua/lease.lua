@@ -21,6 +21,8 @@
 -- KEYS[12] seq       STRING counter for request ids
 -- KEYS[13] dead      LIST  dead-letter records (JSON)
 -- KEYS[14] stats     HASH  crawl-wide counters ('quarantined')
+-- KEYS[15] state     HASH  slot -> "<cap>:<share>:<hold>" (commit.lua): a cap of 1 or more
+--                          lowers the slot's concurrency to it
 --
 -- ARGV[1] how many requests to take at most
 -- ARGV[2] lease duration (ms)
@@ -34,7 +36,12 @@
 -- ARGV[9] JSON {slot: requests the caller holds}, or ''
 -- ARGV[10] the caller's worker tag (4 bytes), the first half of each lease token
 -- ARGV[11] a number below 2^32 that differs from call to call: the tokens' second halves
---          count up from it
+--          count up from it, and it jitters the adaptive delay
+--
+-- A slot's delay is the longest of its configured delay, its Crawl-delay and its adaptive
+-- delay (commit.lua); the adaptive one is jittered, 0.5 to 1.5 times its value, so that a
+-- slowed-down slot is not hit at a fixed beat. Its concurrency is the configured one, or
+-- the adaptive cap commit.lua set after 429/503 answers, if lower.
 --
 -- A slot with a delay gives one request per turn; one at its concurrency limit is looked
 -- at again after RECHECK_FULL_MS, or sooner when an acknowledgement or a requeue frees a
@@ -77,6 +84,7 @@ if ARGV[8] ~= '' then
 end
 
 local tag, nonce = ARGV[10], tonumber(ARGV[11])
+local jitter = 0.5 + (nonce % 1024) / 1024
 local out = {0, 0, 0, -1, now, 0, 0, 0}
 local function quarantined(raw, reason)
   redis.call('ZREM', KEYS[1], raw)
@@ -147,7 +155,13 @@ for _, slot in ipairs(candidates) do
       delay = math.max(delay, math.min(crawl_delay, crawl_delay_max))
     end
   end
-  delay = math.max(delay, tonumber(redis.call('HGET', KEYS[8], slot)) or 0)
+  local adaptive = tonumber(redis.call('HGET', KEYS[8], slot)) or 0
+  if adaptive > delay then delay = math.max(delay, math.floor(adaptive * jitter)) end
+  local state = redis.call('HGET', KEYS[15], slot)
+  if state then
+    local conc_cap = tonumber(string.match(state, '^([%d.]+):'))
+    if conc_cap and conc_cap >= 1 then conc = math.min(conc, math.floor(conc_cap)) end
+  end
   local inflight = tonumber(redis.call('HGET', KEYS[7], slot)) or 0
   local take = math.min(conc - inflight, want)
   if delay > 0 or probe then take = math.min(take, 1) end
