@@ -23,6 +23,7 @@ worker's share of the pages (its User-Agent) and Redis CPU per page (``INFO`` ``
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import time
@@ -293,7 +294,7 @@ def run_user_crawl(row: Row, workdir: Path, timeout: float) -> UserRun:
         site_names = ["site"] if len(sites) == 1 else [f"site@{s.host}" for s in sites]
         pids = {f"worker-{w.index}": w.pid for w in workers}
         pids.update({name: s.pid for name, s in zip(site_names, sites, strict=True)})
-        pids.update({"redis": server.pid})
+        pids.update({"redis": server.pid, "harness": os.getpid()})
         sampler = ProcSampler({k: v for k, v in pids.items() if v is not None})
         push_time: float | None = None
         before: Snapshot | None = None
