@@ -11,7 +11,8 @@ command line but what selects the crawler:
   ``site`` spider stays within the host of its start URL, and each host is a download slot);
 - plain Scrapy (one process), distcrawl and scrapy-redis with 1 and 2 workers;
 - sporadic 503s: 600 pages at 20 ms, 10% of the pages answer 503 twice (no ``Retry-After``),
-  distcrawl with 1 worker, next to the same crawl without failures, with a bounded timeout.
+  distcrawl with 1 worker and plain Scrapy, each next to the same crawl without failures; the
+  crawl is cut off at ``--fail-timeout`` and its missing pages are counted.
 
 A crawl ends when every worker has exited, or once the sites' logs hold every expected page
 (then ``GRACE`` seconds more, and the workers are stopped), or at its timeout. Besides
@@ -133,7 +134,8 @@ def rows(pages: int | None = None, fail_timeout: float = FAIL_TIMEOUT) -> list[R
             key = f"{latency * 1000:g}ms-{hosts}host{'s' if hosts > 1 else ''}"
             setup = Setup(key, latency, hosts, pages or size)
             out += [Row(setup, config) for config in CONFIGS]
-    distcrawl_1 = next(c for c in CONFIGS if c.key == "distcrawl-1")
+    # plain Scrapy too: what the same 503s do to a crawl without distcrawl
+    pair = [c for c in CONFIGS if c.key in ("scrapy", "distcrawl-1")]
     ok = Setup("20ms-1host", 0.02, 1, pages or PAGES_FAIL)
     failing = Setup(
         "20ms-503",
@@ -145,7 +147,7 @@ def rows(pages: int | None = None, fail_timeout: float = FAIL_TIMEOUT) -> list[R
         timeout=fail_timeout,
         compare_with=ok.key,
     )
-    out += [Row(ok, distcrawl_1), Row(failing, distcrawl_1)]
+    out += [Row(setup, config) for setup in (ok, failing) for config in pair]
     return out
 
 
@@ -448,6 +450,11 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None or b == 0 else a / b
 
 
+def _mean(value: float | None) -> str:
+    """Site-seen concurrency: below 1 (0 ms), two decimals say more than 0.0."""
+    return _num(value, ".2f" if value is not None and value < 1 else ".1f")
+
+
 def _shares(row: dict[str, Any]) -> str:
     shares = row["worker_shares"]
     if not shares:
@@ -470,14 +477,14 @@ def users_table(results: dict[str, Any]) -> str:
 
     def conc(row: dict[str, Any]) -> str:
         c = row["site_concurrency"]
-        return f"{c['max']} / {_num(c['mean'], '.1f')}"
+        return f"{c['max']} / {_mean(c['mean'])}"
 
     def pages(row: dict[str, Any]) -> str:
         mark = "*" if row["timed_out"] else ""
         return f"{row['unique_pages']}/{row['expected_pages']}{mark}"
 
     columns: list[tuple[str, int, Any]] = [
-        ("setup", 21, lambda r: r["setup_label"]),
+        ("setup", 24, lambda r: r["setup_label"]),
         ("configuration", 23, lambda r: r["label"]),
         ("pages", 10, pages),
         ("pages/s", 7, lambda r: _num(r["pages_per_s"], ".1f")),
@@ -510,15 +517,15 @@ def users_table(results: dict[str, Any]) -> str:
 
 
 TABLE_NOTES = """\
-pages: distinct pages fetched / expected (* cut off at the timeout). x ref: pages/s over plain
-Scrapy's in the same setup; for the 503 row, over the same crawl without failures. site
-max/mean: requests of one slot (host) in flight at the site, from its own log (max over the
-slots and the crawl; time-weighted mean over each slot's fetch window, averaged over slots);
-limit per slot {limit}. At 0 ms the single-threaded site answers each request before reading
-the next, so it never sees more than one in flight. shares %: each worker's share of the
-pages, from its User-Agent. Redis CPU: INFO used_cpu_user+used_cpu_sys delta per page; x s-r:
-distcrawl's over scrapy-redis' with as many workers in the same setup. CPU ms/pg: the workers'
-CPU per page; other CPU: CPUs used by other processes meanwhile."""
+pages: distinct pages fetched / expected (* cut off at the timeout). x ref: pages/s over
+plain Scrapy's in the same setup; for the 503 rows, over the same crawler without failures.
+site max/mean: requests of one slot (host) in flight at the site, from its own log (max over
+the slots and the crawl; time-weighted mean over each slot's fetch window, averaged over the
+slots); limit per slot {limit}. At 0 ms the single-threaded site answers each request before
+reading the next, so it never sees more than one in flight. shares %: each worker's share of
+the pages, from its User-Agent. Redis CPU: INFO used_cpu_user+used_cpu_sys delta per page;
+x s-r: distcrawl's over scrapy-redis' with as many workers in the same setup. CPU ms/pg: the
+workers' CPU per page; other CPU: CPUs used by other processes meanwhile."""
 
 
 def users_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -590,7 +597,7 @@ def print_user_run(row: dict[str, Any]) -> None:
     print(
         f"  {row['unique_pages']} of {row['expected_pages']} pages{cut} in "
         f"{row['crawl_seconds']:.1f}s = {row['pages_per_s']:.1f}/s, {row['duplicates']} "
-        f"duplicates; site saw {conc['max']} max / {_num(conc['mean'], '.1f')} mean in flight; "
+        f"duplicates; site saw {conc['max']} max / {_mean(conc['mean'])} mean in flight; "
         f"shares {_shares(row)}; Redis CPU {_num(_redis_cpu(row), '.3f')} ms/page "
         f"({row['wall_seconds']:.0f}s with start-up and close; other load "
         f"{row['background_cpu_cores']:.2f} CPUs)"
