@@ -467,13 +467,15 @@ def users_table(results: dict[str, Any]) -> str:
 
     def ref(row: dict[str, Any]) -> str:
         other = rows.get(row["reference"])
-        return _num(_ratio(row["pages_per_s"], other and other["pages_per_s"]), ".2f")
+        base = None if other is None else float(other["pages_per_s"])
+        return _num(_ratio(row["pages_per_s"], base), ".2f")
 
     def redis_vs(row: dict[str, Any]) -> str:
         if row["kind"] != "distcrawl":
             return "-"
         other = rows.get(f"{row['setup']}/scrapy-redis-{row['workers']}")
-        return _num(_ratio(_redis_cpu(row), other and _redis_cpu(other)), ".2f")
+        base = None if other is None else _redis_cpu(other)
+        return _num(_ratio(_redis_cpu(row), base), ".2f")
 
     def conc(row: dict[str, Any]) -> str:
         c = row["site_concurrency"]
