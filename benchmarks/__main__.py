@@ -12,6 +12,10 @@ Redis and demo sites on 127.0.0.1, and runs, each against a fresh Redis and a fr
 
 It prints the tables and the targets of issue 8, and writes everything to
 ``benchmarks/results/latest.json`` (logs of every process stay in ``benchmarks/results/run``).
+
+``--suite users`` runs instead the crawls of issue 14, configured as users run them (the
+project's settings, site latency 0 and 100 ms, 1 and 8 hosts, sporadic 503s; see
+``benchmarks/users.py``), into ``benchmarks/results/users.json`` and ``results/run-users``.
 """
 
 from __future__ import annotations
@@ -38,14 +42,48 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--pages", type=int, default=5000, help="pages of the demo site (timed crawls)")
+    p.add_argument(
+        "--suite",
+        choices=("default", "users"),
+        default="default",
+        help="default: the crawler comparison of issue 8; users: issue 14's configurations",
+    )
+    p.add_argument(
+        "--pages",
+        type=int,
+        default=None,
+        help="pages of the demo site (timed crawls); default 5000, and for the users suite "
+        "1000 at 0 ms, 800 at 100 ms, 600 for the 503 rows (--pages sets them all)",
+    )
     p.add_argument("--monitor-pages", type=int, default=500, help="pages of the protocol pass")
     p.add_argument("--fill", type=int, default=100_000, help="requests of the storage pass")
     p.add_argument("--timeout", type=float, default=300, help="seconds allowed per crawl")
     p.add_argument("--repeat", type=int, default=1, help="rounds of timed crawls (median)")
-    p.add_argument("--only", nargs="*", help="run only these configurations (for development)")
-    p.add_argument("--output", type=Path, default=RESULTS / "latest.json")
-    return p.parse_args(argv)
+    p.add_argument(
+        "--fail-timeout",
+        type=float,
+        default=60,
+        help="seconds allowed for the users suite's sporadic-503 crawl (its missing pages "
+        "are reported)",
+    )
+    p.add_argument(
+        "--only",
+        nargs="*",
+        help="run only these configurations (for development); in the users suite a row "
+        "key (100ms-8hosts/distcrawl-2), a setup (100ms-8hosts) or a crawler (distcrawl-2)",
+    )
+    p.add_argument(
+        "--output",
+        type=Path,
+        default=None,
+        help="JSON results (default results/latest.json, or results/users.json)",
+    )
+    args = p.parse_args(argv)
+    if args.output is None:
+        args.output = RESULTS / ("users.json" if args.suite == "users" else "latest.json")
+    if args.pages is None and args.suite == "default":
+        args.pages = 5000
+    return args
 
 
 def check_requirements() -> str | None:
@@ -205,12 +243,36 @@ def print_report(results: dict[str, Any]) -> None:
     print(targets_table(results["targets"]))
 
 
+def users_suite(args: argparse.Namespace) -> int:
+    """``--suite users``: issue 14's rows, one table, its own JSON and log directory."""
+    from benchmarks.users import print_users_report, run_suite, users_targets
+
+    started = time.monotonic()
+    workdir = args.output.parent / "run-users"
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    results: dict[str, Any] = {
+        "meta": {**environment(), "suite": "users", "pages": args.pages, "repeat": args.repeat},
+        "configurations": run_suite(args, workdir),
+    }
+    results["targets"] = users_targets(results)
+    results["meta"]["suite_seconds"] = time.monotonic() - started
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    print_users_report(results)
+    print(f"\nSuite time {results['meta']['suite_seconds']:.0f}s; JSON: {args.output}")
+    print(f"Logs of every worker, site and Redis: {workdir}/")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     problem = check_requirements()
     if problem:
         print(f"benchmarks: {problem}", file=sys.stderr)
         return 2
+    if args.suite == "users":
+        return users_suite(args)
     from benchmarks.report import targets
 
     started = time.monotonic()

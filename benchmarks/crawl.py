@@ -158,10 +158,22 @@ class CrawlRun:
     wall: float = 0.0
 
 
-def start_workers(config: Config, redis_url: str, site_url: str, logdir: Path) -> list[Worker]:
+def start_workers(
+    config: Config,
+    redis_url: str,
+    site_url: str,
+    logdir: Path,
+    *,
+    common: dict[str, Any] | None = None,
+    start_urls: list[str] | None = None,
+) -> list[Worker]:
+    """``common`` replaces COMMON_SETTINGS (the users suite runs the project's own settings);
+    ``start_urls`` replaces ``[site_url + "/"]`` for plain Scrapy, which takes them as a
+    spider argument instead of from Redis."""
     kind = KINDS[config.kind]
-    spider_args = {"start_urls": site_url + "/"} if kind.start_key is None else {}
-    settings = {**COMMON_SETTINGS, **kind.settings}
+    urls = start_urls if start_urls is not None else [site_url + "/"]
+    spider_args = {"start_urls": ",".join(urls)} if kind.start_key is None else {}
+    settings = {**(COMMON_SETTINGS if common is None else common), **kind.settings}
     return [
         BenchWorker(
             i,
