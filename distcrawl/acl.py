@@ -59,6 +59,7 @@ LUA_COMMANDS = (
     "time",
     "zadd",
     "zcard",
+    "zcount",
     "zlexcount",
     "zrange",
     "zrangebylex",

@@ -217,7 +217,14 @@ class Runner:
                 lambda: frontier.requeue_expired(worker_timeout_ms=self.worker_timeout_ms)
             )
         if batch.want:
-            res.lease = step(lambda: frontier.lease(batch.want, self.lease_ms, held=batch.held))
+            res.lease = step(
+                lambda: frontier.lease(
+                    batch.want,
+                    self.lease_ms,
+                    held=batch.held,
+                    worker_timeout_ms=self.worker_timeout_ms,
+                )
+            )
             if res.lease is not None:
                 res.leased = [self._decode(item) for item in res.lease.items]
                 res.leased += [

@@ -415,10 +415,13 @@ class Frontier:
         *,
         promote: int = 1000,
         held: Mapping[str, int] | None = None,
+        worker_timeout_ms: int = 10_000,
     ) -> LeaseResult:
         """Lease up to ``count`` requests from the slots whose turn has come, after moving
         up to ``promote`` due retries into the queue. ``held``: how many requests of each
-        slot the caller already holds, for the fair share of a contended slot."""
+        slot the caller already holds, for the fair share of a contended slot, which is
+        divided among the workers whose last liveness beat is younger than
+        ``worker_timeout_ms``."""
         k, p = self.keys, self.politeness
         mine = json.dumps(dict(held), separators=(",", ":")) if held else ""
         nonce = int.from_bytes(os.urandom(4), "big")
@@ -439,10 +442,11 @@ class Frontier:
                 k.dead,
                 k.stats,
                 k.throttle_state,
+                k.alive,
             ],
             args=[
                 *(count, lease_ms, promote, p.scan, p.delay_ms, p.concurrency),
-                *(p.overrides, p.robots, mine, self._tag_bytes, nonce),
+                *(p.overrides, p.robots, mine, self._tag_bytes, nonce, worker_timeout_ms),
             ],
         )
         items: list[Leased] = []

@@ -234,6 +234,30 @@ def test_concurrency_counts_until_acknowledged_and_a_contended_slot_is_shared(re
     assert redis_client.hget("t:inflight", "s.test") == b"2"
 
 
+def test_a_contended_slot_is_divided_among_the_live_workers_not_in_halves(redis_client):
+    # four live workers on one slot of eight places: two that hold half each must not keep
+    # the other two out (they did, for a whole Scrapyd crawl, while the share was a half)
+    seconds, micros = redis_client.time()
+    now_ms = seconds * 1000 + micros // 1000
+    workers = [polite(redis_client, concurrency=8) for _ in range(4)]
+    redis_client.zadd("t:alive", {w.tag: now_ms for w in workers})
+    redis_client.zadd("t:alive", {"0badbeef": now_ms - 60_000})  # lapsed: not counted
+    a, b, c, d = workers
+    push_slot(a, "s.test", 20)
+    held_a, held_b = a.lease(4, 10_000).items, b.lease(4, 10_000, held={}).items
+    assert len(held_a) == len(held_b) == 4
+    time.sleep(0.3)  # a full slot is looked at again after 250 ms
+    assert c.lease(4, 10_000, held={}).items == []  # full: c waits, and says so
+    a.commit([held_a[0].ref], [])
+    # a holds three: more than its quarter, so the free place is not a's
+    assert a.lease(4, 10_000, held={"s.test": 3}).items == []
+    (got,) = c.lease(4, 10_000, held={}).items
+    assert got.slot == "s.test"
+    b.commit([x.ref for x in held_b[:2]], [])
+    assert b.lease(4, 10_000, held={"s.test": 2}).items == []  # b has its quarter
+    assert len(d.lease(4, 10_000, held={}).items) == 2  # and the waiting d gets the rest
+
+
 def test_requeue_and_release_give_the_place_back(redis_client):
     frontier = polite(redis_client, concurrency=1)
     push_slot(frontier, "s.test", 2)

@@ -551,9 +551,12 @@ def test_cancelling_a_job_mid_crawl_loses_nothing(
     cluster, frontier, demo_site, capsys, monkeypatch
 ):
     site = demo_site(pages=800, delay=0.1)  # slow pages: the cancel lands mid-crawl
-    frontier.lpush("site:start_urls", site.url + "/")
     jobs = schedule_run(capsys, monkeypatch, cluster, "cancel")
     victim = next(j for j in jobs if "node2" in j)  # on the node with HTTP auth
+    # the crawl starts once every job is up, or a job slow to start on a busy machine could
+    # find it nearly done
+    assert wait_until(lambda: frontier.hlen("site:workers") >= 4, timeout=90)
+    frontier.lpush("site:start_urls", site.url + "/")
 
     def victim_busy() -> bool:
         return pages_per_job(site, jobs)[1][victim] >= 30

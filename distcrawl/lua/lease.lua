@@ -23,6 +23,7 @@
 -- KEYS[14] stats     HASH  crawl-wide counters ('quarantined')
 -- KEYS[15] state     HASH  slot -> "<cap>:<share>:<hold>" (commit.lua): a cap of 1 or more
 --                          lowers the slot's concurrency to it
+-- KEYS[16] alive     ZSET  worker tag -> time of its last liveness beat (ms)
 --
 -- ARGV[1] how many requests to take at most
 -- ARGV[2] lease duration (ms)
@@ -37,6 +38,7 @@
 -- ARGV[10] the caller's worker tag (4 bytes), the first half of each lease token
 -- ARGV[11] a number below 2^32 that differs from call to call: the tokens' second halves
 --          count up from it, and it jitters the adaptive delay
+-- ARGV[12] a worker is alive while its last beat is younger than this (ms)
 --
 -- A slot's delay is the longest of its configured delay, its Crawl-delay and its adaptive
 -- delay (commit.lua); the adaptive one is jittered, 0.5 to 1.5 times its value, so that a
@@ -51,8 +53,10 @@
 --
 -- Fair share: the worker that acknowledges a request asks for the next one in the same
 -- step, so without a rule it would keep a full slot to itself. While a slot is contended
--- (a worker holding less than half its places found it full in the last second), no
--- worker takes more than half of its places.
+-- (a worker holding less than its share found it full in the last second), no worker takes
+-- more than its share: the slot's places divided among the live workers (at least two, as
+-- one is waiting), rounded up. Halves were not enough: with four workers, two holding half
+-- each kept the other two out of a slot for a whole crawl.
 --
 -- A queue member that is not a well-formed entry (entry_slot) is moved to the dead letters
 -- where it is met (quarantine), so it can neither stop this script nor stay in the queue.
@@ -85,6 +89,14 @@ end
 
 local tag, nonce = ARGV[10], tonumber(ARGV[11])
 local jitter = 0.5 + (nonce % 1024) / 1024
+local alive_ms = tonumber(ARGV[12])
+local workers = nil
+local function share_of(conc)
+  if not workers then
+    workers = math.max(2, redis.call('ZCOUNT', KEYS[16], now - alive_ms, '+inf'))
+  end
+  return math.max(1, math.ceil(conc / workers))
+end
 local out = {0, 0, 0, -1, now, 0, 0, 0}
 local function quarantined(raw, reason)
   redis.call('ZREM', KEYS[1], raw)
@@ -165,10 +177,10 @@ for _, slot in ipairs(candidates) do
   local inflight = tonumber(redis.call('HGET', KEYS[7], slot)) or 0
   local take = math.min(conc - inflight, want)
   if delay > 0 or probe then take = math.min(take, 1) end
-  local mine, share = held[slot] or 0, math.max(1, math.ceil(conc / 2))
+  local mine = held[slot] or 0
   if take > 0 and mine > 0 then
     local contended = tonumber(redis.call('HGET', KEYS[11], slot))
-    if contended and now - contended < 1000 then take = math.min(take, share - mine) end
+    if contended and now - contended < 1000 then take = math.min(take, share_of(conc) - mine) end
   end
   if wait_until then
     redis.call('ZADD', KEYS[5], wait_until, slot)
@@ -176,7 +188,7 @@ for _, slot in ipairs(candidates) do
     -- full: looked at again soon (so that waiting workers keep saying so), or as soon as
     -- an acknowledgement frees a place (arm())
     redis.call('ZADD', KEYS[5], now + RECHECK_FULL_MS, slot)
-    if mine < share then redis.call('HSET', KEYS[11], slot, now) end
+    if mine < share_of(conc) then redis.call('HSET', KEYS[11], slot, now) end
   elseif take <= 0 then
     -- this worker has its share of a contended slot: the free places are for the others
   else
