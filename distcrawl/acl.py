@@ -56,6 +56,8 @@ LUA_COMMANDS = (
     "sadd",
     "setbit",
     "sismember",
+    "smembers",
+    "srem",
     "time",
     "zadd",
     "zcard",

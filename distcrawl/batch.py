@@ -118,6 +118,8 @@ class Batch:
     #: run in order, each only if the previous succeeded (several only when closing)
     commits: list[Commit] = field(default_factory=list)
     sent: list[tuple[str, int]] = field(default_factory=list)
+    #: leases whose responses arrived: their slots' places are given back before the ack
+    fetched: list[LeaseRef] = field(default_factory=list)
     renew: list[LeaseRef] = field(default_factory=list)
     reclaim: bool = False
     want: int = 0
@@ -130,6 +132,7 @@ class Batch:
         return not (
             self.commits
             or self.sent
+            or self.fetched
             or self.renew
             or self.reclaim
             or self.want
@@ -149,6 +152,8 @@ class BatchResult:
     #: entries a split commit sent to the dead letters
     split_dead: int = 0
     renewed: int = 0
+    #: places given back for responses that arrived (Batch.fetched)
+    freed: int = 0
     requeue: RequeueResult | None = None
     released: int = 0
     lease: LeaseResult | None = None
@@ -197,6 +202,8 @@ class Runner:
 
         if batch.sent:
             step(lambda: frontier.sent(batch.sent))
+        if batch.fetched:
+            res.freed = step(lambda: frontier.fetched(batch.fetched)) or 0
         for commit in batch.commits:
             if down:
                 break

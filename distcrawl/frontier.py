@@ -384,6 +384,7 @@ class Frontier:
             k.throttle_raised,
             k.commits,
             k.throttle_state,
+            k.fetched,
         ]
         if self.bloom is not None:
             res = self.bloom.run(self.scripts.commit, keys, args)
@@ -443,6 +444,7 @@ class Frontier:
                 k.stats,
                 k.throttle_state,
                 k.alive,
+                k.fetched,
             ],
             args=[
                 *(count, lease_ms, promote, p.scan, p.delay_ms, p.concurrency),
@@ -500,6 +502,17 @@ class Frontier:
         keys = [k.dead, k.queue, k.seq, k.start_urls, k.ready, k.slots]
         return int(self.scripts.redrive(keys=keys, args=args))
 
+    def fetched(self, refs: Iterable[LeaseRef]) -> int:
+        """The responses of these leased requests arrived: give their places in their
+        slots back now, ahead of their acknowledgements (lua/fetched.lua). Returns how many
+        places were given back (leases no longer held under these tokens give none)."""
+        args = _pairs(refs)
+        if not args:
+            return 0
+        k = self.keys
+        keys = [k.requests, k.leases, k.inflight, k.robots, k.ready, k.slots, k.fetched]
+        return int(self.scripts.fetched(keys=keys, args=args))
+
     def renew(self, refs: Iterable[LeaseRef], lease_ms: int) -> int:
         """Extend the leases still held under these tokens; returns how many were."""
         args = _pairs(refs)
@@ -512,7 +525,7 @@ class Frontier:
         k = self.keys
         return [
             *(k.leases, k.queue, k.requests, k.ready, k.slots, k.inflight, k.robots),
-            *(k.alive, k.commits),
+            *(k.alive, k.commits, k.fetched),
         ]
 
     def requeue_expired(self, limit: int = 1000, worker_timeout_ms: int = 10_000) -> RequeueResult:

@@ -117,8 +117,15 @@ class FrontierKeys:
 
     @property
     def inflight(self) -> str:
-        """HASH slot -> requests leased to some worker and not acknowledged yet."""
+        """HASH slot -> requests leased to some worker whose response has not arrived and
+        that are not acknowledged yet: the requests at the site, or about to be."""
         return self._key("inflight")
+
+    @property
+    def fetched(self) -> str:
+        """SET of ids of leased requests whose response has arrived: their places in
+        ``inflight`` were given back then (lua/fetched.lua), not at the acknowledgement."""
+        return self._key("fetched")
 
     @property
     def throttle(self) -> str:
@@ -195,6 +202,7 @@ class FrontierKeys:
             self.ready,
             self.slots,
             self.inflight,
+            self.fetched,
             self.throttle,
             self.throttle_raised,
             self.throttle_state,

@@ -171,6 +171,10 @@ class Scheduler(BaseScheduler):
         self._warned_schemes: dict[str, float] = {}
         self._ready: deque[tuple[LeaseRef, Request]] = deque()
         self._active: dict[LeaseRef, Request] = {}
+        #: the lease of each request handed to the engine, until its response arrives
+        self._fetching: dict[Request, LeaseRef] = {}
+        #: leases whose responses arrived since the last batch (Frontier.fetched)
+        self._fetched: list[LeaseRef] = []
         self._busy = False
         self._closing = False
         self._paused = False
@@ -419,6 +423,7 @@ class Scheduler(BaseScheduler):
             return None
         ref, request = self._ready.popleft()
         self._active[ref] = request
+        self._fetching[request] = ref
         self._last_work = time.monotonic()
         self._inc("scheduler/dequeued")
         self._inc("scheduler/dequeued/redis")
@@ -443,6 +448,8 @@ class Scheduler(BaseScheduler):
         # requests not done are given back at once, for another worker to take
         release = [ref for ref, _ in self._ready] + list(self._active)
         self._active.clear()
+        self._fetching.clear()
+        self._fetched = []
         self._to_send.clear()
         self._forget(release)
         self._ready.clear()
@@ -538,6 +545,7 @@ class Scheduler(BaseScheduler):
     def _build_batch(self, now: float) -> Batch:
         batch = Batch()
         batch.sent, self._sent = self._sent, []
+        batch.fetched, self._fetched = self._fetched, []
         if self._commit is None:
             self._commit = self._next_commit()
         if self._commit is not None:
@@ -592,6 +600,7 @@ class Scheduler(BaseScheduler):
             self._retry_delay = 0.0
             self._inc("distcrawl/redis_reconnects")
         self._inc("distcrawl/released", res.released)
+        self._inc("distcrawl/fetched/freed", res.freed)
         lease_now = bool(res.committed and res.committed.queue_size and not batch.want)
         if lease_now:
             # work just arrived (e.g. from a start URL): ask for it now, not at the next
@@ -628,7 +637,7 @@ class Scheduler(BaseScheduler):
             self._drained = (now, res.drained)
             _engine.wake(self.crawler)  # the engine asks spider_idle again, which reads it
         low = len(self._ready) <= self.config.prefetch // 2
-        if self._outgoing or self._acks or ((got or lease_now) and low):
+        if self._outgoing or self._acks or self._fetched or ((got or lease_now) and low):
             self._kick()
 
     def _apply_commits(self, res: BatchResult, commits: list[Commit]) -> None:
@@ -893,7 +902,9 @@ class Scheduler(BaseScheduler):
         in_progress = _engine.in_progress(self.crawler)
         done = [ref for ref, req in self._active.items() if req not in in_progress]
         for ref in done:
-            self._to_send.pop(self._active.pop(ref), None)
+            request = self._active.pop(ref)
+            self._to_send.pop(request, None)
+            self._fetching.pop(request, None)
             self._slots.pop(ref.id, None)
             # everything it produced is in _outgoing by now: acknowledged once that is stored
             self._acks.append(Ack(ref, self._pushed))
@@ -948,6 +959,17 @@ class Scheduler(BaseScheduler):
             self._kick()  # before the slot's next turn, which this lag pushes back
 
     def _on_response(self, response: Any, request: Request, spider: Spider) -> None:
+        ref = self._fetching.pop(request, None)
+        if ref is not None:
+            # off the site: its place in the slot is free for the next request now, while
+            # its lease waits for what the page yields to be stored (the acknowledgement)
+            self._fetched.append(ref)
+            self._slots.pop(ref.id, None)
+            # and this worker may take it in the same batch, not after the back-off of a
+            # lease that found the slot full
+            self._idle_delay = 0.0
+            self._next_lease = min(self._next_lease, time.monotonic())
+            self._kick()
         if self._feedback.add(request, response):
             self._inc("distcrawl/politeness/throttled")
             self._inc(f"distcrawl/politeness/throttled/{response.status}")

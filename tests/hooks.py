@@ -35,3 +35,23 @@ class ExitAfterCommit(Scheduler):
 
         frontier.commit = commit_then_exit  # type: ignore[method-assign]
         return opened
+
+
+class SlowPipeline:
+    """Holds every item for ``TEST_PIPELINE_DELAY`` seconds, as an item pipeline that batches
+    its writes does (distcrawl's MongoPipeline waits up to DISTCRAWL_MONGO_FLUSH_INTERVAL):
+    the request stays unacknowledged meanwhile, though its response has long arrived."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+
+    @classmethod
+    def from_crawler(cls, crawler: Any) -> SlowPipeline:
+        return cls(crawler.settings.getfloat("TEST_PIPELINE_DELAY"))
+
+    async def process_item(self, item: Any) -> Any:
+        from scrapy.utils.defer import maybe_deferred_to_future
+        from twisted.internet import reactor, task
+
+        await maybe_deferred_to_future(task.deferLater(reactor, self.delay))
+        return item

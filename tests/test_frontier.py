@@ -258,6 +258,23 @@ def test_a_contended_slot_is_divided_among_the_live_workers_not_in_halves(redis_
     assert len(d.lease(4, 10_000, held={}).items) == 2  # and the waiting d gets the rest
 
 
+def test_a_worker_waiting_on_a_parked_full_slot_gets_its_share(redis_client):
+    # the worker whose response frees a place leases again in the same step and parks the
+    # slot anew: the waiting worker must still be seen waiting, or it never gets a place
+    seconds, micros = redis_client.time()
+    a, b = polite(redis_client, concurrency=8), polite(redis_client, concurrency=8)
+    redis_client.zadd("t:alive", {w.tag: seconds * 1000 + micros // 1000 for w in (a, b)})
+    push_slot(a, "s.test", 40)
+    held = a.lease(16, 10_000).items
+    assert len(held) == 8
+    assert b.lease(16, 10_000, held={}).items == []  # parked at its limit: b asks at once
+    assert b.lease(16, 10_000, held={}).wait == 0.05  # and is told to ask again soon
+    assert a.fetched([held[0].ref]) == 1
+    # a holds seven, more than its half: the place it freed is left for b
+    assert a.lease(16, 10_000, held={"s.test": 7}).items == []
+    assert len(b.lease(16, 10_000, held={}).items) == 1
+
+
 def test_requeue_and_release_give_the_place_back(redis_client):
     frontier = polite(redis_client, concurrency=1)
     push_slot(frontier, "s.test", 2)
@@ -270,6 +287,43 @@ def test_requeue_and_release_give_the_place_back(redis_client):
     assert again.id == item.id  # back at the head of its slot
     assert frontier.release([again.ref]) == 1
     assert len(frontier.lease(10, 10_000).items) == 1
+
+
+def test_a_response_gives_the_place_back_once_before_the_ack(redis_client):
+    frontier = polite(redis_client, concurrency=1)
+    push_slot(frontier, "s.test", 3)
+    (first,) = frontier.lease(10, 10_000).items
+    assert frontier.lease(10, 10_000).items == []  # full
+    assert frontier.fetched([first.ref]) == 1  # its response arrived: the place is free
+    assert frontier.fetched([first.ref]) == 0  # and only once
+    assert redis_client.hget("t:inflight", "s.test") is None
+    (second,) = frontier.lease(10, 10_000).items  # while the first is still leased
+    assert redis_client.zscore("t:leases", first.id) is not None
+    frontier.commit([first.ref], [])  # its ack does not give the place back again
+    assert redis_client.hget("t:inflight", "s.test") == b"1"
+    assert frontier.lease(10, 10_000).items == []  # the second holds the one place
+    assert redis_client.smembers("t:fetched") == set()
+    frontier.commit([second.ref], [])
+    assert redis_client.hget("t:inflight", "s.test") is None
+    assert len(frontier.lease(10, 10_000).items) == 1
+
+
+def test_a_fetched_request_requeued_or_given_back_frees_no_second_place(redis_client):
+    frontier = polite(redis_client, concurrency=2)
+    push_slot(frontier, "s.test", 4)
+    a, b = frontier.lease(2, 50).items
+    stranger = a.ref._replace(token=b"\x01" * 8)
+    assert frontier.fetched([stranger]) == 0  # another lease's token frees nothing
+    assert frontier.fetched([a.ref, b.ref]) == 2
+    c, _ = frontier.lease(2, 10_000).items  # the two places, taken again
+    time.sleep(0.1)
+    assert frontier.requeue_expired().requeued == 2  # a and b expire: back in the queue
+    assert redis_client.hget("t:inflight", "s.test") == b"2"  # c and d, not fewer
+    assert frontier.fetched([a.ref]) == 0  # no longer leased: nothing to free
+    assert frontier.fetched([c.ref]) == 1
+    assert frontier.release([c.ref]) == 1  # given back after its response: no second place
+    assert redis_client.hget("t:inflight", "s.test") == b"1"
+    assert redis_client.smembers("t:fetched") == set()
 
 
 def test_robots_probe_gives_one_request_until_the_crawl_delay_is_recorded(redis_client):

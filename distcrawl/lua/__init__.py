@@ -30,11 +30,12 @@ NAMES = (
     "seen",
     "bloom_grow",
     "sent",
+    "fetched",
 )
 SEEN_MODES = ("set", "bloom")
 
 #: how many KEYS commit.lua takes itself; the Bloom filter's keys follow them
-COMMIT_KEYS = 16
+COMMIT_KEYS = 17
 #: where each script's seen-set keys start in its KEYS, per seen-set: the SET is commit.lua's
 #: KEYS[3], the Bloom filter's keys are appended at the end
 SEEN_KEYS = {
@@ -73,6 +74,7 @@ class Scripts:
     seen: Script
     bloom_grow: Script
     sent: Script
+    fetched: Script
 
     @classmethod
     def register(cls, client: redis.Redis, seen: str = "set") -> Scripts:

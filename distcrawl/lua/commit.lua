@@ -12,7 +12,7 @@
 -- KEYS[8]  delayed    ZSET   request id -> due time (ms)
 -- KEYS[9]  ready      ZSET   slot -> when its next request may be leased (ms)
 -- KEYS[10] slots      HASH   slot -> earliest time of its next request (ms)
--- KEYS[11] inflight   HASH   slot -> requests leased and not acknowledged
+-- KEYS[11] inflight   HASH   slot -> requests leased, not yet fetched nor acknowledged
 -- KEYS[12] throttle   HASH   slot -> adaptive delay (ms) from 429/503 answers and latency
 -- KEYS[13] robots     HASH   slot -> robots.txt Crawl-delay (ms), negative while being read
 -- KEYS[14] raised     HASH   slot -> when its adaptive delay was last raised (ms)
@@ -20,7 +20,9 @@
 -- KEYS[16] state      HASH   slot -> "<cap>:<share>:<hold>": adaptive concurrency cap (0 =
 --                            none), share of 429/503 among its recent answers, answers to
 --                            wait for before the cap is cut again (see the feedback section)
--- KEYS[17 ..]         the Bloom filter's keys with DISTCRAWL_SEEN = "bloom" (seen_bloom.lua)
+-- KEYS[17] fetched    SET    ids of leased requests whose response gave their place back
+--                            already (fetched.lua)
+-- KEYS[18 ..]         the Bloom filter's keys with DISTCRAWL_SEEN = "bloom" (seen_bloom.lua)
 --
 -- distcrawl/lua/__init__.py prepends the seen-set snippet (seen_set.lua or seen_bloom.lua),
 -- which defines seen_add(fp) and may end the script before anything is written.
@@ -134,7 +136,7 @@ for i = 8, 7 + 2 * acks, 2 do
     local entry = string.sub(record, TOKEN_BYTES + 1)
     if redis.call('ZREM', KEYS[5], id) == 1 then
       local slot = entry_slot(entry)
-      landed(KEYS[11], KEYS[13], slot)
+      done_with(KEYS[17], KEYS[11], KEYS[13], slot, id)
       arm(KEYS[9], KEYS[10], slot, now, false)
     elseif redis.call('ZREM', KEYS[1], entry) == 1 then
       -- its lease expired and it went back to the queue: it is done, so it must not run again

@@ -6,11 +6,15 @@
 --
 -- KEYS[1] leases    ZSET  request id -> lease deadline (ms)
 -- KEYS[2] requests  HASH  request id -> record (8-byte token, then the queue entry)
--- KEYS[3] inflight  HASH  slot -> requests leased and not acknowledged
+-- KEYS[3] inflight  HASH  slot -> requests leased, not yet fetched nor acknowledged
+-- KEYS[4] fetched   SET   ids of leased requests whose response gave their place back
 --
 -- ARGV[1] 'check' (change nothing) or 'fix'
 --
--- A lease without a record, or whose record holds no "\0", has no slot and is not counted.
+-- A lease without a record, or whose record holds no "\0", has no slot and is not counted;
+-- nor is one in 'fetched'. An id in 'fetched' without a lease is left over (Redis lost or
+-- rolled back data): with 'fix' it is removed, else a new lease of that id would never
+-- count.
 --
 -- Returns {slot1, stored count1, leases counted1, slot2, ...} for every slot that
 -- disagreed (stored counts are returned as stored, '' if absent).
@@ -19,7 +23,7 @@ local expected = {}
 local ids = redis.call('ZRANGE', KEYS[1], 0, -1)
 for _, id in ipairs(ids) do
   local record = redis.call('HGET', KEYS[2], id)
-  if record then
+  if record and redis.call('SISMEMBER', KEYS[4], id) == 0 then
     local cut = string.find(record, '\0', 9, true)
     if cut then
       local slot = string.sub(record, 9, cut - 1)
@@ -53,6 +57,11 @@ for slot, want in pairs(expected) do
     out[#out + 1] = ''
     out[#out + 1] = want
     if ARGV[1] == 'fix' then redis.call('HSET', KEYS[3], slot, want) end
+  end
+end
+if ARGV[1] == 'fix' then
+  for _, id in ipairs(redis.call('SMEMBERS', KEYS[4])) do
+    if not redis.call('ZSCORE', KEYS[1], id) then redis.call('SREM', KEYS[4], id) end
   end
 end
 return out

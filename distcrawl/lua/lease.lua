@@ -10,7 +10,7 @@
 -- KEYS[4]  delayed   ZSET  request id -> due time (ms) of a retry
 -- KEYS[5]  ready     ZSET  slot -> when its next request may be leased (ms)
 -- KEYS[6]  slots     HASH  slot -> earliest time of its next request (ms)
--- KEYS[7]  inflight  HASH  slot -> requests leased and not acknowledged
+-- KEYS[7]  inflight  HASH  slot -> requests leased, not yet fetched nor acknowledged
 -- KEYS[8]  throttle  HASH  slot -> adaptive delay (ms)
 -- KEYS[9]  limits    HASH  slot -> "<delay ms>:<concurrency>" set while the crawl runs
 --                          (either part may be empty: the default applies)
@@ -24,6 +24,7 @@
 -- KEYS[15] state     HASH  slot -> "<cap>:<share>:<hold>" (commit.lua): a cap of 1 or more
 --                          lowers the slot's concurrency to it
 -- KEYS[16] alive     ZSET  worker tag -> time of its last liveness beat (ms)
+-- KEYS[17] fetched   SET   ids of leased requests whose response gave their place back
 --
 -- ARGV[1] how many requests to take at most
 -- ARGV[2] lease duration (ms)
@@ -46,8 +47,8 @@
 -- the adaptive cap commit.lua set after 429/503 answers, if lower.
 --
 -- A slot with a delay gives one request per turn; one at its concurrency limit is looked
--- at again after RECHECK_FULL_MS, or sooner when an acknowledgement or a requeue frees a
--- place (arm() in lib.lua); one whose
+-- at again after RECHECK_FULL_MS, or sooner when a response (fetched.lua), an
+-- acknowledgement or a requeue frees a place (arm() in lib.lua); one whose
 -- robots.txt nobody has read yet gives a single request, whose worker reads robots.txt
 -- and records its Crawl-delay (robots.lua) before the slot opens.
 --
@@ -55,8 +56,9 @@
 -- step, so without a rule it would keep a full slot to itself. While a slot is contended
 -- (a worker holding less than its share found it full in the last second), no worker takes
 -- more than its share: the slot's places divided among the live workers (at least two, as
--- one is waiting), rounded up. Halves were not enough: with four workers, two holding half
--- each kept the other two out of a slot for a whole crawl.
+-- one is waiting), rounded up, and the worker that is short asks again within
+-- RECHECK_HUNGRY_MS. Halves were not enough: with four workers, two holding half each kept
+-- the other two out of a slot for a whole crawl.
 --
 -- A queue member that is not a well-formed entry (entry_slot) is moved to the dead letters
 -- where it is met (quarantine), so it can neither stop this script nor stay in the queue.
@@ -73,6 +75,10 @@
 --          (sent.lua), lest the gap to the next worker's turn shrink by its own lag.
 
 local RECHECK_FULL_MS = 250
+-- a worker below its share that found a slot full asks again this soon: the places the
+-- others free while they are over their shares are for it, and stay empty until it asks
+local RECHECK_HUNGRY_MS = 50
+local starved = false
 local now = now_ms()
 local want, lease_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
 local deadline = now + lease_ms
@@ -152,6 +158,24 @@ local function limits(slot)
   return delay, conc
 end
 
+-- the concurrency after the adaptive cap commit.lua set on 429/503 answers, if lower
+local function capped(slot, conc)
+  local state = redis.call('HGET', KEYS[15], slot)
+  if state then
+    local conc_cap = tonumber(string.match(state, '^([%d.]+):'))
+    if conc_cap and conc_cap >= 1 then conc = math.min(conc, math.floor(conc_cap)) end
+  end
+  return conc
+end
+
+-- this worker holds less than its share of a full slot: the slot is contended
+local function hungry(slot, conc)
+  if (held[slot] or 0) < share_of(conc) then
+    redis.call('HSET', KEYS[11], slot, now)
+    starved = true
+  end
+end
+
 local candidates = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now, 'LIMIT', 0, tonumber(ARGV[4]))
 for _, slot in ipairs(candidates) do
   if want <= 0 then break end
@@ -169,16 +193,12 @@ for _, slot in ipairs(candidates) do
   end
   local adaptive = tonumber(redis.call('HGET', KEYS[8], slot)) or 0
   if adaptive > delay then delay = math.max(delay, math.floor(adaptive * jitter)) end
-  local state = redis.call('HGET', KEYS[15], slot)
-  if state then
-    local conc_cap = tonumber(string.match(state, '^([%d.]+):'))
-    if conc_cap and conc_cap >= 1 then conc = math.min(conc, math.floor(conc_cap)) end
-  end
+  conc = capped(slot, conc)
   local inflight = tonumber(redis.call('HGET', KEYS[7], slot)) or 0
   local take = math.min(conc - inflight, want)
   if delay > 0 or probe then take = math.min(take, 1) end
   local mine = held[slot] or 0
-  if take > 0 and mine > 0 then
+  if take > 0 then
     local contended = tonumber(redis.call('HGET', KEYS[11], slot))
     if contended and now - contended < 1000 then take = math.min(take, share_of(conc) - mine) end
   end
@@ -188,7 +208,7 @@ for _, slot in ipairs(candidates) do
     -- full: looked at again soon (so that waiting workers keep saying so), or as soon as
     -- an acknowledgement frees a place (arm())
     redis.call('ZADD', KEYS[5], now + RECHECK_FULL_MS, slot)
-    if mine < share_of(conc) then redis.call('HSET', KEYS[11], slot, now) end
+    hungry(slot, conc)
   elseif take <= 0 then
     -- this worker has its share of a contended slot: the free places are for the others
   else
@@ -214,6 +234,7 @@ for _, slot in ipairs(candidates) do
         local token = tag .. be_bytes((nonce + taken) % 4294967296, 4)
         redis.call('HSET', KEYS[2], id, token .. entry)
         redis.call('ZADD', KEYS[3], deadline, id)
+        redis.call('SREM', KEYS[17], id)  -- a new lease takes a place of its own
         out[#out + 1] = delay > 0 and 1 or 0
         out[#out + 1] = token
         out[#out + 1] = entry
@@ -221,6 +242,7 @@ for _, slot in ipairs(candidates) do
       end
     end
     want = want - taken
+    held[slot] = mine + taken
     if taken > 0 then
       inflight = redis.call('HINCRBY', KEYS[7], slot, taken)
     end
@@ -243,6 +265,18 @@ for _, slot in ipairs(candidates) do
     end
   end
 end
+-- slots parked at their limit (a worker that frees a place leases again in the same step and
+-- parks the slot anew, so a waiting worker would rarely find it ready): a worker that still
+-- wants requests and holds less than its share of one says so, or the fair share never acts
+if want > 0 then
+  local parked = redis.call('ZRANGEBYSCORE', KEYS[5], '(' .. now, now + RECHECK_FULL_MS,
+    'LIMIT', 0, tonumber(ARGV[4]))
+  for _, slot in ipairs(parked) do
+    local _, conc = limits(slot)
+    conc = capped(slot, conc)
+    if (tonumber(redis.call('HGET', KEYS[7], slot)) or 0) >= conc then hungry(slot, conc) end
+  end
+end
 out[1] = redis.call('ZCARD', KEYS[1])
 out[2] = redis.call('ZCARD', KEYS[4])
 -- the next slot's turn, or the next retry coming due, whichever is sooner: an idle worker
@@ -254,4 +288,5 @@ for _, key in ipairs({KEYS[5], KEYS[4]}) do
     if out[4] < 0 or wait < out[4] then out[4] = wait end
   end
 end
+if starved and (out[4] < 0 or out[4] > RECHECK_HUNGRY_MS) then out[4] = RECHECK_HUNGRY_MS end
 return out

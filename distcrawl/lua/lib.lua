@@ -128,3 +128,10 @@ local function landed(inflight, robots, slot)
   end
 end
 
+-- a leased request ends (acknowledged, requeued, given back): its place in the slot is
+-- given back unless its response already gave it back (fetched.lua), so that a place is
+-- freed exactly once
+local function done_with(fetched, inflight, robots, slot, id)
+  if redis.call('SREM', fetched, id) == 0 then landed(inflight, robots, slot) end
+end
+

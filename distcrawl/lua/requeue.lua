@@ -8,11 +8,13 @@
 -- KEYS[3] requests  HASH  request id -> record (token .. entry, see lib.lua)
 -- KEYS[4] ready     ZSET  slot -> when its next request may be leased (ms)
 -- KEYS[5] slots     HASH  slot -> earliest time of its next request (ms)
--- KEYS[6] inflight  HASH  slot -> requests leased and not acknowledged
+-- KEYS[6] inflight  HASH  slot -> requests leased, not yet fetched nor acknowledged
 -- KEYS[7] robots    HASH  slot -> robots.txt Crawl-delay (ms), negative while being read
 -- KEYS[8] alive     ZSET  worker tag (8 hex digits: a token's first 4 bytes) -> time of
 --                         its last liveness beat (ms)
 -- KEYS[9] commits   HASH  worker tag -> id of the last commit it ran
+-- KEYS[10] fetched  SET   ids of leased requests whose response gave their place back
+--                         already (fetched.lua)
 --
 -- ARGV[1]     'expired': leases whose deadline has passed, then those of dead workers;
 --             'ids': the leases given as pairs that follow, if their tokens match
@@ -40,7 +42,7 @@ local function requeue(id, record, keep)
   local slot = entry_slot(entry)
   if slot then
     redis.call('ZADD', KEYS[2], 0, entry)
-    landed(KEYS[6], KEYS[7], slot)
+    done_with(KEYS[10], KEYS[6], KEYS[7], slot, id)
     arm(KEYS[4], KEYS[5], slot, now, true)
   end
   out[1] = out[1] + 1
@@ -54,6 +56,7 @@ if ARGV[1] == 'expired' then
       requeue(id, record, true)
     else
       redis.call('ZREM', KEYS[1], id)
+      redis.call('SREM', KEYS[10], id)
       out[2] = out[2] + 1
     end
   end
