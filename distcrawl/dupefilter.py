@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 
 from scrapy import Request, Spider
 from scrapy.dupefilters import BaseDupeFilter
-from scrapy.utils.request import referer_str
+from scrapy.utils.request import RequestFingerprinter, referer_str
+from scrapy.utils.request import fingerprint as scrapy_fingerprint
 
 from distcrawl.config import DistcrawlConfig
 
@@ -35,6 +36,9 @@ logger = logging.getLogger(__name__)
 FINGERPRINT_BYTES = 12
 #: seconds between two flushes of the duplicate count to the stats
 STATS_FLUSH_INTERVAL = 1.0
+#: URLs whose default fingerprint is remembered (about 200 bytes each): a site's menus and
+#: footers link to the same few pages from every page
+URL_MEMO_SIZE = 10_000
 
 
 class RedisDupeFilter(BaseDupeFilter):
@@ -51,6 +55,11 @@ class RedisDupeFilter(BaseDupeFilter):
         self.debug = debug
         self.crawler = crawler
         self._recent: OrderedDict[bytes, None] = OrderedDict()
+        #: URL -> fingerprint of plain GETs, when the fingerprint is a function of the URL
+        #: alone (Scrapy's default fingerprinter): most links of a page were seen before,
+        #: and fingerprinting each new Request object again (canonicalize_url, JSON, SHA1,
+        #: ~15 us) was the largest per-link cost in profiles
+        self._url_memo: dict[str, bytes] | None = {} if _url_only(fingerprinter) else None
         self._logged_first = False
         # counted here and added to the stats at most once a second: inc_value per duplicate
         # link (~17 per page) showed in profiles
@@ -68,7 +77,19 @@ class RedisDupeFilter(BaseDupeFilter):
         )
 
     def fingerprint(self, request: Request) -> bytes:
-        return self.fingerprinter.fingerprint(request)[:FINGERPRINT_BYTES]
+        memo = self._url_memo
+        if memo is None or request.method != "GET" or request.body:
+            return self.fingerprinter.fingerprint(request)[:FINGERPRINT_BYTES]
+        if request.meta.get("verbatim_url"):
+            return self.fingerprinter.fingerprint(request)[:FINGERPRINT_BYTES]
+        url = request.url
+        fp = memo.get(url)
+        if fp is None:
+            fp = self.fingerprinter.fingerprint(request)[:FINGERPRINT_BYTES]
+            if len(memo) >= URL_MEMO_SIZE:
+                del memo[next(iter(memo))]  # the oldest: cheaper than keeping an LRU order
+            memo[url] = fp
+        return fp
 
     def request_seen(self, request: Request) -> bool:
         """True if this worker already pushed the request; the shared check is in Redis."""
@@ -124,3 +145,15 @@ class RedisDupeFilter(BaseDupeFilter):
     def close(self, reason: str) -> None:
         self.flush_stats()
         self._recent.clear()
+        if self._url_memo is not None:
+            self._url_memo.clear()
+
+
+def _url_only(fingerprinter: object) -> bool:
+    """Whether a GET's fingerprint depends on its URL alone: Scrapy's own fingerprinter
+    computing Scrapy's fingerprint (method, canonical URL, body; no headers), not a subclass
+    or a REQUEST_FINGERPRINTER_CLASS of the project, which may look at anything."""
+    return (
+        type(fingerprinter) is RequestFingerprinter
+        and getattr(fingerprinter, "_fingerprint", None) is scrapy_fingerprint
+    )

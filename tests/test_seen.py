@@ -299,6 +299,69 @@ def test_filtered_duplicates_reach_the_stats_batched_and_exact(monkeypatch):
     assert len(calls) == 3
 
 
+# ---------------------------------------------------------------------- fingerprints
+
+
+def _fingerprints(df: RedisDupeFilter, fingerprinter, requests) -> None:
+    for request in requests:
+        expected = fingerprinter.fingerprint(request.copy())[:FINGERPRINT_BYTES]
+        assert df.fingerprint(request) == expected, request
+        assert df.fingerprint(request.replace()) == expected, request  # a new Request object
+
+
+def test_url_memo_gives_the_fingerprinter_s_fingerprints(monkeypatch):
+    monkeypatch.setattr(dupefilter_module, "URL_MEMO_SIZE", 3)
+    fingerprinter = get_crawler().request_fingerprinter
+    df = RedisDupeFilter(fingerprinter)
+    requests = [
+        Request("http://a.test/x?b=2&a=1"),
+        Request("http://a.test/x?a=1&b=2"),  # the same canonical URL: the same fingerprint
+        Request("http://a.test/x#frag", meta={"verbatim_url": True}),
+        Request("http://a.test/x#frag"),
+        Request("http://a.test/x", method="POST", body=b"q=1"),
+        Request("http://a.test/x", method="POST"),
+        Request("http://a.test/x", method="HEAD"),
+        Request("http://a.test/x", body=b"q=1"),
+        Request("http://a.test/x"),
+        Request("http://a.test/y", headers={"Accept": "x"}),
+        Request("http://a.test/y", cookies={"c": "1"}),
+    ]
+    _fingerprints(df, fingerprinter, requests)
+    _fingerprints(df, fingerprinter, reversed(requests))
+    assert len(df._url_memo or {}) <= 3
+    df.close("finished")
+    assert df._url_memo == {}
+
+
+def test_url_memo_is_off_for_a_fingerprinter_of_the_project():
+    calls = []
+
+    class Fingerprinter:
+        def fingerprint(self, request: Request) -> bytes:
+            calls.append(request)
+            return hashlib.sha1(request.url.encode() + request.headers.get("X", b"")).digest()
+
+    df = RedisDupeFilter(Fingerprinter())
+    assert df._url_memo is None
+    first = df.fingerprint(Request("http://a.test/", headers={"X": "1"}))
+    assert df.fingerprint(Request("http://a.test/", headers={"X": "2"})) != first
+    assert len(calls) == 2
+
+
+def test_url_memo_is_off_when_scrapy_s_fingerprinter_is_subclassed():
+    from scrapy.utils.request import RequestFingerprinter
+
+    class WithHeaders(RequestFingerprinter):
+        def fingerprint(self, request: Request) -> bytes:
+            extra = request.headers.get("X", b"")
+            return hashlib.sha1(super().fingerprint(request) + extra).digest()
+
+    df = RedisDupeFilter(WithHeaders())
+    assert df._url_memo is None
+    first = df.fingerprint(Request("http://a.test/", headers={"X": "1"}))
+    assert df.fingerprint(Request("http://a.test/", headers={"X": "2"})) != first
+
+
 # ---------------------------------------------------------------------- a real crawl
 
 
