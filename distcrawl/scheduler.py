@@ -239,6 +239,7 @@ class Scheduler(BaseScheduler):
         # response_downloaded, not response_received: a 429 that the retry middleware turns
         # into a retry never reaches the engine as a response, and it is the one to report
         self.crawler.signals.connect(self._on_response, signal=signals.response_downloaded)
+        self.crawler.signals.connect(self._on_left, signal=signals.request_left_downloader)
         _engine.local_delays_off(self.crawler)
         _SCHEDULERS[self.crawler] = self
         logger.info(
@@ -638,7 +639,8 @@ class Scheduler(BaseScheduler):
             _engine.wake(self.crawler)  # the engine asks spider_idle again, which reads it
         low = len(self._ready) <= self.config.prefetch // 2
         if self._outgoing or self._acks or self._fetched or ((got or lease_now) and low):
-            self._kick()
+            # the next batch now, not one reactor turn later: a turn can be a page's parsing
+            self._pump()
 
     def _apply_commits(self, res: BatchResult, commits: list[Commit]) -> None:
         """Forget the commits Redis confirmed; keep the first that failed, to send again."""
@@ -958,11 +960,12 @@ class Scheduler(BaseScheduler):
             self._sent.append(paced)
             self._kick()  # before the slot's next turn, which this lag pushes back
 
-    def _on_response(self, response: Any, request: Request, spider: Spider) -> None:
+    def _on_left(self, request: Request, spider: Spider) -> None:
         ref = self._fetching.pop(request, None)
         if ref is not None:
-            # off the site: its place in the slot is free for the next request now, while
-            # its lease waits for what the page yields to be stored (the acknowledgement)
+            # off the site (answered or failed): its place in the slot is free for the next
+            # request now, while its lease waits for what the page yields to be stored (the
+            # acknowledgement)
             self._fetched.append(ref)
             self._slots.pop(ref.id, None)
             # and this worker may take it in the same batch, not after the back-off of a
@@ -970,6 +973,8 @@ class Scheduler(BaseScheduler):
             self._idle_delay = 0.0
             self._next_lease = min(self._next_lease, time.monotonic())
             self._kick()
+
+    def _on_response(self, response: Any, request: Request, spider: Spider) -> None:
         if self._feedback.add(request, response):
             self._inc("distcrawl/politeness/throttled")
             self._inc(f"distcrawl/politeness/throttled/{response.status}")

@@ -1,6 +1,6 @@
--- fetched.lua: the responses of these leased requests have arrived, so they are no longer
--- at the site: their places in their slots are given back now, not when they are
--- acknowledged. The acknowledgement waits for the page's children and items to be stored
+-- fetched.lua: these leased requests left the downloader (answered, or failed), so they
+-- are no longer at the site: their places in their slots are given back now, not when they
+-- are acknowledged. The acknowledgement waits for the page's children and items to be stored
 -- (an item pipeline batching its writes can take longer than the download); a slot whose
 -- places stayed taken until then would see far fewer requests than its concurrency. The
 -- lease itself is kept until the acknowledgement, so a worker dying now still loses nothing.
