@@ -111,6 +111,8 @@ class LeasedRequest(NamedTuple):
     slot: str
     paced: bool
     error: str = ""
+    #: holds no place: sent only in the place of a request of its slot (Leased.reserve)
+    reserve: bool = False
 
 
 @dataclass
@@ -118,12 +120,17 @@ class Batch:
     #: run in order, each only if the previous succeeded (several only when closing)
     commits: list[Commit] = field(default_factory=list)
     sent: list[tuple[str, int]] = field(default_factory=list)
-    #: leases whose responses arrived: their slots' places are given back before the ack
-    fetched: list[LeaseRef] = field(default_factory=list)
+    #: leases that left the downloader: their places are given back before the ack
+    freed: list[LeaseRef] = field(default_factory=list)
+    #: reserves sent in places freed so (Frontier.places)
+    taken: list[LeaseRef] = field(default_factory=list)
     renew: list[LeaseRef] = field(default_factory=list)
     reclaim: bool = False
     want: int = 0
     held: Counter[str] = field(default_factory=Counter)
+    #: reserves the worker may hold per slot, and those it holds
+    reserve: int = 0
+    reserved: Counter[str] = field(default_factory=Counter)
     peek: int = 0
     release: list[LeaseRef] = field(default_factory=list)
     drain: bool = False
@@ -132,7 +139,8 @@ class Batch:
         return not (
             self.commits
             or self.sent
-            or self.fetched
+            or self.freed
+            or self.taken
             or self.renew
             or self.reclaim
             or self.want
@@ -152,8 +160,9 @@ class BatchResult:
     #: entries a split commit sent to the dead letters
     split_dead: int = 0
     renewed: int = 0
-    #: places given back for responses that arrived (Batch.fetched)
+    #: places given back for requests that left the downloader, and taken by reserves
     freed: int = 0
+    taken: int = 0
     requeue: RequeueResult | None = None
     released: int = 0
     lease: LeaseResult | None = None
@@ -202,8 +211,8 @@ class Runner:
 
         if batch.sent:
             step(lambda: frontier.sent(batch.sent))
-        if batch.fetched:
-            res.freed = step(lambda: frontier.fetched(batch.fetched)) or 0
+        if batch.freed or batch.taken:
+            res.freed, res.taken = step(lambda: frontier.places(batch.freed, batch.taken)) or (0, 0)
         for commit in batch.commits:
             if down:
                 break
@@ -230,6 +239,8 @@ class Runner:
                     self.lease_ms,
                     held=batch.held,
                     worker_timeout_ms=self.worker_timeout_ms,
+                    reserve=batch.reserve,
+                    reserved=batch.reserved,
                 )
             )
             if res.lease is not None:
@@ -252,7 +263,9 @@ class Runner:
         why = refused_scheme(request.url, self.schemes)
         if why is not None:
             return LeasedRequest(item.ref, None, item.payload, item.slot, False, why)
-        return LeasedRequest(item.ref, request, item.payload, item.slot, item.paced)
+        return LeasedRequest(
+            item.ref, request, item.payload, item.slot, item.paced, reserve=item.reserve
+        )
 
     def commit(self, commit: Commit, res: BatchResult) -> CommitResult:
         if not commit.split:

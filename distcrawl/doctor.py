@@ -362,7 +362,9 @@ class Doctor:
         """``inflight`` against the leases, in one script (O(leases))."""
         k = self.keys
         mode = "fix" if report.repair else "check"
-        out = self.scripts.inflight(keys=[k.leases, k.requests, k.inflight, k.fetched], args=[mode])
+        out = self.scripts.inflight(
+            keys=[k.leases, k.requests, k.inflight, k.placeless], args=[mode]
+        )
         finding = report.findings["inflight_mismatch"]
         for i in range(0, len(out), 3):
             slot, stored, counted = out[i : i + 3]

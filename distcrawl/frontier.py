@@ -73,6 +73,9 @@ class Leased(NamedTuple):
     #: taken at the start of a turn of a slot with a delay (see lease.lua)
     paced: bool = False
     token: bytes = b""
+    #: leased ahead, holding no place in its slot: sent only in the place of a request of
+    #: the same slot that left the downloader (see lease.lua, places.lua)
+    reserve: bool = False
 
     @property
     def ref(self) -> LeaseRef:
@@ -384,7 +387,7 @@ class Frontier:
             k.throttle_raised,
             k.commits,
             k.throttle_state,
-            k.fetched,
+            k.placeless,
         ]
         if self.bloom is not None:
             res = self.bloom.run(self.scripts.commit, keys, args)
@@ -417,14 +420,18 @@ class Frontier:
         promote: int = 1000,
         held: Mapping[str, int] | None = None,
         worker_timeout_ms: int = 10_000,
+        reserve: int = 0,
+        reserved: Mapping[str, int] | None = None,
     ) -> LeaseResult:
         """Lease up to ``count`` requests from the slots whose turn has come, after moving
         up to ``promote`` due retries into the queue. ``held``: how many requests of each
         slot the caller already holds, for the fair share of a contended slot, which is
         divided among the workers whose last liveness beat is younger than
-        ``worker_timeout_ms``."""
+        ``worker_timeout_ms``. ``reserve``: how many reserves the caller may hold per slot
+        (``reserved``: how many it holds); ``held`` counts only requests holding places."""
         k, p = self.keys, self.politeness
         mine = json.dumps(dict(held), separators=(",", ":")) if held else ""
+        ahead = json.dumps(dict(reserved), separators=(",", ":")) if reserved else ""
         nonce = int.from_bytes(os.urandom(4), "big")
         res = self.scripts.lease(
             keys=[
@@ -444,19 +451,22 @@ class Frontier:
                 k.stats,
                 k.throttle_state,
                 k.alive,
-                k.fetched,
+                k.placeless,
             ],
             args=[
                 *(count, lease_ms, promote, p.scan, p.delay_ms, p.concurrency),
                 *(p.overrides, p.robots, mine, self._tag_bytes, nonce, worker_timeout_ms),
+                *(reserve, ahead),
             ],
         )
         items: list[Leased] = []
         bad: list[BadLease] = []
         for i in range(8, len(res), 3):
-            paced, token, raw = res[i] == 1, res[i + 1], res[i + 2]
+            kind, token, raw = int(res[i]), res[i + 1], res[i + 2]
             try:
-                items.append(parse_entry(raw)._replace(paced=paced, token=token))
+                items.append(
+                    parse_entry(raw)._replace(paced=kind == 1, token=token, reserve=kind == 2)
+                )
             except QueueEntryError as exc:
                 bad.append(BadLease(LeaseRef(_raw_id(raw), token), raw, str(exc)))
         wait = None if int(res[3]) < 0 else int(res[3]) / 1000
@@ -502,16 +512,18 @@ class Frontier:
         keys = [k.dead, k.queue, k.seq, k.start_urls, k.ready, k.slots]
         return int(self.scripts.redrive(keys=keys, args=args))
 
-    def fetched(self, refs: Iterable[LeaseRef]) -> int:
-        """The responses of these leased requests arrived: give their places in their
-        slots back now, ahead of their acknowledgements (lua/fetched.lua). Returns how many
-        places were given back (leases no longer held under these tokens give none)."""
-        args = _pairs(refs)
-        if not args:
-            return 0
+    def places(self, freed: Sequence[LeaseRef], taken: Sequence[LeaseRef] = ()) -> tuple[int, int]:
+        """Report places (lua/places.lua): the ``freed`` requests left the downloader, so
+        their places are given back ahead of their acknowledgements; the ``taken`` reserves
+        were sent in places freed so. Returns how many places were freed and taken (leases no
+        longer held under these tokens count for neither)."""
+        if not (freed or taken):
+            return 0, 0
         k = self.keys
-        keys = [k.requests, k.leases, k.inflight, k.robots, k.ready, k.slots, k.fetched]
-        return int(self.scripts.fetched(keys=keys, args=args))
+        keys = [k.requests, k.leases, k.inflight, k.robots, k.ready, k.slots, k.placeless]
+        args = [len(freed), *_pairs(freed), *_pairs(taken)]
+        out = self.scripts.places(keys=keys, args=args)
+        return int(out[0]), int(out[1])
 
     def renew(self, refs: Iterable[LeaseRef], lease_ms: int) -> int:
         """Extend the leases still held under these tokens; returns how many were."""
@@ -525,7 +537,7 @@ class Frontier:
         k = self.keys
         return [
             *(k.leases, k.queue, k.requests, k.ready, k.slots, k.inflight, k.robots),
-            *(k.alive, k.commits, k.fetched),
+            *(k.alive, k.commits, k.placeless),
         ]
 
     def requeue_expired(self, limit: int = 1000, worker_timeout_ms: int = 10_000) -> RequeueResult:

@@ -122,10 +122,11 @@ class FrontierKeys:
         return self._key("inflight")
 
     @property
-    def fetched(self) -> str:
-        """SET of ids of leased requests whose response has arrived: their places in
-        ``inflight`` were given back then (lua/fetched.lua), not at the acknowledgement."""
-        return self._key("fetched")
+    def placeless(self) -> str:
+        """SET of ids of leased requests that hold no place in their slot's ``inflight``:
+        those that left the downloader (their place was given back then, not at the
+        acknowledgement) and reserves, leased ahead of a place (lua/places.lua)."""
+        return self._key("placeless")
 
     @property
     def throttle(self) -> str:
@@ -202,7 +203,7 @@ class FrontierKeys:
             self.ready,
             self.slots,
             self.inflight,
-            self.fetched,
+            self.placeless,
             self.throttle,
             self.throttle_raised,
             self.throttle_state,

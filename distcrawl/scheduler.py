@@ -173,8 +173,13 @@ class Scheduler(BaseScheduler):
         self._active: dict[LeaseRef, Request] = {}
         #: the lease of each request handed to the engine, until its response arrives
         self._fetching: dict[Request, LeaseRef] = {}
-        #: leases whose responses arrived since the last batch (Frontier.fetched)
-        self._fetched: list[LeaseRef] = []
+        #: leases that left the downloader since the last batch, and the reserves sent in
+        #: their places (Frontier.places)
+        self._freed: list[LeaseRef] = []
+        self._swapped: list[LeaseRef] = []
+        #: slot -> reserves: leased requests holding no place, sent only in the place of a
+        #: request of their slot that left the downloader (lease.lua)
+        self._reserves: dict[str, deque[tuple[LeaseRef, Request]]] = {}
         self._busy = False
         self._closing = False
         self._paused = False
@@ -299,12 +304,26 @@ class Scheduler(BaseScheduler):
     def __len__(self) -> int:
         """Requests waiting to be crawled as far as this worker knows without asking Redis:
         those it holds, those it has yet to push, and the shared queue at its last look."""
-        return len(self._ready) + len(self._outgoing) + self._remote_queue
+        return len(self._ready) + self._reserve_count() + len(self._outgoing) + self._remote_queue
 
     def has_pending_requests(self) -> bool:
         return bool(
-            self._ready or self._outgoing or self._acks or self._commit or self._remote_queue > 0
+            self._ready
+            or self._reserves
+            or self._outgoing
+            or self._acks
+            or self._commit
+            or self._remote_queue > 0
         )
+
+    def _reserve_count(self) -> int:
+        return sum(len(q) for q in self._reserves.values())
+
+    def _take_reserves(self) -> list[LeaseRef]:
+        """Every reserve's lease, the reserves forgotten: for giving them back."""
+        refs = [ref for q in self._reserves.values() for ref, _ in q]
+        self._reserves.clear()
+        return refs
 
     def enqueue_request(self, request: Request) -> bool:
         # first of all: a page can link to file://, and Scrapy would read the file
@@ -447,10 +466,10 @@ class Scheduler(BaseScheduler):
             await task.deferLater(reactor, 0.05)
         self._collect_finished()
         # requests not done are given back at once, for another worker to take
-        release = [ref for ref, _ in self._ready] + list(self._active)
+        release = [ref for ref, _ in self._ready] + list(self._active) + self._take_reserves()
         self._active.clear()
         self._fetching.clear()
-        self._fetched = []
+        self._freed, self._swapped = [], []
         self._to_send.clear()
         self._forget(release)
         self._ready.clear()
@@ -546,7 +565,8 @@ class Scheduler(BaseScheduler):
     def _build_batch(self, now: float) -> Batch:
         batch = Batch()
         batch.sent, self._sent = self._sent, []
-        batch.fetched, self._fetched = self._fetched, []
+        batch.freed, self._freed = self._freed, []
+        batch.taken, self._swapped = self._swapped, []
         if self._commit is None:
             self._commit = self._next_commit()
         if self._commit is not None:
@@ -561,16 +581,24 @@ class Scheduler(BaseScheduler):
             batch.drain = True
             self._drain_wanted = False
         if self._paused:
-            batch.release = [ref for ref, _ in self._ready]
+            batch.release = [ref for ref, _ in self._ready] + self._take_reserves()
             self._forget(batch.release)
             for _, request in self._ready:
                 self._to_send.pop(request, None)
             self._ready.clear()
             return batch
+        # reserves of a slot of which this worker has no request left to be replaced (they
+        # arrived after those left the downloader): given back, to be leased with a place
+        held = Counter(self._slots.values())
+        for slot in [s for s in self._reserves if not held[s]]:
+            batch.release += [ref for ref, _ in self._reserves.pop(slot)]
+        self._inc("distcrawl/places/reserves_returned", len(batch.release))
         prefetch = self.config.prefetch
         if len(self._ready) <= prefetch // 2 and now >= self._next_lease:
-            batch.want = prefetch - len(self._ready)
-            batch.held = Counter(self._slots.values())
+            batch.want = max(0, prefetch - len(self._ready) - self._reserve_count())
+            batch.held = held
+            batch.reserve = prefetch // 2
+            batch.reserved = Counter({s: len(q) for s, q in self._reserves.items()})
         if self._start_pending == 0 and now >= self._next_peek and not self._full():
             batch.peek = self.config.start_urls_batch
         return batch
@@ -579,6 +607,7 @@ class Scheduler(BaseScheduler):
         """Every lease this worker holds: waiting, in progress, and done but not yet
         acknowledged (kept while a commit is being retried, so that they stay ours)."""
         refs = [ref for ref, _ in self._ready] + list(self._active)
+        refs += [ref for q in self._reserves.values() for ref, _ in q]
         refs += [ack.ref for ack in self._acks]
         if self._commit is not None:
             refs += self._commit.acks
@@ -601,7 +630,12 @@ class Scheduler(BaseScheduler):
             self._retry_delay = 0.0
             self._inc("distcrawl/redis_reconnects")
         self._inc("distcrawl/released", res.released)
-        self._inc("distcrawl/fetched/freed", res.freed)
+        self._inc("distcrawl/places/freed", res.freed)
+        self._inc("distcrawl/places/taken", res.taken)
+        if res.error is not None and (batch.freed or batch.taken):
+            # the report is idempotent: sent again with the next batch rather than lost
+            self._freed[:0] = batch.freed
+            self._swapped[:0] = batch.taken
         lease_now = bool(res.committed and res.committed.queue_size and not batch.want)
         if lease_now:
             # work just arrived (e.g. from a start URL): ask for it now, not at the next
@@ -638,7 +672,13 @@ class Scheduler(BaseScheduler):
             self._drained = (now, res.drained)
             _engine.wake(self.crawler)  # the engine asks spider_idle again, which reads it
         low = len(self._ready) <= self.config.prefetch // 2
-        if self._outgoing or self._acks or self._fetched or ((got or lease_now) and low):
+        if (
+            self._outgoing
+            or self._acks
+            or self._freed
+            or self._swapped
+            or ((got or lease_now) and low)
+        ):
             # the next batch now, not one reactor turn later: a turn can be a page's parsing
             self._pump()
 
@@ -778,6 +818,10 @@ class Scheduler(BaseScheduler):
                 self._push(Entry("d", b"", 0, record))
                 self._acks.append(Ack(item.ref, self._pushed))
                 self._inc("distcrawl/quarantined")
+                continue
+            if item.reserve:
+                self._reserves.setdefault(item.slot, deque()).append((item.ref, item.request))
+                got += 1
                 continue
             self._slots[item.ref.id] = item.slot
             if item.paced:
@@ -962,17 +1006,32 @@ class Scheduler(BaseScheduler):
 
     def _on_left(self, request: Request, spider: Spider) -> None:
         ref = self._fetching.pop(request, None)
-        if ref is not None:
-            # off the site (answered or failed): its place in the slot is free for the next
-            # request now, while its lease waits for what the page yields to be stored (the
-            # acknowledgement)
-            self._fetched.append(ref)
+        if ref is None:
+            return
+        slot = self._slots.get(ref.id)
+        waiting = self._reserves.get(slot) if slot is not None else None
+        if waiting:
+            # a reserve of the same slot takes the place, now; Redis hears of it after
+            taken, taken_request = waiting.popleft()
+            if not waiting:
+                del self._reserves[slot]  # type: ignore[arg-type]
             self._slots.pop(ref.id, None)
-            # and this worker may take it in the same batch, not after the back-off of a
-            # lease that found the slot full
-            self._idle_delay = 0.0
-            self._next_lease = min(self._next_lease, time.monotonic())
+            self._slots[taken.id] = slot  # type: ignore[assignment]
+            self._freed.append(ref)
+            self._swapped.append(taken)
+            self._ready.appendleft((taken, taken_request))
+            _engine.wake(self.crawler)
             self._kick()
+            return
+        # off the site (answered or failed): its place in the slot is free for the next request
+        # now, while its lease waits for what the page yields to be stored (the ack); and this
+        # worker may take it in the same batch, not after the back-off of a lease that found
+        # the slot full
+        self._freed.append(ref)
+        self._slots.pop(ref.id, None)
+        self._idle_delay = 0.0
+        self._next_lease = min(self._next_lease, time.monotonic())
+        self._kick()
 
     def _on_response(self, response: Any, request: Request, spider: Spider) -> None:
         if self._feedback.add(request, response):

@@ -62,7 +62,7 @@ def fill(client, keys):
     client.zadd(keys.ready, {b"example.com": 1})
     client.hset(keys.slots, b"example.com", 1)
     client.hset(keys.inflight, b"example.com", 1)
-    client.sadd(keys.fetched, b"00000000000a")
+    client.sadd(keys.placeless, b"00000000000a")
     client.hset(keys.throttle, b"example.com", 1000)
     client.hset(keys.throttle_raised, b"example.com", 1)
     client.hset(keys.throttle_state, b"example.com", b"2:0.5:0")

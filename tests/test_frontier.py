@@ -269,7 +269,7 @@ def test_a_worker_waiting_on_a_parked_full_slot_gets_its_share(redis_client):
     assert len(held) == 8
     assert b.lease(16, 10_000, held={}).items == []  # parked at its limit: b asks at once
     assert b.lease(16, 10_000, held={}).wait == 0.05  # and is told to ask again soon
-    assert a.fetched([held[0].ref]) == 1
+    assert a.places([held[0].ref]) == (1, 0)
     # a holds seven, more than its half: the place it freed is left for b
     assert a.lease(16, 10_000, held={"s.test": 7}).items == []
     assert len(b.lease(16, 10_000, held={}).items) == 1
@@ -294,15 +294,15 @@ def test_a_response_gives_the_place_back_once_before_the_ack(redis_client):
     push_slot(frontier, "s.test", 3)
     (first,) = frontier.lease(10, 10_000).items
     assert frontier.lease(10, 10_000).items == []  # full
-    assert frontier.fetched([first.ref]) == 1  # its response arrived: the place is free
-    assert frontier.fetched([first.ref]) == 0  # and only once
+    assert frontier.places([first.ref]) == (1, 0)  # its response arrived: the place is free
+    assert frontier.places([first.ref]) == (0, 0)  # and only once
     assert redis_client.hget("t:inflight", "s.test") is None
     (second,) = frontier.lease(10, 10_000).items  # while the first is still leased
     assert redis_client.zscore("t:leases", first.id) is not None
     frontier.commit([first.ref], [])  # its ack does not give the place back again
     assert redis_client.hget("t:inflight", "s.test") == b"1"
     assert frontier.lease(10, 10_000).items == []  # the second holds the one place
-    assert redis_client.smembers("t:fetched") == set()
+    assert redis_client.smembers("t:placeless") == set()
     frontier.commit([second.ref], [])
     assert redis_client.hget("t:inflight", "s.test") is None
     assert len(frontier.lease(10, 10_000).items) == 1
@@ -313,17 +313,61 @@ def test_a_fetched_request_requeued_or_given_back_frees_no_second_place(redis_cl
     push_slot(frontier, "s.test", 4)
     a, b = frontier.lease(2, 50).items
     stranger = a.ref._replace(token=b"\x01" * 8)
-    assert frontier.fetched([stranger]) == 0  # another lease's token frees nothing
-    assert frontier.fetched([a.ref, b.ref]) == 2
+    assert frontier.places([stranger]) == (0, 0)  # another lease's token frees nothing
+    assert frontier.places([a.ref, b.ref]) == (2, 0)
     c, _ = frontier.lease(2, 10_000).items  # the two places, taken again
     time.sleep(0.1)
     assert frontier.requeue_expired().requeued == 2  # a and b expire: back in the queue
     assert redis_client.hget("t:inflight", "s.test") == b"2"  # c and d, not fewer
-    assert frontier.fetched([a.ref]) == 0  # no longer leased: nothing to free
-    assert frontier.fetched([c.ref]) == 1
+    assert frontier.places([a.ref]) == (0, 0)  # no longer leased: nothing to free
+    assert frontier.places([c.ref]) == (1, 0)
     assert frontier.release([c.ref]) == 1  # given back after its response: no second place
     assert redis_client.hget("t:inflight", "s.test") == b"1"
-    assert redis_client.smembers("t:fetched") == set()
+    assert redis_client.smembers("t:placeless") == set()
+
+
+def test_reserves_hold_no_place_until_they_take_one_freed_by_their_slot(redis_client):
+    frontier = polite(redis_client, concurrency=2)
+    push_slot(frontier, "s.test", 10)
+    got = frontier.lease(6, 10_000, reserve=3).items
+    p0, p1 = (x for x in got if not x.reserve)
+    r0, r1 = (x for x in got if x.reserve)  # as many reserves as places held, at most 3
+    assert len(got) == 4
+    assert redis_client.hget("t:inflight", "s.test") == b"2"
+    assert redis_client.smembers("t:placeless") == {r0.id.encode(), r1.id.encode()}
+    # p0 left the downloader and r0 went out in its place
+    assert frontier.places([p0.ref], [r0.ref]) == (1, 1)
+    assert redis_client.hget("t:inflight", "s.test") == b"2"  # never above the limit
+    assert frontier.places([p0.ref], [r0.ref]) == (0, 0)  # once
+    frontier.commit([p0.ref], [])  # its ack frees nothing more
+    assert redis_client.hget("t:inflight", "s.test") == b"2"
+    # p1 left with no reserve to replace it: its place is free, and the next lease takes it
+    # with one more reserve (two places held, one reserve held, at most 3)
+    assert frontier.places([p1.ref]) == (1, 0)
+    more = frontier.lease(6, 10_000, held={"s.test": 1}, reserve=3, reserved={"s.test": 1})
+    assert [x.reserve for x in more.items] == [False, True]
+    assert redis_client.hget("t:inflight", "s.test") == b"2"
+    # a reserve given back, or acknowledged, frees no place it never had
+    assert frontier.release([r1.ref]) == 1
+    frontier.commit([more.items[1].ref], [])
+    assert redis_client.hget("t:inflight", "s.test") == b"2"
+    frontier.commit([p1.ref, r0.ref, more.items[0].ref], [])
+    assert redis_client.hget("t:inflight", "s.test") is None
+    assert redis_client.smembers("t:placeless") == set()
+
+
+def test_no_reserves_on_a_slot_with_a_delay_or_a_contended_one(redis_client):
+    slow = polite(redis_client, concurrency=4, delay_ms=1000)
+    push_slot(slow, "d.test", 5)
+    assert [x.reserve for x in slow.lease(6, 10_000, reserve=3).items] == [False]
+    seconds, micros = redis_client.time()
+    a, b = polite(redis_client, concurrency=2), polite(redis_client, concurrency=2)
+    redis_client.zadd("t:alive", {w.tag: seconds * 1000 + micros // 1000 for w in (a, b)})
+    push_slot(a, "s.test", 10)
+    assert len(a.lease(2, 10_000).items) == 2
+    assert b.lease(2, 10_000, held={}, reserve=3).items == []  # full: b waits, and says so
+    # contended: a gets no reserves, which would keep its places from b
+    assert a.lease(2, 10_000, held={"s.test": 2}, reserve=3).items == []
 
 
 def test_robots_probe_gives_one_request_until_the_crawl_delay_is_recorded(redis_client):

@@ -25,7 +25,7 @@ def test_key_names_are_pinned():
     assert k.ready == "site:ready"
     assert k.slots == "site:slots"
     assert k.inflight == "site:inflight"
-    assert k.fetched == "site:fetched"
+    assert k.placeless == "site:placeless"
     assert k.throttle == "site:throttle"
     assert k.throttle_raised == "site:throttle:raised"
     assert k.throttle_state == "site:throttle:state"
@@ -54,7 +54,7 @@ def test_key_names_are_pinned():
         "site:ready",
         "site:slots",
         "site:inflight",
-        "site:fetched",
+        "site:placeless",
         "site:throttle",
         "site:throttle:raised",
         "site:throttle:state",

@@ -30,7 +30,7 @@ NAMES = (
     "seen",
     "bloom_grow",
     "sent",
-    "fetched",
+    "places",
 )
 SEEN_MODES = ("set", "bloom")
 
@@ -74,7 +74,7 @@ class Scripts:
     seen: Script
     bloom_grow: Script
     sent: Script
-    fetched: Script
+    places: Script
 
     @classmethod
     def register(cls, client: redis.Redis, seen: str = "set") -> Scripts:

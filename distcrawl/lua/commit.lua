@@ -20,8 +20,8 @@
 -- KEYS[16] state      HASH   slot -> "<cap>:<share>:<hold>": adaptive concurrency cap (0 =
 --                            none), share of 429/503 among its recent answers, answers to
 --                            wait for before the cap is cut again (see the feedback section)
--- KEYS[17] fetched    SET    ids of leased requests whose response gave their place back
---                            already (fetched.lua)
+-- KEYS[17] placeless   SET    ids of leased requests whose response gave their place back
+--                            already (places.lua)
 -- KEYS[18 ..]         the Bloom filter's keys with DISTCRAWL_SEEN = "bloom" (seen_bloom.lua)
 --
 -- distcrawl/lua/__init__.py prepends the seen-set snippet (seen_set.lua or seen_bloom.lua),

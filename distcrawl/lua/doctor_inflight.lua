@@ -7,12 +7,12 @@
 -- KEYS[1] leases    ZSET  request id -> lease deadline (ms)
 -- KEYS[2] requests  HASH  request id -> record (8-byte token, then the queue entry)
 -- KEYS[3] inflight  HASH  slot -> requests leased, not yet fetched nor acknowledged
--- KEYS[4] fetched   SET   ids of leased requests whose response gave their place back
+-- KEYS[4] placeless  SET   ids of leased requests whose response gave their place back
 --
 -- ARGV[1] 'check' (change nothing) or 'fix'
 --
 -- A lease without a record, or whose record holds no "\0", has no slot and is not counted;
--- nor is one in 'fetched'. An id in 'fetched' without a lease is left over (Redis lost or
+-- nor is one in 'placeless'. An id in 'placeless' without a lease is left over (Redis lost or
 -- rolled back data): with 'fix' it is removed, else a new lease of that id would never
 -- count.
 --

@@ -10,7 +10,7 @@
 -- KEYS[4]  delayed   ZSET  request id -> due time (ms) of a retry
 -- KEYS[5]  ready     ZSET  slot -> when its next request may be leased (ms)
 -- KEYS[6]  slots     HASH  slot -> earliest time of its next request (ms)
--- KEYS[7]  inflight  HASH  slot -> requests leased, not yet fetched nor acknowledged
+-- KEYS[7]  inflight  HASH  slot -> leased requests that hold a place (see KEYS[17])
 -- KEYS[8]  throttle  HASH  slot -> adaptive delay (ms)
 -- KEYS[9]  limits    HASH  slot -> "<delay ms>:<concurrency>" set while the crawl runs
 --                          (either part may be empty: the default applies)
@@ -24,7 +24,7 @@
 -- KEYS[15] state     HASH  slot -> "<cap>:<share>:<hold>" (commit.lua): a cap of 1 or more
 --                          lowers the slot's concurrency to it
 -- KEYS[16] alive     ZSET  worker tag -> time of its last liveness beat (ms)
--- KEYS[17] fetched   SET   ids of leased requests whose response gave their place back
+-- KEYS[17] placeless SET   ids of leased requests that hold no place (places.lua)
 --
 -- ARGV[1] how many requests to take at most
 -- ARGV[2] lease duration (ms)
@@ -40,6 +40,8 @@
 -- ARGV[11] a number below 2^32 that differs from call to call: the tokens' second halves
 --          count up from it, and it jitters the adaptive delay
 -- ARGV[12] a worker is alive while its last beat is younger than this (ms)
+-- ARGV[13] how many reserves the caller may hold per slot, at most (0: none)
+-- ARGV[14] JSON {slot: reserves the caller holds}, or ''
 --
 -- A slot's delay is the longest of its configured delay, its Crawl-delay and its adaptive
 -- delay (commit.lua); the adaptive one is jittered, 0.5 to 1.5 times its value, so that a
@@ -47,7 +49,7 @@
 -- the adaptive cap commit.lua set after 429/503 answers, if lower.
 --
 -- A slot with a delay gives one request per turn; one at its concurrency limit is looked
--- at again after RECHECK_FULL_MS, or sooner when a response (fetched.lua), an
+-- at again after RECHECK_FULL_MS, or sooner when a response (places.lua), an
 -- acknowledgement or a requeue frees a place (arm() in lib.lua); one whose
 -- robots.txt nobody has read yet gives a single request, whose worker reads robots.txt
 -- and records its Crawl-delay (robots.lua) before the slot opens.
@@ -59,6 +61,14 @@
 -- one is waiting), rounded up, and the worker that is short asks again within
 -- RECHECK_HUNGRY_MS. Halves were not enough: with four workers, two holding half each kept
 -- the other two out of a slot for a whole crawl.
+--
+-- Reserves: a request takes its place from its lease until it leaves the downloader, and a
+-- worker learns that a place is free one batch later (the answer's report, the next lease:
+-- tens of ms on a busy worker), which at 100 ms a page cost a third of the slot's
+-- concurrency. So a worker holding places of an uncontended slot without a delay also gets
+-- reserves: leased requests that hold no place (in 'placeless'). It sends one only in the
+-- place of a request of the same slot that left its downloader, at once, and reports the
+-- swap afterwards (places.lua): the site never sees more than the slot's concurrency.
 --
 -- A queue member that is not a well-formed entry (entry_slot) is moved to the dead letters
 -- where it is met (quarantine), so it can neither stop this script nor stay in the queue.
@@ -72,7 +82,8 @@
 --          paced1, token1, entry1, paced2, token2, entry2, ...};
 --          paced is 1 for a request of a slot with a delay: its turn began now, so the
 --          worker sends it before whatever else it holds, and reports when it did
---          (sent.lua), lest the gap to the next worker's turn shrink by its own lag.
+--          (sent.lua), lest the gap to the next worker's turn shrink by its own lag;
+--          2 for a reserve.
 
 local RECHECK_FULL_MS = 250
 -- a worker below its share that found a slot full asks again this soon: the places the
@@ -96,6 +107,9 @@ end
 local tag, nonce = ARGV[10], tonumber(ARGV[11])
 local jitter = 0.5 + (nonce % 1024) / 1024
 local alive_ms = tonumber(ARGV[12])
+local reserve_max = tonumber(ARGV[13]) or 0
+local reserved = {}
+if (ARGV[14] or '') ~= '' then reserved = cjson.decode(ARGV[14]) end
 local workers = nil
 local function share_of(conc)
   if not workers then
@@ -198,25 +212,33 @@ for _, slot in ipairs(candidates) do
   local take = math.min(conc - inflight, want)
   if delay > 0 or probe then take = math.min(take, 1) end
   local mine = held[slot] or 0
-  if take > 0 then
-    local contended = tonumber(redis.call('HGET', KEYS[11], slot))
-    if contended and now - contended < 1000 then take = math.min(take, share_of(conc) - mine) end
+  local contended = tonumber(redis.call('HGET', KEYS[11], slot))
+  contended = contended ~= nil and now - contended < 1000
+  if take > 0 and contended then take = math.min(take, share_of(conc) - mine) end
+  -- reserves: up to as many as the places this worker holds, at most reserve_max, on an
+  -- uncontended slot without a delay
+  local extra = 0
+  if reserve_max > 0 and not contended and delay == 0 and not probe and not wait_until then
+    local placed = mine + math.max(take, 0)
+    extra = math.min(reserve_max, placed) - (reserved[slot] or 0)
+    extra = math.max(0, math.min(extra, want - math.max(take, 0)))
   end
   if wait_until then
     redis.call('ZADD', KEYS[5], wait_until, slot)
-  elseif conc - inflight <= 0 then
+  elseif conc - inflight <= 0 and extra <= 0 then
     -- full: looked at again soon (so that waiting workers keep saying so), or as soon as
     -- an acknowledgement frees a place (arm())
     redis.call('ZADD', KEYS[5], now + RECHECK_FULL_MS, slot)
     hungry(slot, conc)
-  elseif take <= 0 then
+  elseif take <= 0 and extra <= 0 then
     -- this worker has its share of a contended slot: the free places are for the others
   else
+    take = math.max(take, 0)
     local lo, hi = slot_range(slot)
-    local entries = redis.call('ZRANGEBYLEX', KEYS[1], lo, hi, 'LIMIT', 0, take + 1)
-    local taken = 0
+    local entries = redis.call('ZRANGEBYLEX', KEYS[1], lo, hi, 'LIMIT', 0, take + extra + 1)
+    local taken, reserves = 0, 0
     for _, entry in ipairs(entries) do
-      if taken >= take then break end
+      if taken + reserves >= take + extra then break end
       if entry_slot(entry) ~= slot then
         quarantined(entry, 'malformed queue entry')
       else
@@ -231,17 +253,23 @@ for _, slot in ipairs(candidates) do
           id = entry_id(entry)
           record = redis.call('HGET', KEYS[2], id)
         end
-        local token = tag .. be_bytes((nonce + taken) % 4294967296, 4)
+        local token = tag .. be_bytes((nonce + taken + reserves) % 4294967296, 4)
         redis.call('HSET', KEYS[2], id, token .. entry)
         redis.call('ZADD', KEYS[3], deadline, id)
-        redis.call('SREM', KEYS[17], id)  -- a new lease takes a place of its own
-        out[#out + 1] = delay > 0 and 1 or 0
+        if taken < take then
+          redis.call('SREM', KEYS[17], id)  -- a new lease takes a place of its own
+          out[#out + 1] = delay > 0 and 1 or 0
+          taken = taken + 1
+        else
+          redis.call('SADD', KEYS[17], id)  -- a reserve: no place until it takes one
+          out[#out + 1] = 2
+          reserves = reserves + 1
+        end
         out[#out + 1] = token
         out[#out + 1] = entry
-        taken = taken + 1
       end
     end
-    want = want - taken
+    want = want - taken - reserves
     held[slot] = mine + taken
     if taken > 0 then
       inflight = redis.call('HINCRBY', KEYS[7], slot, taken)
@@ -255,7 +283,7 @@ for _, slot in ipairs(candidates) do
       redis.call('HSET', KEYS[10], slot, -(now + probe_ms))
       next_at = now + probe_ms
     end
-    if #entries <= take then
+    if #entries <= take + extra then
       redis.call('ZREM', KEYS[5], slot)
       redis.call('HDEL', KEYS[11], slot)
     elseif inflight >= conc then

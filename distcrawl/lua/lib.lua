@@ -129,9 +129,9 @@ local function landed(inflight, robots, slot)
 end
 
 -- a leased request ends (acknowledged, requeued, given back): its place in the slot is
--- given back unless its response already gave it back (fetched.lua), so that a place is
--- freed exactly once
-local function done_with(fetched, inflight, robots, slot, id)
-  if redis.call('SREM', fetched, id) == 0 then landed(inflight, robots, slot) end
+-- given back unless it holds none (it left the downloader and gave it back then, or it is a
+-- reserve: places.lua), so that a place is freed exactly once
+local function done_with(placeless, inflight, robots, slot, id)
+  if redis.call('SREM', placeless, id) == 0 then landed(inflight, robots, slot) end
 end
 

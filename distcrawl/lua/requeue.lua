@@ -13,8 +13,8 @@
 -- KEYS[8] alive     ZSET  worker tag (8 hex digits: a token's first 4 bytes) -> time of
 --                         its last liveness beat (ms)
 -- KEYS[9] commits   HASH  worker tag -> id of the last commit it ran
--- KEYS[10] fetched  SET   ids of leased requests whose response gave their place back
---                         already (fetched.lua)
+-- KEYS[10] placeless SET   ids of leased requests whose response gave their place back
+--                         already (places.lua)
 --
 -- ARGV[1]     'expired': leases whose deadline has passed, then those of dead workers;
 --             'ids': the leases given as pairs that follow, if their tokens match
