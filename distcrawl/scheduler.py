@@ -1021,7 +1021,9 @@ class Scheduler(BaseScheduler):
             self._swapped.append(taken)
             self._ready.appendleft((taken, taken_request))
             _engine.wake(self.crawler)
-            self._kick()
+            # no batch of its own: Redis' count is right meanwhile (the place is still
+            # counted, for the request that left), and the report goes with the next batch,
+            # before any acknowledgement of that request
             return
         # off the site (answered or failed): its place in the slot is free for the next request
         # now, while its lease waits for what the page yields to be stored (the ack); and this
