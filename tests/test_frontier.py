@@ -356,6 +356,19 @@ def test_reserves_hold_no_place_until_they_take_one_freed_by_their_slot(redis_cl
     assert redis_client.smembers("t:placeless") == set()
 
 
+def test_reserves_only_for_a_worker_within_its_share_of_the_live_workers(redis_client):
+    seconds, micros = redis_client.time()
+    a, b = polite(redis_client, concurrency=8), polite(redis_client, concurrency=8)
+    redis_client.zadd("t:alive", {w.tag: seconds * 1000 + micros // 1000 for w in (a, b)})
+    push_slot(a, "s.test", 30)
+    # alone on the slot so far, a takes five places: more than its half, so no reserves,
+    # which would keep those places from b as they free up
+    assert [x.reserve for x in a.lease(5, 10_000, reserve=4).items] == [False] * 5
+    # b, with three places (within its half), gets reserves beside them
+    got = b.lease(6, 10_000, held={}, reserve=4).items
+    assert sorted(x.reserve for x in got) == [False] * 3 + [True] * 3
+
+
 def test_no_reserves_on_a_slot_with_a_delay_or_a_contended_one(redis_client):
     slow = polite(redis_client, concurrency=4, delay_ms=1000)
     push_slot(slow, "d.test", 5)

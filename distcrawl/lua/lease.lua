@@ -62,7 +62,8 @@
 -- RECHECK_HUNGRY_MS. Halves were not enough: with four workers, two holding half each kept
 -- the other two out of a slot for a whole crawl.
 --
--- Reserves: a request takes its place from its lease until it leaves the downloader, and a
+-- Reserves (for a worker holding at most its share of the slot among the live workers): a
+-- request takes its place from its lease until it leaves the downloader, and a
 -- worker learns that a place is free one batch later (the answer's report, the next lease:
 -- tens of ms on a busy worker), which at 100 ms a page cost a third of the slot's
 -- concurrency. So a worker holding places of an uncontended slot without a delay also gets
@@ -110,12 +111,14 @@ local alive_ms = tonumber(ARGV[12])
 local reserve_max = tonumber(ARGV[13]) or 0
 local reserved = {}
 if (ARGV[14] or '') ~= '' then reserved = cjson.decode(ARGV[14]) end
-local workers = nil
+local live = nil
+local function live_workers()
+  if not live then live = redis.call('ZCOUNT', KEYS[16], now - alive_ms, '+inf') end
+  return live
+end
+-- a worker's share of a contended slot: someone is waiting, so at least two share it
 local function share_of(conc)
-  if not workers then
-    workers = math.max(2, redis.call('ZCOUNT', KEYS[16], now - alive_ms, '+inf'))
-  end
-  return math.max(1, math.ceil(conc / workers))
+  return math.max(1, math.ceil(conc / math.max(2, live_workers())))
 end
 local out = {0, 0, 0, -1, now, 0, 0, 0}
 local function quarantined(raw, reason)
@@ -220,8 +223,11 @@ for _, slot in ipairs(candidates) do
   local extra = 0
   if reserve_max > 0 and not contended and delay == 0 and not probe and not wait_until then
     local placed = mine + math.max(take, 0)
-    extra = math.min(reserve_max, placed) - (reserved[slot] or 0)
-    extra = math.max(0, math.min(extra, want - math.max(take, 0)))
+    -- not beyond its share among the live workers: reserves would keep the places
+    if placed <= math.max(1, math.ceil(conc / math.max(1, live_workers()))) then
+      extra = math.min(reserve_max, placed) - (reserved[slot] or 0)
+      extra = math.max(0, math.min(extra, want - math.max(take, 0)))
+    end
   end
   if wait_until then
     redis.call('ZADD', KEYS[5], wait_until, slot)
