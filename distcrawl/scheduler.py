@@ -589,12 +589,14 @@ class Scheduler(BaseScheduler):
             return batch
         # reserves of a slot of which this worker has no request left to be replaced (they
         # arrived after those left the downloader): given back, to be leased with a place
-        held = Counter(self._slots.values())
+        prefetch = self.config.prefetch
+        lease = len(self._ready) <= prefetch // 2 and now >= self._next_lease
+        # counted only when needed: a batch can start on every response
+        held = Counter(self._slots.values()) if lease or self._reserves else Counter()
         for slot in [s for s in self._reserves if not held[s]]:
             batch.release += [ref for ref, _ in self._reserves.pop(slot)]
         self._inc("distcrawl/places/reserves_returned", len(batch.release))
-        prefetch = self.config.prefetch
-        if len(self._ready) <= prefetch // 2 and now >= self._next_lease:
+        if lease:
             batch.want = max(0, prefetch - len(self._ready) - self._reserve_count())
             batch.held = held
             batch.reserve = prefetch // 2
@@ -1008,16 +1010,15 @@ class Scheduler(BaseScheduler):
         ref = self._fetching.pop(request, None)
         if ref is None:
             return
-        slot = self._slots.get(ref.id)
+        self._freed.append(ref)
+        slot = self._slots.pop(ref.id, None)
         waiting = self._reserves.get(slot) if slot is not None else None
-        if waiting:
+        if slot is not None and waiting:
             # a reserve of the same slot takes the place, now; Redis hears of it after
             taken, taken_request = waiting.popleft()
             if not waiting:
-                del self._reserves[slot]  # type: ignore[arg-type]
-            self._slots.pop(ref.id, None)
-            self._slots[taken.id] = slot  # type: ignore[assignment]
-            self._freed.append(ref)
+                del self._reserves[slot]
+            self._slots[taken.id] = slot
             self._swapped.append(taken)
             self._ready.appendleft((taken, taken_request))
             _engine.wake(self.crawler)
@@ -1029,8 +1030,6 @@ class Scheduler(BaseScheduler):
         # now, while its lease waits for what the page yields to be stored (the ack); and this
         # worker may take it in the same batch, not after the back-off of a lease that found
         # the slot full
-        self._freed.append(ref)
-        self._slots.pop(ref.id, None)
         self._idle_delay = 0.0
         self._next_lease = min(self._next_lease, time.monotonic())
         self._kick()
