@@ -86,6 +86,7 @@ PYTHON_COMMANDS = (
     "hlen",
     "hscan",
     "hset",
+    "hsetnx",
     "info",
     "llen",
     "lpush",

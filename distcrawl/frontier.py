@@ -667,6 +667,17 @@ class Frontier:
         else:
             self.client.hdel(self.keys.settings, "max_pending")
 
+    def record_layout(self, fields: Mapping[str, str]) -> dict[str, str]:
+        """Record each field of the frontier's layout that ``<ns>:meta`` lacks, and return
+        the record as it then stands (distcrawl/layout.py). One transaction, so that two
+        workers starting at once cannot each record their own."""
+        pipe = self.client.pipeline(transaction=True)
+        for name, value in fields.items():
+            pipe.hsetnx(self.keys.meta, name, value)
+        pipe.hgetall(self.keys.meta)
+        stored: dict[bytes, bytes] = pipe.execute()[-1]
+        return {k.decode(): v.decode(errors="replace") for k, v in stored.items()}
+
     def peek_start_urls(self, count: int) -> list[bytes]:
         """The oldest entries, without removing them: commit() removes each one atomically
         with the request made from it, so a worker killed in between loses nothing."""

@@ -178,6 +178,13 @@ class FrontierKeys:
         return self._key("settings")
 
     @property
+    def meta(self) -> str:
+        """HASH recording the frontier's layout (format version, shards, seen-set,
+        serializer, fingerprinter): written by the first worker, checked by every other
+        (distcrawl/layout.py)."""
+        return self._key("meta")
+
+    @property
     def paused(self) -> str:
         """STRING present while the crawl is paused (``distcrawl pause``)."""
         return self._key("paused")
@@ -212,5 +219,6 @@ class FrontierKeys:
             self.robots,
             self.robotstxt,
             self.settings,
+            self.meta,
             self.paused,
         )

@@ -63,6 +63,7 @@ from distcrawl.frontier import (
     new_tag,
 )
 from distcrawl.keys import FrontierKeys
+from distcrawl.layout import Layout, LayoutMismatch, class_path
 from distcrawl.liveness import Liveness
 from distcrawl.politeness import FeedbackBuffer, politeness, slot_of
 from distcrawl.redact import redact_error, redacted_exc_info
@@ -276,10 +277,26 @@ class Scheduler(BaseScheduler):
                 removed,
                 self.frontier.keys.namespace,
             )
+        self._check_layout()
         # alive before the first lease, so that a worker dying at once is seen dead
         self._liveness.beat()
         self.frontier.publish_settings(max_pending=self.config.max_pending)
         return self.frontier.sizes()
+
+    def _check_layout(self) -> None:
+        """Join the crawl only if this worker lays the frontier out as the crawl does
+        (distcrawl/layout.py); on the Redis thread, before anything is leased."""
+        assert self.frontier is not None
+        mine = Layout(
+            shards=1,
+            seen=self.config.seen,
+            serializer=self.config.serializer,
+            fingerprinter=class_path(self.crawler.request_fingerprinter),
+        )
+        stored = self.frontier.record_layout(mine.fields())
+        differences = mine.differences(stored)
+        if differences:
+            raise LayoutMismatch(self.frontier.keys.namespace, differences)
 
     def _opened(self, sizes: dict[str, int]) -> None:
         self._remote_queue = sizes["queue"]
@@ -291,7 +308,11 @@ class Scheduler(BaseScheduler):
         )
         self._start_loop()
 
-    def _open_failed(self, failure: Any) -> None:
+    def _open_failed(self, failure: Any) -> Any:
+        if failure.check(LayoutMismatch):
+            # the one failure a retry cannot cure: the crawl does not start
+            logger.error("%s", failure.value, extra={"spider": self.spider})
+            return failure
         self._note_error(failure.value)
         self._start_loop()
 

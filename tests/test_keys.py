@@ -34,6 +34,7 @@ def test_key_names_are_pinned():
     assert k.robots == "site:robots"
     assert k.robotstxt == "site:robotstxt"
     assert k.settings == "site:settings"
+    assert k.meta == "site:meta"
     assert k.robots_lock("a.test:8080") == "site:robotstxt:lock:a.test:8080"
     assert set(k.all()) == {
         "site:start_urls",
@@ -51,6 +52,7 @@ def test_key_names_are_pinned():
         "site:stats",
         "site:domains",
         "site:paused",
+        "site:meta",
         "site:ready",
         "site:slots",
         "site:inflight",

@@ -1,0 +1,74 @@
+"""The frontier's layout record (``<ns>:meta``): what every worker of a crawl must agree on.
+
+Workers of one crawl that disagree on how the frontier is laid out do not fail loudly, they
+quietly corrupt it: a worker with ``DISTCRAWL_SERIALIZER = "json"`` cannot read what a
+msgpack worker queued (every request would go to the dead letters), one with another
+fingerprinter or seen-set checks URLs against a set the others never fill (pages fetched
+twice), and once the frontier is sharded a different shard count would send a URL to a
+shard nobody else looks in. So the first worker records the layout, and every worker after
+it compares its own and refuses to start, naming each difference, instead of joining.
+
+A frontier made before the record existed has none: the first worker to open it records its
+own layout, which is what every worker of that crawl used anyway.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+
+#: the version of the key layout and entry formats this code reads and writes; a change that
+#: older workers would misread raises it
+FORMAT_VERSION = 1
+
+#: where each field comes from, for the message that names a difference
+SOURCES = {
+    "format": "distcrawl's frontier format version",
+    "shards": "DISTCRAWL_SHARDS",
+    "seen": "DISTCRAWL_SEEN",
+    "serializer": "DISTCRAWL_SERIALIZER",
+    "fingerprinter": "REQUEST_FINGERPRINTER_CLASS",
+}
+
+
+class LayoutMismatch(RuntimeError):
+    """This worker's configuration disagrees with the layout recorded in ``<ns>:meta``."""
+
+    def __init__(self, namespace: str, differences: list[str]) -> None:
+        self.namespace = namespace
+        self.differences = differences
+        super().__init__(
+            f"this worker's settings disagree with the frontier {namespace!r} in Redis: "
+            + "; ".join(differences)
+            + ". Start it with the crawl's settings, or start the crawl over "
+            "(distcrawl reset, or DISTCRAWL_FLUSH_ON_START) to use the new ones"
+        )
+
+
+@dataclass(frozen=True)
+class Layout:
+    shards: int
+    seen: str
+    serializer: str
+    #: the import path of the crawler's request fingerprinter class
+    fingerprinter: str
+    format: int = FORMAT_VERSION
+
+    def fields(self) -> dict[str, str]:
+        return {name: str(value) for name, value in asdict(self).items()}
+
+    def differences(self, stored: Mapping[str, str]) -> list[str]:
+        """Each field the record holds with another value, as "<setting>: this worker
+        <mine>, the frontier <theirs>". Fields the record lacks (written by an older
+        version) are not differences: the worker adds them."""
+        out = []
+        for name, mine in self.fields().items():
+            theirs = stored.get(name)
+            if theirs is not None and theirs != mine:
+                out.append(f"{SOURCES[name]}: this worker {mine!r}, the frontier {theirs!r}")
+        return out
+
+
+def class_path(obj: object) -> str:
+    cls = type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"

@@ -1,0 +1,64 @@
+"""The layout record: workers that would corrupt each other's frontier refuse to join."""
+
+from __future__ import annotations
+
+from distcrawl.frontier import Frontier
+from distcrawl.keys import FrontierKeys
+from distcrawl.layout import FORMAT_VERSION, Layout, LayoutMismatch
+from tests.support import page_fetches
+
+LAYOUT = Layout(shards=1, seen="set", serializer="msgpack", fingerprinter="a.Fingerprinter")
+
+
+def test_the_first_worker_records_its_layout_and_later_ones_read_it(redis_client):
+    first = Frontier(redis_client, FrontierKeys("site"))
+    assert first.record_layout(LAYOUT.fields()) == {
+        "shards": "1",
+        "seen": "set",
+        "serializer": "msgpack",
+        "fingerprinter": "a.Fingerprinter",
+        "format": str(FORMAT_VERSION),
+    }
+    other = Layout(shards=1, seen="bloom", serializer="json", fingerprinter="a.Fingerprinter")
+    second = Frontier(redis_client, FrontierKeys("site"))
+    stored = second.record_layout(other.fields())
+    assert stored["serializer"] == "msgpack"  # the first record stands
+    assert other.differences(stored) == [
+        "DISTCRAWL_SEEN: this worker 'bloom', the frontier 'set'",
+        "DISTCRAWL_SERIALIZER: this worker 'json', the frontier 'msgpack'",
+    ]
+    assert LAYOUT.differences(stored) == []
+
+
+def test_a_record_from_an_older_version_gains_the_fields_it_lacks(redis_client):
+    redis_client.hset("site:meta", mapping={"format": FORMAT_VERSION, "serializer": "msgpack"})
+    stored = Frontier(redis_client, FrontierKeys("site")).record_layout(LAYOUT.fields())
+    assert LAYOUT.differences(stored) == []
+    assert redis_client.hget("site:meta", "seen") == b"set"
+
+
+def test_another_format_version_is_a_difference():
+    assert Layout(1, "set", "msgpack", "f", format=2).differences({"format": "1"}) == [
+        "distcrawl's frontier format version: this worker '2', the frontier '1'"
+    ]
+    error = LayoutMismatch("site", ["DISTCRAWL_SEEN: this worker 'bloom', the frontier 'set'"])
+    assert "'site'" in str(error) and "distcrawl reset" in str(error)
+
+
+def test_a_worker_with_another_serializer_refuses_to_join_the_crawl(
+    demo_site, workers, redis_client
+):
+    site = demo_site(pages=30)
+    redis_client.lpush("site:start_urls", site.url + "/")
+    first = workers(1, DISTCRAWL_IDLE_TIMEOUT=2)
+    assert first.wait(60) == 0, first.log()[-3000:]
+    assert len(page_fetches(site)) == 31
+    assert redis_client.hget("site:meta", "serializer") == b"msgpack"
+
+    redis_client.lpush("site:start_urls", site.url + "/page/1?again")
+    odd = workers(2, DISTCRAWL_SERIALIZER="json", DISTCRAWL_IDLE_TIMEOUT=2)
+    assert odd.wait(60) == 1, odd.log()[-3000:]
+    assert "DISTCRAWL_SERIALIZER: this worker 'json', the frontier 'msgpack'" in odd.log()
+    # it took nothing: the entry waits for a worker of the crawl
+    assert redis_client.llen("site:start_urls") == 1
+    assert redis_client.hget("site:meta", "serializer") == b"msgpack"
