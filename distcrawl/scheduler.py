@@ -278,6 +278,7 @@ class Scheduler(BaseScheduler):
                 self.frontier.keys.namespace,
             )
         self._check_layout()
+        self._check_durability()
         # alive before the first lease, so that a worker dying at once is seen dead
         self._liveness.beat()
         self.frontier.publish_settings(max_pending=self.config.max_pending)
@@ -297,6 +298,25 @@ class Scheduler(BaseScheduler):
         differences = mine.differences(stored)
         if differences:
             raise LayoutMismatch(self.frontier.keys.namespace, differences)
+
+    def _check_durability(self) -> None:
+        """Say at start when Redis keeps no append-only file: a restart then rolls the
+        frontier back to its last snapshot (or empties it), which loses the requests queued
+        since and brings back pages already acknowledged. Nothing else warns about it
+        until it happens."""
+        try:
+            aof = self.io.client.info("persistence").get("aof_enabled")
+        except redis.ResponseError:  # INFO not granted: nothing to say
+            return
+        if aof in (0, "0"):
+            logger.warning(
+                "Redis at %s keeps no append-only file (appendonly no): if it restarts, the "
+                "frontier goes back to its last snapshot, or is empty without one; requests "
+                "queued since are lost. Set appendonly yes (appendfsync everysec) for a crawl "
+                "you cannot start over",
+                redact_url(self.config.redis_url),
+                extra={"spider": self.spider},
+            )
 
     def _opened(self, sizes: dict[str, int]) -> None:
         self._remote_queue = sizes["queue"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from distcrawl.demo.redis_server import RedisServer
 from distcrawl.frontier import Frontier
 from distcrawl.keys import FrontierKeys
 from distcrawl.layout import FORMAT_VERSION, Layout, LayoutMismatch
@@ -62,3 +63,20 @@ def test_a_worker_with_another_serializer_refuses_to_join_the_crawl(
     # it took nothing: the entry waits for a worker of the crawl
     assert redis_client.llen("site:start_urls") == 1
     assert redis_client.hget("site:meta", "serializer") == b"msgpack"
+
+
+def test_a_worker_warns_when_redis_keeps_no_append_only_file(
+    demo_site, workers, redis_client, tmp_path
+):
+    site = demo_site(pages=5)
+    redis_client.lpush("site:start_urls", site.url + "/")
+    without = workers(1, DISTCRAWL_IDLE_TIMEOUT=1)
+    assert without.wait(60) == 0, without.log()[-3000:]
+    assert "keeps no append-only file (appendonly no)" in without.log()
+
+    with RedisServer(directory=tmp_path / "aof", appendonly=True) as server:
+        url = f"redis://127.0.0.1:{server.port}/0"
+        with_aof = workers(2, REDIS_URL=url, DISTCRAWL_IDLE_TIMEOUT=1)
+        assert with_aof.wait(60) == 0, with_aof.log()[-3000:]
+        assert "distcrawl frontier 'site'" in with_aof.log()
+        assert "append-only file" not in with_aof.log()
