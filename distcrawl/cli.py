@@ -430,7 +430,7 @@ def cmd_doctor(args: argparse.Namespace, ctx: Context) -> int:
 
 def cmd_reset(args: argparse.Namespace, ctx: Context) -> int:
     keys: FrontierKeys = args.spider
-    existing = int(ctx.client.exists(*keys.all()))
+    existing = int(ctx.client.exists(*keys.all())) + len(ctx.frontier(keys).netloc_keys())
     if existing == 0:
         removed = 0
     else:

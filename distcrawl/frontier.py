@@ -579,7 +579,7 @@ class Frontier:
         TIME of the server that stamped the entry, never this host's clock, so that workers
         with skewed clocks agree on when it expires."""
         pipe = self.client.pipeline(transaction=False)
-        pipe.hget(self.keys.robotstxt, netloc)
+        pipe.get(self.keys.robots_txt(netloc))
         pipe.time()
         value, (seconds, micros) = pipe.execute()
         if value is None:
@@ -591,11 +591,14 @@ class Frontier:
     def lock_robots_txt(self, netloc: str, ttl_ms: int) -> bool:
         return bool(self.client.set(self.keys.robots_lock(netloc), worker_id(), nx=True, px=ttl_ms))
 
-    def store_robots_txt(self, netloc: str, status: int, body: bytes) -> None:
-        """Share a downloaded robots.txt, stamped with the server's TIME (robots_store.lua),
-        and free the download lock."""
+    def store_robots_txt(
+        self, netloc: str, status: int, body: bytes, *, ttl_ms: int = 86_400_000
+    ) -> None:
+        """Share a downloaded robots.txt for ``ttl_ms``, stamped with the server's TIME
+        (robots_store.lua), and free the download lock."""
         self.scripts.robots_store(
-            keys=[self.keys.robotstxt, self.keys.robots_lock(netloc)], args=[netloc, status, body]
+            keys=[self.keys.robots_txt(netloc), self.keys.robots_lock(netloc)],
+            args=[ttl_ms, status, body],
         )
 
     def pending_room(self) -> int | None:
@@ -704,8 +707,17 @@ class Frontier:
             "dead": dead,
         }
 
+    def netloc_keys(self) -> list[bytes]:
+        """The per-netloc keys (robots.txt and its download lock): found by SCAN, which only
+        the operator's reset pays for."""
+        return list(self.client.scan_iter(match=self.keys.robots_txt_pattern, count=1000))
+
     def clear(self) -> int:
         bloom = BloomState.parse(self.client.hgetall(self.keys.bloom))
         if self.bloom is not None:
             self.bloom.state = None  # re-read (and re-create) on the next commit
-        return int(self.client.delete(*self.keys.all(), *part_keys(self.keys, bloom)))
+        per_netloc = self.netloc_keys()
+        removed = 0
+        for at in range(0, len(per_netloc), 1000):
+            removed += int(self.client.delete(*per_netloc[at : at + 1000]))
+        return removed + int(self.client.delete(*self.keys.all(), *part_keys(self.keys, bloom)))

@@ -165,8 +165,20 @@ class FrontierKeys:
 
     @property
     def robotstxt(self) -> str:
-        """HASH netloc -> JSON {fetched, status, body} of robots.txt, read once per cluster."""
+        """HASH netloc -> robots.txt, where versions before the layout record kept them
+        (without expiry); only ``distcrawl reset`` still touches it."""
         return self._key("robotstxt")
+
+    def robots_txt(self, netloc: str) -> str:
+        """STRING ``<fetched> <status>\n<body>``: a netloc's robots.txt as downloaded once
+        for the cluster, with a TTL of DISTCRAWL_ROBOTS_TTL, so that a broad crawl keeps
+        only the robots.txt of the hosts it still visits."""
+        return self._key(f"robotstxt:{netloc}")
+
+    @property
+    def robots_txt_pattern(self) -> str:
+        """SCAN pattern of every per-netloc robots.txt key and download lock, for reset."""
+        return self._key("robotstxt:*")
 
     def robots_lock(self, netloc: str) -> str:
         """STRING held (with a TTL) by the one worker downloading this netloc's robots.txt."""

@@ -138,7 +138,14 @@ class RobotsTxtMiddleware(ScrapyRobotsTxtMiddleware):
             self._redis_failed("read the shared robots.txt of", netloc, exc)
         status, body = await self._download(request)
         try:
-            await self._redis(scheduler, frontier.store_robots_txt, netloc, status, body or b"")
+            await self._redis(
+                scheduler,
+                frontier.store_robots_txt,
+                netloc,
+                status,
+                body or b"",
+                ttl_ms=int(self.config.robots_ttl * 1000),
+            )
         except redis.RedisError as exc:
             self._redis_failed("share the robots.txt of", netloc, exc)
         return body, True

@@ -51,7 +51,7 @@ def lua_commands() -> set[str]:
 _RECEIVER = re.compile(r"(^|\.)_?(client|pipe)$|_redis\(\)$")
 #: redis-py methods that send no command of their own
 _NO_COMMAND = {"close", "execute", "set_retry"}
-_RENAMED = {"delete": "del", "script_load": "script|load"}
+_RENAMED = {"delete": "del", "script_load": "script|load", "scan_iter": "scan"}
 
 
 def python_commands() -> set[str]:
@@ -248,7 +248,7 @@ def test_producer_adds_start_urls_and_nothing_else(capsys, monkeypatch, redis_se
             "settings": lambda: producer.hset(SITE.settings, "max_pending", 10**9),
             "pause": lambda: producer.set(SITE.paused, b"1"),
             "limits": lambda: producer.hset(SITE.limits, b"a.example", b"0:100"),
-            "robots": lambda: producer.hset(SITE.robotstxt, b"a.example", b"{}"),
+            "robots": lambda: producer.set(SITE.robots_txt("a.example"), b"0 200\n"),
             "take start_urls": lambda: producer.lpop(SITE.start_urls),
             "delete start_urls": lambda: producer.delete(SITE.start_urls),
             "other crawl": lambda: producer.lpush("other:start_urls", b"http://x.example/"),

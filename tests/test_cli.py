@@ -70,6 +70,8 @@ def fill(client, keys):
     client.hset(keys.hungry, b"example.com", 1)
     client.hset(keys.robots, b"example.com", 0)
     client.hset(keys.robotstxt, b"example.com", b"0 200\n")
+    client.set(keys.robots_txt("example.com"), b"0 200\n")
+    client.hset(keys.meta, b"format", 1)
     client.hset(keys.settings, b"max_pending", 10)
 
 
@@ -344,9 +346,10 @@ def test_reset_removes_exactly_that_crawls_keys(capsys, redis_url, redis_client)
     assert set(SITE.all()) <= {k.decode() for k in before}
 
     code, out, err = run(capsys, redis_url, "reset", "site", "--yes")
-    assert (code, out, err) == (0, f"removed {len(SITE.all())} keys of 'site'\n", "")
+    assert (code, out, err) == (0, f"removed {len(SITE.all()) + 1} keys of 'site'\n", "")
     after = set(redis_client.keys("*"))
-    assert after == before - {k.encode() for k in SITE.all()}
+    gone = {k.encode() for k in (*SITE.all(), SITE.robots_txt("example.com"))}
+    assert after == before - gone
     assert redis_client.get("site:custom") == b"not a distcrawl key"
 
 
@@ -366,7 +369,7 @@ def test_reset_declined_at_the_prompt(capsys, redis_url, redis_client, monkeypat
     monkeypatch.setattr(sys, "stdin", FakeTTY(answer))
     code, out, err = run(capsys, redis_url, "reset", "site")
     assert (code, out) == (1, "")
-    assert f"Delete all {len(SITE.all())} keys of 'site' at {redis_url}? [y/N]" in err
+    assert f"Delete all {len(SITE.all()) + 1} keys of 'site' at {redis_url}? [y/N]" in err
     assert "aborted" in err
     assert redis_client.exists(*SITE.all()) == len(SITE.all())
 
@@ -376,7 +379,7 @@ def test_reset_confirmed_at_the_prompt(capsys, redis_url, redis_client, monkeypa
     fill(redis_client, SITE)
     monkeypatch.setattr(sys, "stdin", FakeTTY(answer))
     code, out, _ = run(capsys, redis_url, "reset", "site")
-    assert (code, out) == (0, f"removed {len(SITE.all())} keys of 'site'\n")
+    assert (code, out) == (0, f"removed {len(SITE.all()) + 1} keys of 'site'\n")
     assert redis_client.exists(*SITE.all()) == 0
 
 

@@ -36,6 +36,8 @@ def test_key_names_are_pinned():
     assert k.settings == "site:settings"
     assert k.meta == "site:meta"
     assert k.robots_lock("a.test:8080") == "site:robotstxt:lock:a.test:8080"
+    assert k.robots_txt("a.test:8080") == "site:robotstxt:a.test:8080"
+    assert k.robots_txt_pattern == "site:robotstxt:*"
     assert set(k.all()) == {
         "site:start_urls",
         "site:queue",
