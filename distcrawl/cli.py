@@ -517,7 +517,7 @@ def cmd_dead_purge(args: argparse.Namespace, ctx: Context) -> int:
         # Count and delete atomically, so records added meanwhile are counted too.
         pipe = ctx.client.pipeline(transaction=True)
         pipe.llen(keys.dead)
-        pipe.delete(keys.dead)
+        pipe.unlink(keys.dead)
         count = int(pipe.execute()[0])
     if ctx.as_json:
         _emit_json({"removed": count})

@@ -16,9 +16,12 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from distcrawl.frontier import Frontier
+from distcrawl.frontier import Frontier, Redrive
 from distcrawl.politeness import slot_for
 from distcrawl.serialize import DecodeError, RequestCodec, SerializationError
+
+#: dead letters read, and re-driven in one script call, at a time
+PAGE = 500
 
 #: meta keys that count attempts: a re-driven request starts again from zero
 ATTEMPT_META = ("retry_times", "distcrawl_errors", "distcrawl_callback_failures")
@@ -48,15 +51,25 @@ class DeadLetter:
         return True
 
 
+def _letter(raw: bytes) -> DeadLetter:
+    try:
+        record = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        record = None
+    return DeadLetter(raw, record if isinstance(record, dict) else {"reason": "?"})
+
+
 def read(frontier: Frontier, limit: int = 0) -> Iterator[DeadLetter]:
-    """Dead letters, newest first; ``limit`` 0 means all."""
-    raws: list[bytes] = frontier.client.lrange(frontier.keys.dead, 0, limit - 1)  # type: ignore[assignment]
-    for raw in raws:
-        try:
-            record = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            record = None
-        yield DeadLetter(raw, record if isinstance(record, dict) else {"reason": "?"})
+    """Dead letters, newest first; ``limit`` 0 means all. Read a page at a time: one LRANGE
+    of a whole list of large records would hold Redis for as long as it takes to send."""
+    at = 0
+    while limit <= 0 or at < limit:
+        count = PAGE if limit <= 0 else min(PAGE, limit - at)
+        raws: list[bytes] = frontier.client.lrange(frontier.keys.dead, at, at + count - 1)  # type: ignore[assignment]
+        yield from (_letter(raw) for raw in raws)
+        if len(raws) < count:
+            return
+        at += count
 
 
 def _requeue_payload(letter: DeadLetter, codec: RequestCodec) -> tuple[str, int, bytes] | None:
@@ -89,21 +102,48 @@ def redrive(
     error: str | None = None,
     domain: str | None = None,
     source: str | None = None,
+    page: int = 0,
 ) -> tuple[int, int]:
-    """Re-drive the matching dead letters; returns (re-driven, matching but not re-drivable)."""
-    moves: list[tuple[bytes, str, str, int, bytes]] = []
-    unusable = 0
-    for letter in read(frontier):
-        if not letter.matches(error=error, domain=domain, source=source):
-            continue
-        if letter.record.get("source") == "start_urls" and letter.record.get("raw") is not None:
-            raw = str(letter.record["raw"])
-            encoding = letter.record.get("raw_encoding", "utf-8")
-            moves.append((letter.raw, "u", "", 0, raw.encode(encoding)))
-            continue
-        requeue = _requeue_payload(letter, codec)
-        if requeue is None:
-            unusable += 1
-            continue
-        moves.append((letter.raw, "q", *requeue))
-    return frontier.redrive(moves), unusable
+    """Re-drive the matching dead letters; returns (re-driven, matching but not re-drivable).
+
+    The list is read from its oldest end, ``page`` records at a time, and each page's matches
+    go back in one script call that finds them by their index from that end (stable while
+    workers push new dead letters at the other end): each call costs the page and its
+    distance from that end, never a scan of the list per record."""
+    page = page or PAGE
+    dead = frontier.keys.dead
+    moved = unusable = 0
+    skip = 0  # records at the oldest end that stay (they did not match)
+    while True:
+        raws: list[bytes] = frontier.client.lrange(dead, -(skip + page), -(skip + 1))  # type: ignore[assignment]
+        if not raws:
+            break
+        moves: list[Redrive] = []
+        # raws[-1] is the oldest: index -(skip + 1)
+        for offset, raw in enumerate(reversed(raws)):
+            letter = _letter(raw)
+            if not letter.matches(error=error, domain=domain, source=source):
+                continue
+            move = _move(letter, codec)
+            if move is None:
+                unusable += 1
+            else:
+                moves.append(move._replace(at=-(skip + offset + 1)))
+        done = frontier.redrive(moves)
+        moved += done
+        skip += len(raws) - done
+        if len(raws) < page:
+            break
+    return moved, unusable
+
+
+def _move(letter: DeadLetter, codec: RequestCodec) -> Redrive | None:
+    record = letter.record
+    if record.get("source") == "start_urls" and record.get("raw") is not None:
+        raw = str(record["raw"])
+        encoding = record.get("raw_encoding", "utf-8")
+        return Redrive(letter.raw, "u", "", 0, raw.encode(encoding))
+    requeue = _requeue_payload(letter, codec)
+    if requeue is None:
+        return None
+    return Redrive(letter.raw, "q", *requeue)

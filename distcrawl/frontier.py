@@ -109,6 +109,19 @@ class LeaseResult(NamedTuple):
     bad: list[BadLease] = []
 
 
+class Redrive(NamedTuple):
+    """A dead letter to move back (redrive.lua): into the queue (``kind`` 'q': the encoded
+    request, its slot and priority) or into start_urls ('u': the raw entry in ``payload``)."""
+
+    record: bytes
+    kind: str
+    slot: str
+    priority: int
+    payload: bytes
+    #: where it was read: a negative index from the oldest end (0: unknown, found by value)
+    at: int = 0
+
+
 class RequeueResult(NamedTuple):
     requeued: int = 0
     #: leases that had no record (removed)
@@ -500,15 +513,15 @@ class Frontier:
         )
         return int(wait) / 1000
 
-    def redrive(self, moves: Sequence[tuple[bytes, str, str, int, bytes]]) -> int:
-        """Move dead-letter records back: (record, 'q' or 'u', slot, priority, payload or
-        raw)."""
+    def redrive(self, moves: Sequence[Redrive]) -> int:
+        """Move dead-letter records back to work (redrive.lua); one call per page of records,
+        so that Redis is never held for the whole list."""
         if not moves:
             return 0
         k = self.keys
         args: list[Any] = []
         for move in moves:
-            args += list(move)
+            args += [move.at, move.record, move.kind, move.slot, move.priority, move.payload]
         keys = [k.dead, k.queue, k.seq, k.start_urls, k.ready, k.slots]
         return int(self.scripts.redrive(keys=keys, args=args))
 
@@ -713,11 +726,13 @@ class Frontier:
         return list(self.client.scan_iter(match=self.keys.robots_txt_pattern, count=1000))
 
     def clear(self) -> int:
+        """Remove the crawl's keys with UNLINK: a seen-set or queue of millions is freed in
+        the background instead of holding Redis while every worker waits."""
         bloom = BloomState.parse(self.client.hgetall(self.keys.bloom))
         if self.bloom is not None:
             self.bloom.state = None  # re-read (and re-create) on the next commit
         per_netloc = self.netloc_keys()
         removed = 0
         for at in range(0, len(per_netloc), 1000):
-            removed += int(self.client.delete(*per_netloc[at : at + 1000]))
-        return removed + int(self.client.delete(*self.keys.all(), *part_keys(self.keys, bloom)))
+            removed += int(self.client.unlink(*per_netloc[at : at + 1000]))
+        return removed + int(self.client.unlink(*self.keys.all(), *part_keys(self.keys, bloom)))

@@ -13,6 +13,7 @@ from distcrawl.frontier import (
     Entry,
     Frontier,
     LeaseRef,
+    Redrive,
     dead_letter,
     make_entry,
 )
@@ -166,13 +167,44 @@ def test_delayed_retry_is_not_filtered_by_the_seen_set(frontier):
 
 def test_redrive_moves_each_record_once(frontier, redis_client):
     redis_client.lpush("t:dead", b"rec-1", b"rec-2")
-    moves = [(b"rec-1", "q", "a.test", 3, b"payload-1"), (b"rec-2", "u", "", 0, b"http://a.test/")]
+    moves = [
+        Redrive(b"rec-1", "q", "a.test", 3, b"payload-1"),
+        Redrive(b"rec-2", "u", "", 0, b"http://a.test/"),
+    ]
     assert frontier.redrive(moves) == 2
     assert frontier.redrive(moves) == 0  # already taken: nothing twice
     assert redis_client.llen("t:dead") == 0
     assert redis_client.lrange("t:start_urls", 0, -1) == [b"http://a.test/"]
     (item,) = frontier.lease(5, 10_000).items
     assert (item.payload, item.priority, item.slot) == (b"payload-1", 3, "a.test")
+
+
+def test_redrive_takes_records_by_their_index_from_the_oldest_end(frontier, redis_client):
+    redis_client.lpush("t:dead", *(f"rec-{i}".encode() for i in range(6)))  # rec-5 newest
+    # read: rec-0 at -1, rec-1 at -2, rec-3 at -4; then a worker pushes a new dead letter
+    # (the indices from the oldest end stay) and someone else takes rec-3 by value
+    redis_client.lpush("t:dead", b"rec-new")
+    redis_client.lrem("t:dead", 1, b"rec-3")  # rec-4 and newer shift to the oldest end
+    moves = [
+        Redrive(b"rec-0", "u", "", 0, b"http://a.test/0", at=-1),
+        Redrive(b"rec-1", "u", "", 0, b"http://a.test/1", at=-2),
+        Redrive(b"rec-3", "u", "", 0, b"http://a.test/3", at=-4),  # gone: skipped
+        Redrive(b"rec-4", "u", "", 0, b"http://a.test/4", at=-5),  # moved: found by value
+    ]
+    assert frontier.redrive(moves) == 3
+    assert redis_client.lrange("t:dead", 0, -1) == [b"rec-new", b"rec-5", b"rec-2"]
+    assert sorted(redis_client.lrange("t:start_urls", 0, -1)) == [
+        b"http://a.test/0",
+        b"http://a.test/1",
+        b"http://a.test/4",
+    ]
+
+
+def test_a_redrive_with_an_impossible_index_changes_nothing(frontier, redis_client):
+    redis_client.lpush("t:dead", b"rec-0")
+    with pytest.raises(redis.ResponseError, match="invalid redrive record 1"):
+        frontier.redrive([Redrive(b"rec-0", "u", "", 0, b"http://a.test/", at=3)])
+    assert redis_client.lrange("t:dead", 0, -1) == [b"rec-0"]
 
 
 # ---------------------------------------------------------------- politeness in the scripts

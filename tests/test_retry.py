@@ -136,6 +136,34 @@ def test_redrive_filters_by_domain_and_error(redis_url, redis_client, capsys):
     assert redis_client.llen("site:dead") == 1
 
 
+def test_redrive_of_a_long_list_goes_page_by_page_and_keeps_the_rest_in_order(
+    redis_url, redis_client, capsys, monkeypatch
+):
+    from distcrawl import deadletter
+    from distcrawl.frontier import Frontier, dead_letter
+
+    letters = [
+        dead_letter(f"gave up: {500 + i % 2}", url=f"http://a.test/{i}", source="retry")
+        for i in range(2_000)
+    ]
+    redis_client.lpush("site:dead", *letters)  # the last is the newest
+    calls: list[int] = []
+    real = Frontier.redrive
+
+    def counted(self, moves):
+        calls.append(len(moves))
+        return real(self, moves)
+
+    monkeypatch.setattr(Frontier, "redrive", counted)
+    assert cli.main(["--redis-url", redis_url, "dead", "redrive", "site", "--error", "501"]) == 0
+    assert "re-drove 1000 dead letters" in capsys.readouterr().out
+    # one script call per page of records read, each with that page's matches only
+    assert len(calls) == 2_000 // deadletter.PAGE and max(calls) == deadletter.PAGE // 2
+    assert redis_client.zcard("site:queue") == 1_000
+    kept = redis_client.lrange("site:dead", 0, -1)
+    assert kept == [x.encode() if isinstance(x, str) else x for x in letters[-2::-2]]
+
+
 class PoisonSpider(RedisSpider):
     name = "poison"
 
