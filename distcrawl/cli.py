@@ -277,7 +277,15 @@ def cmd_push(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def cmd_domains(args: argparse.Namespace, ctx: Context) -> int:
-    states = ctx.frontier(args.spider).slot_states(args.limit)
+    frontier = ctx.frontier(args.spider)
+    states = frontier.slot_states(args.limit, scan=args.scan)
+    total = frontier.slot_count()
+    if total > 2 * args.scan:
+        print(
+            f"looked at {args.scan} slots with requests queued and {args.scan} with requests "
+            f"in flight, of {total}: --scan {total} looks at all",
+            file=sys.stderr,
+        )
     if ctx.as_json:
         _emit_json(states)
         return EXIT_OK
@@ -763,6 +771,14 @@ def build_parser() -> argparse.ArgumentParser:
         commands, "domains", cmd_domains, "per-domain queue, in-flight count and delays"
     )
     domains.add_argument("--limit", type=_non_negative_int, default=20, metavar="N")
+    domains.add_argument(
+        "--scan",
+        type=_non_negative_int,
+        default=10_000,
+        metavar="N",
+        help="look at N slots with queued requests and N with requests in flight (default "
+        "10000): each is a read of Redis, a broad crawl has millions",
+    )
     limit = command(commands, "limit", cmd_limit, "set a domain's delay or concurrency live")
     limit.add_argument("slot", metavar="DOMAIN", help="host name, IP or download_slot")
     limit.add_argument("--delay", type=float, metavar="SECONDS", help="minimum gap, cluster-wide")

@@ -635,11 +635,21 @@ class Frontier:
         value = f"{'' if delay is None else int(delay * 1000)}:{concurrency or ''}"
         self.client.hset(self.keys.limits, slot, value)
 
-    def slot_states(self, limit: int = 20) -> list[dict[str, Any]]:
-        """The politeness state of the slots with the most requests queued or in flight."""
+    def slot_states(self, limit: int = 20, scan: int = 10_000) -> list[dict[str, Any]]:
+        """The politeness state of the slots with the most requests queued or in flight,
+        among at most ``scan`` slots with queued requests and ``scan`` with requests in
+        flight: a broad crawl has millions, and reading them all in one reply would hold
+        Redis (``slot_count`` says how many there are)."""
         k = self.keys
-        names: set[bytes] = set(self.client.zrange(k.ready, 0, -1))  # type: ignore[arg-type]
-        names |= set(self.client.hkeys(k.inflight))  # type: ignore[arg-type]
+        names: set[bytes] = set()
+        for found in (
+            self.client.zscan_iter(k.ready, count=1000),
+            self.client.hscan_iter(k.inflight, count=1000),
+        ):
+            for n, item in enumerate(found):
+                if n >= scan:
+                    break
+                names.add(item[0])
         names |= set(self.client.hkeys(k.limits))  # type: ignore[arg-type]
         pipe = self.client.pipeline(transaction=False)
         ordered = sorted(names)
@@ -675,6 +685,14 @@ class Frontier:
             )
         out.sort(key=lambda d: (-(d["queued"] + d["in_flight"]), d["slot"]))
         return out[:limit]
+
+    def slot_count(self) -> int:
+        """Slots with requests queued plus slots with requests in flight (a slot with both
+        counts twice): how many ``slot_states`` would have to look at."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zcard(self.keys.ready)
+        pipe.hlen(self.keys.inflight)
+        return sum(int(x) for x in pipe.execute())
 
     def publish_settings(self, *, max_pending: int | None) -> None:
         """Values producers need (``distcrawl push`` refuses work past the pending cap)."""

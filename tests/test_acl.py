@@ -51,7 +51,13 @@ def lua_commands() -> set[str]:
 _RECEIVER = re.compile(r"(^|\.)_?(client|pipe)$|_redis\(\)$")
 #: redis-py methods that send no command of their own
 _NO_COMMAND = {"close", "execute", "set_retry"}
-_RENAMED = {"delete": "del", "script_load": "script|load", "scan_iter": "scan"}
+_RENAMED = {
+    "delete": "del",
+    "script_load": "script|load",
+    "scan_iter": "scan",
+    "zscan_iter": "zscan",
+    "hscan_iter": "hscan",
+}
 
 
 def python_commands() -> set[str]:

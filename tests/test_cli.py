@@ -14,7 +14,7 @@ import pytest
 
 from distcrawl.cli import main
 from distcrawl.demo.redis_server import RedisServer
-from distcrawl.frontier import Frontier, dead_letter
+from distcrawl.frontier import Entry, Frontier, dead_letter
 from distcrawl.keys import FrontierKeys
 from distcrawl.start_urls import parse_entry
 
@@ -574,3 +574,23 @@ def test_console_script(redis_url, redis_client):
     )
     assert unreachable.returncode == 3
     assert "s3cret" not in unreachable.stdout + unreachable.stderr
+
+
+def test_domains_looks_at_a_bounded_number_of_slots(capsys, redis_url, redis_client):
+    frontier = Frontier(redis_client, SITE)
+    entries = [
+        Entry("r", f"fp-{n}-{i}".encode(), 0, b"payload", b"", f"h{n}.test")
+        for n in range(30)
+        for i in range(1 + n % 3)
+    ]
+    frontier.commit([], entries)
+    code, out, err = run(capsys, redis_url, "--json", "domains", "site", "--scan", "10")
+    assert code == 0
+    assert "looked at 10 slots with requests queued" in err and "of 30" in err
+    states = json.loads(out)
+    assert 0 < len(states) <= 10
+    code, out, err = run(capsys, redis_url, "--json", "domains", "site", "--limit", "50")
+    assert (code, err) == (0, "")
+    states = json.loads(out)
+    assert len(states) == 30
+    assert [s["queued"] for s in states[:10]] == [3] * 10  # the busiest first
