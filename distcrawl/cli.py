@@ -430,7 +430,8 @@ def cmd_doctor(args: argparse.Namespace, ctx: Context) -> int:
 
 def cmd_reset(args: argparse.Namespace, ctx: Context) -> int:
     keys: FrontierKeys = args.spider
-    existing = int(ctx.client.exists(*keys.all()))
+    # the workers' claim lists too: entries claimed and not stored are start URLs as well
+    existing = int(ctx.client.exists(*keys.all(), *ctx.frontier(keys).claim_keys()))
     if existing == 0:
         removed = 0
     else:

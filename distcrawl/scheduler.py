@@ -9,8 +9,10 @@ at a time (distcrawl/batch.py), run on the crawler's Redis thread:
 2. renew the leases this worker holds, and requeue expired leases and those of dead
    workers;
 3. lease more requests when the local buffer runs low;
-4. peek at ``<spider>:start_urls`` (entries are removed only by the commit that stores the
-   request made from them).
+4. claim entries of ``<spider>:start_urls`` into this worker's claim list, O(1) each, so
+   that no two workers read the same entry (an entry leaves the claim list only in the
+   commit that stores the request made from it; the claims of a worker that closes, pauses
+   or dies go back to ``start_urls``).
 
 A request is acknowledged only after it left the engine, i.e. after its download, its
 callback, and the handing-on of everything the callback produced, and only in the commit
@@ -183,6 +185,8 @@ class Scheduler(BaseScheduler):
         self._busy = False
         self._closing = False
         self._paused = False
+        #: this pause's give-back of claimed start_urls entries is in a batch already
+        self._unclaimed = False
         self._kick_pending = False
         self._loop: task.LoopingCall | None = None
         self._remote_queue = 0
@@ -427,7 +431,7 @@ class Scheduler(BaseScheduler):
     def resume(self) -> None:
         if self._paused:
             logger.info("Crawl resumed", extra={"spider": self.spider})
-        self._paused = False
+        self._paused = self._unclaimed = False
         self._next_lease = self._next_peek = time.monotonic()
         self._kick()
 
@@ -477,7 +481,8 @@ class Scheduler(BaseScheduler):
         self._commit = None
         while (commit := self._next_commit()) is not None:
             commits.append(commit)
-        batch = Batch(commits=commits, release=release)
+        # after the commits: what is still claimed was never stored, another worker takes it
+        batch = Batch(commits=commits, release=release, unclaim=True)
         acks = sum(len(c.acks) for c in commits)
         pushes = sum(len(c.entries) for c in commits)
         try:
@@ -489,11 +494,14 @@ class Scheduler(BaseScheduler):
             if error is not None:
                 raise error
             self._inc("distcrawl/released", res.released)
+            self._inc("distcrawl/start_urls/given_back", res.unclaimed)
             logger.info(
-                "Frontier closed: %d acknowledged, %d pushed, %d leases given back",
+                "Frontier closed: %d acknowledged, %d pushed, %d leases and %d start URLs "
+                "given back",
                 acks,
                 pushes,
                 res.released,
+                res.unclaimed,
                 extra={"spider": self.spider},
             )
         except redis.RedisError as exc:
@@ -581,6 +589,9 @@ class Scheduler(BaseScheduler):
             batch.drain = True
             self._drain_wanted = False
         if self._paused:
+            if self._start_pending == 0 and not self._unclaimed:
+                # every start entry read is stored: what is still claimed goes back
+                batch.unclaim = self._unclaimed = True
             batch.release = [ref for ref, _ in self._ready] + self._take_reserves()
             self._forget(batch.release)
             for _, request in self._ready:
@@ -632,6 +643,7 @@ class Scheduler(BaseScheduler):
             self._retry_delay = 0.0
             self._inc("distcrawl/redis_reconnects")
         self._inc("distcrawl/released", res.released)
+        self._inc("distcrawl/start_urls/given_back", res.unclaimed)
         self._inc("distcrawl/places/freed", res.freed)
         self._inc("distcrawl/places/taken", res.taken)
         if res.error is not None and (batch.freed or batch.taken):
@@ -795,6 +807,13 @@ class Scheduler(BaseScheduler):
             )
             self._inc("distcrawl/dead_workers", r.dead_workers)
             self._inc("distcrawl/dead_worker_released", r.released)
+        if r.unclaimed:
+            logger.warning(
+                "%d start URLs claimed by workers no longer alive given back to start_urls",
+                r.unclaimed,
+                extra={"spider": self.spider},
+            )
+            self._inc("distcrawl/start_urls/reclaimed", r.unclaimed)
         if r.orphans:
             logger.warning(
                 "%d leases had no request record (Redis lost data, or it was edited): removed",
