@@ -66,6 +66,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="start-urls suite: a checkout whose distcrawl package is measured instead",
     )
     p.add_argument(
+        "--max-seconds",
+        type=float,
+        default=90,
+        help="start-urls suite: seconds each configuration runs at most (default 90)",
+    )
+    p.add_argument(
         "--pages",
         type=int,
         default=None,
@@ -288,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.suite == "start-urls":  # redis-server only: no crawler, no baseline
         from benchmarks.start_urls import suite_main
 
-        return suite_main(args.start_urls, args.distcrawl, args.output)
+        return suite_main(args.start_urls, args.distcrawl, args.output, args.max_seconds)
     problem = check_requirements()
     if problem:
         print(f"benchmarks: {problem}", file=sys.stderr)

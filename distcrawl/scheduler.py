@@ -735,6 +735,9 @@ class Scheduler(BaseScheduler):
         self._inc("distcrawl/ack/late", c.late)
         self._inc("distcrawl/ack/stale", c.stale)
         self._inc("distcrawl/ack/missing", c.missing)
+        # start entries no longer in this worker's claim list: it was taken for dead and
+        # they went back to start_urls, for another worker; not stored here
+        self._inc("distcrawl/start_urls/taken_over", c.skipped)
         if c.replayed:
             logger.warning(
                 "A commit whose reply was lost had already been stored; not stored again",
