@@ -56,6 +56,7 @@ LUA_COMMANDS = (
     "lpush",
     "lrange",
     "lrem",
+    "ltrim",
     "sadd",
     "setbit",
     "sismember",
