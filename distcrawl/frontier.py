@@ -143,11 +143,13 @@ class CommitResult:
     enqueued: int = 0
     duplicates: int = 0
     dead: int = 0
+    #: start_urls entries no longer in the worker's claim list (it was taken for dead and
+    #: they went back to start_urls): not stored by this commit
     skipped: int = 0
     queue_size: int = 0
     #: new requests dropped because the queue was at DISTCRAWL_MAX_PENDING
     dropped: int = 0
-    #: start_urls entries left in their list for the same reason
+    #: start_urls entries left in the worker's claim list for the same reason
     held: int = 0
     #: 1 when this commit had already run (its reply was lost): nothing was changed
     replayed: int = 0

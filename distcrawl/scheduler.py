@@ -885,6 +885,8 @@ class Scheduler(BaseScheduler):
         return got
 
     def _handle_peeked(self, raws: list[bytes]) -> None:
+        """Entries claimed for this worker (Frontier.claim_start_urls): each becomes a
+        request or a dead letter, whose commit takes it out of the claim list."""
         for raw in raws:
             self._push(self._start_entry(raw))
             self._start_pending += 1
