@@ -280,7 +280,8 @@ class Scheduler(BaseScheduler):
                 removed,
                 self.frontier.keys.namespace,
             )
-        # alive before the first lease, so that a worker dying at once is seen dead
+        # alive before the first lease or claim, so that a worker dying at once is seen dead
+        # (and its claims are not taken for orphans: requeue.lua)
         self._liveness.beat()
         self.frontier.publish_settings(max_pending=self.config.max_pending)
         return self.frontier.sizes()
