@@ -16,6 +16,10 @@ It prints the tables and the targets of issue 8, and writes everything to
 ``--suite users`` runs instead the crawls of issue 14, configured as users run them (the
 project's settings, site latency 0 and 100 ms, 1 and 8 hosts, sporadic 503s; see
 ``benchmarks/users.py``), into ``benchmarks/results/users.json`` and ``results/run-users``.
+
+``--suite start-urls`` measures start URLs through the frontier alone (no HTTP), 1 and 2
+worker processes side by side (``benchmarks/start_urls.py``): ``--start-urls N`` entries
+(200,000 by default), ``--distcrawl DIR`` to measure another checkout's package instead.
 """
 
 from __future__ import annotations
@@ -44,9 +48,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--suite",
-        choices=("default", "users"),
+        choices=("default", "users", "start-urls"),
         default="default",
-        help="default: the crawler comparison of issue 8; users: issue 14's configurations",
+        help="default: the crawler comparison of issue 8; users: issue 14's configurations; "
+        "start-urls: start URLs through the frontier alone, 1 and 2 workers",
+    )
+    p.add_argument(
+        "--start-urls",
+        type=int,
+        default=200_000,
+        help="entries of the start-urls suite (default 200000)",
+    )
+    p.add_argument(
+        "--distcrawl",
+        type=Path,
+        default=None,
+        help="start-urls suite: a checkout whose distcrawl package is measured instead",
+    )
+    p.add_argument(
+        "--max-seconds",
+        type=float,
+        default=90,
+        help="start-urls suite: seconds each configuration runs at most (default 90)",
     )
     p.add_argument(
         "--pages",
@@ -80,7 +103,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     args = p.parse_args(argv)
     if args.output is None:
-        args.output = RESULTS / ("users.json" if args.suite == "users" else "latest.json")
+        name = {"users": "users.json", "start-urls": "start_urls.json"}.get(args.suite)
+        args.output = RESULTS / (name or "latest.json")
     if args.pages is None and args.suite == "default":
         args.pages = 5000
     return args
@@ -267,6 +291,10 @@ def users_suite(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.suite == "start-urls":  # redis-server only: no crawler, no baseline
+        from benchmarks.start_urls import suite_main
+
+        return suite_main(args.start_urls, args.distcrawl, args.output, args.max_seconds)
     problem = check_requirements()
     if problem:
         print(f"benchmarks: {problem}", file=sys.stderr)

@@ -131,8 +131,11 @@ class Batch:
     #: reserves the worker may hold per slot, and those it holds
     reserve: int = 0
     reserved: Counter[str] = field(default_factory=Counter)
+    #: start_urls entries to claim (Frontier.claim_start_urls)
     peek: int = 0
     release: list[LeaseRef] = field(default_factory=list)
+    #: give this worker's claimed start_urls entries back (close, pause), after the commits
+    unclaim: bool = False
     drain: bool = False
 
     def empty(self) -> bool:
@@ -146,6 +149,7 @@ class Batch:
             or self.want
             or self.peek
             or self.release
+            or self.unclaim
             or self.drain
         )
 
@@ -167,7 +171,10 @@ class BatchResult:
     released: int = 0
     lease: LeaseResult | None = None
     leased: list[LeasedRequest] = field(default_factory=list)
+    #: start_urls entries claimed, oldest first
     peeked: list[bytes] = field(default_factory=list)
+    #: claimed start_urls entries given back (Batch.unclaim)
+    unclaimed: int = 0
     drained: Drained | None = None
     #: the first failure of a step other than the commits
     error: redis.RedisError | None = None
@@ -226,6 +233,8 @@ class Runner:
             res.commits_done += 1
         if batch.release:
             res.released = step(lambda: frontier.release(batch.release)) or 0
+        if batch.unclaim:
+            res.unclaimed = step(frontier.unclaim) or 0
         if batch.renew:
             res.renewed = step(lambda: frontier.renew(batch.renew, self.lease_ms)) or 0
         if batch.reclaim:
@@ -250,7 +259,7 @@ class Runner:
                     for bad in res.lease.bad
                 ]
         if batch.peek:
-            res.peeked = step(lambda: frontier.peek_start_urls(batch.peek)) or []
+            res.peeked = step(lambda: frontier.claim_start_urls(batch.peek)) or []
         if batch.drain:
             res.drained = step(frontier.drained)
         return res
@@ -320,7 +329,7 @@ def refused_scheme(url: str, schemes: tuple[str, ...]) -> str | None:
 
 def refused_entry(entry: Entry, reason: str) -> Entry:
     """The dead letter that replaces an entry Redis refuses: a start URL's keeps its raw
-    entry (and is still taken from ``start_urls``), a request's keeps its payload."""
+    entry (and is still taken from the worker's claim list), a request's keeps its payload."""
     text = f"Redis refused the entry: {reason}"
     if entry.kind in "sx":
         return Entry("x", b"", 0, dead_letter(text, raw=entry.raw, source="start_urls"), entry.raw)

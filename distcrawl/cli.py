@@ -438,7 +438,10 @@ def cmd_doctor(args: argparse.Namespace, ctx: Context) -> int:
 
 def cmd_reset(args: argparse.Namespace, ctx: Context) -> int:
     keys: FrontierKeys = args.spider
-    existing = int(ctx.client.exists(*keys.all())) + len(ctx.frontier(keys).netloc_keys())
+    # the workers' claim lists too: entries claimed and not stored are start URLs as well
+    frontier = ctx.frontier(keys)
+    existing = int(ctx.client.exists(*keys.all(), *frontier.claim_keys()))
+    existing += len(frontier.netloc_keys())
     if existing == 0:
         removed = 0
     else:

@@ -130,6 +130,8 @@ class RequeueResult(NamedTuple):
     dead_workers: int = 0
     #: leases of those workers given back
     released: int = 0
+    #: start_urls entries claimed by workers no longer alive, given back to start_urls
+    unclaimed: int = 0
 
 
 class Drained(NamedTuple):
@@ -140,11 +142,13 @@ class Drained(NamedTuple):
     leased: int
     #: ms until the next retry is due (None: none waits)
     next_retry_ms: int | None
+    #: workers holding claimed start_urls entries not stored yet (their requests are coming)
+    claimants: int = 0
 
     def idle(self, within_ms: int) -> bool:
         """Nothing to do now, and no retry due within ``within_ms``."""
         soon = self.next_retry_ms is not None and self.next_retry_ms <= within_ms
-        return not (self.start_urls or self.queued or self.leased or soon)
+        return not (self.start_urls or self.claimants or self.queued or self.leased or soon)
 
 
 @dataclass(frozen=True)
@@ -152,11 +156,13 @@ class CommitResult:
     enqueued: int = 0
     duplicates: int = 0
     dead: int = 0
+    #: start_urls entries no longer in the worker's claim list (it was taken for dead and
+    #: they went back to start_urls): not stored by this commit
     skipped: int = 0
     queue_size: int = 0
     #: new requests dropped because the queue was at DISTCRAWL_MAX_PENDING
     dropped: int = 0
-    #: start_urls entries left in their list for the same reason
+    #: start_urls entries left in the worker's claim list for the same reason
     held: int = 0
     #: 1 when this commit had already run (its reply was lost): nothing was changed
     replayed: int = 0
@@ -264,6 +270,17 @@ def parse_entry(entry: bytes) -> Leased:
 def new_tag() -> str:
     """A worker tag: 4 random bytes in hex (see ``FrontierKeys.alive``)."""
     return os.urandom(TOKEN_BYTES // 2).hex()
+
+
+def worker_tags(raw: Iterable[bytes]) -> list[str]:
+    """The well-formed worker tags (8 hex digits) among members read from Redis: only those
+    can have a claim list (Frontier checks its tag), anything else was written by hand."""
+    out = []
+    for tag in raw:
+        text = tag.decode("ascii", "replace")
+        if len(text) == TOKEN_BYTES and all(c in "0123456789abcdefABCDEF" for c in text):
+            out.append(text)
+    return out
 
 
 def _raw_id(raw: bytes) -> str:
@@ -389,7 +406,7 @@ class Frontier:
             k.seen,
             k.seq,
             k.leases,
-            k.start_urls,
+            k.claims(self.tag),
             k.dead,
             k.delayed,
             k.ready,
@@ -401,6 +418,7 @@ class Frontier:
             k.commits,
             k.throttle_state,
             k.placeless,
+            k.claimants,
         ]
         if self.bloom is not None:
             res = self.bloom.run(self.scripts.commit, keys, args)
@@ -550,16 +568,20 @@ class Frontier:
         k = self.keys
         return [
             *(k.leases, k.queue, k.requests, k.ready, k.slots, k.inflight, k.robots),
-            *(k.alive, k.commits, k.placeless),
+            *(k.alive, k.commits, k.placeless, k.claimants),
         ]
 
     def requeue_expired(self, limit: int = 1000, worker_timeout_ms: int = 10_000) -> RequeueResult:
         """Requeue expired leases, then the leases of workers whose liveness beats are older
-        than ``worker_timeout_ms``."""
+        than ``worker_timeout_ms``, and give the start_urls claims of workers no longer alive
+        back to ``start_urls`` (a second round trip, only when there are such claims)."""
         res = self.scripts.requeue(
             keys=self._requeue_keys(), args=["expired", limit, worker_timeout_ms]
         )
-        return RequeueResult(*(int(x) for x in res))
+        orphans = worker_tags(res[4])
+        unclaimed = self._unclaim("orphans", orphans) if orphans else 0
+        requeued, orphan_leases, dead, released = (int(x) for x in res[:4])
+        return RequeueResult(requeued, orphan_leases, dead, released, unclaimed)
 
     def release(self, refs: Iterable[LeaseRef]) -> int:
         """Give leases back (pause, close): requeued at once, if still held under these
@@ -579,12 +601,13 @@ class Frontier:
         pipe.zcard(k.queue)
         pipe.zcard(k.leases)
         pipe.zrange(k.delayed, 0, 0, withscores=True)
+        pipe.scard(k.claimants)
         pipe.time()
-        start_urls, queued, leased, first, (seconds, micros) = pipe.execute()
+        start_urls, queued, leased, first, claimants, (seconds, micros) = pipe.execute()
         next_retry = None
         if first:
             next_retry = max(0, int(first[0][1]) - (seconds * 1000 + micros // 1000))
-        return Drained(int(start_urls), int(queued), int(leased), next_retry)
+        return Drained(int(start_urls), int(queued), int(leased), next_retry, int(claimants))
 
     def robots_txt(self, netloc: str) -> tuple[float, int, bytes] | None:
         """(age in seconds, HTTP status, body) of a netloc's shared robots.txt; status 0 means
@@ -712,11 +735,35 @@ class Frontier:
         stored: dict[bytes, bytes] = pipe.execute()[-1]
         return {k.decode(): v.decode(errors="replace") for k, v in stored.items()}
 
-    def peek_start_urls(self, count: int) -> list[bytes]:
-        """The oldest entries, without removing them: commit() removes each one atomically
-        with the request made from it, so a worker killed in between loses nothing."""
-        entries: list[bytes] = self.client.lrange(self.keys.start_urls, -count, -1)  # type: ignore[assignment]
-        return entries[::-1]
+    def claim_start_urls(self, count: int) -> list[bytes]:
+        """Claim up to ``count`` of the oldest entries for this worker (lua/claim.lua), oldest
+        first: each moves to this worker's claim list in O(1), so no other worker reads it,
+        and commit() removes it from there atomically with the request made from it, so a
+        worker killed in between loses nothing (its claims go back when it is found dead).
+        Call it only once the entries of the previous claim are stored: what the claim list
+        still holds then (held back at the pending cap, or claimed by a call whose reply was
+        lost) is handed out again first."""
+        k = self.keys
+        entries = self.scripts.claim(
+            keys=[k.start_urls, k.claims(self.tag), k.claimants], args=[count, self.tag]
+        )
+        return list(entries)
+
+    def unclaim(self) -> int:
+        """Give this worker's claimed entries back to ``start_urls``, to be taken next
+        (close, pause): they were not stored and another worker may take them; returns how
+        many."""
+        return self._unclaim("own", [self.tag])
+
+    def _unclaim(self, mode: str, tags: Sequence[str]) -> int:
+        k = self.keys
+        keys = [k.start_urls, k.claimants, k.alive, *(k.claims(tag) for tag in tags)]
+        return int(self.scripts.unclaim(keys=keys, args=[mode, *tags]))
+
+    def claim_keys(self) -> list[str]:
+        """The claim lists of the workers registered in ``claimants`` (for a reset)."""
+        tags: set[bytes] = self.client.smembers(self.keys.claimants)  # type: ignore[assignment]
+        return [self.keys.claims(tag) for tag in worker_tags(sorted(tags))]
 
     def sizes(self) -> dict[str, int]:
         k = self.keys
@@ -753,4 +800,5 @@ class Frontier:
         removed = 0
         for at in range(0, len(per_netloc), 1000):
             removed += int(self.client.unlink(*per_netloc[at : at + 1000]))
-        return removed + int(self.client.unlink(*self.keys.all(), *part_keys(self.keys, bloom)))
+        fixed = (*self.keys.all(), *part_keys(self.keys, bloom), *self.claim_keys())
+        return removed + int(self.client.unlink(*fixed))

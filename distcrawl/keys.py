@@ -26,6 +26,20 @@ class FrontierKeys:
         """LIST anyone may LPUSH to: plain URLs or JSON objects."""
         return self._key("start_urls")
 
+    def claims(self, tag: str) -> str:
+        """LIST of the ``start_urls`` entries worker ``tag`` claimed (lua/claim.lua) and has
+        not stored yet: each entry leaves it only in the commit that stores what was made of
+        it, or goes back to ``start_urls`` when the worker closes or is found dead."""
+        if not tag or any(c.isspace() for c in tag):
+            raise ValueError(f"invalid worker tag {tag!r}")
+        return self._key(f"claims:{tag}")
+
+    @property
+    def claimants(self) -> str:
+        """SET of the worker tags whose ``claims`` list may hold entries, so that the reaper
+        and ``distcrawl reset`` find every claim list without scanning the keyspace."""
+        return self._key("claimants")
+
     @property
     def queue(self) -> str:
         """ZSET of queue entries ``<slot>\\0<priority><seq><payload>``, all scores 0, so that
@@ -203,9 +217,11 @@ class FrontierKeys:
 
     def all(self) -> tuple[str, ...]:
         """Every fixed key of this crawl, for an explicit reset; the Bloom filter's bitmaps
-        (``bloom_part``) are listed in its ``bloom`` HASH, see ``Frontier.clear``."""
+        (``bloom_part``) are listed in its ``bloom`` HASH and the workers' claim lists
+        (``claims``) in ``claimants``, see ``Frontier.clear``."""
         return (
             self.start_urls,
+            self.claimants,
             self.queue,
             self.requests,
             self.leases,

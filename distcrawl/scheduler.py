@@ -9,8 +9,10 @@ at a time (distcrawl/batch.py), run on the crawler's Redis thread:
 2. renew the leases this worker holds, and requeue expired leases and those of dead
    workers;
 3. lease more requests when the local buffer runs low;
-4. peek at ``<spider>:start_urls`` (entries are removed only by the commit that stores the
-   request made from them).
+4. claim entries of ``<spider>:start_urls`` into this worker's claim list, O(1) each, so
+   that no two workers read the same entry (an entry leaves the claim list only in the
+   commit that stores the request made from it; the claims of a worker that closes, pauses
+   or dies go back to ``start_urls``).
 
 A request is acknowledged only after it left the engine, i.e. after its download, its
 callback, and the handing-on of everything the callback produced, and only in the commit
@@ -184,6 +186,8 @@ class Scheduler(BaseScheduler):
         self._busy = False
         self._closing = False
         self._paused = False
+        #: this pause's give-back of claimed start_urls entries is in a batch already
+        self._unclaimed = False
         self._kick_pending = False
         self._loop: task.LoopingCall | None = None
         self._remote_queue = 0
@@ -279,7 +283,8 @@ class Scheduler(BaseScheduler):
             )
         self._check_layout()
         self._check_durability()
-        # alive before the first lease, so that a worker dying at once is seen dead
+        # alive before the first lease or claim, so that a worker dying at once is seen dead
+        # (and its claims are not taken for orphans: requeue.lua)
         self._liveness.beat()
         self.frontier.publish_settings(max_pending=self.config.max_pending)
         return self.frontier.sizes()
@@ -468,7 +473,7 @@ class Scheduler(BaseScheduler):
     def resume(self) -> None:
         if self._paused:
             logger.info("Crawl resumed", extra={"spider": self.spider})
-        self._paused = False
+        self._paused = self._unclaimed = False
         self._next_lease = self._next_peek = time.monotonic()
         self._kick()
 
@@ -518,7 +523,8 @@ class Scheduler(BaseScheduler):
         self._commit = None
         while (commit := self._next_commit()) is not None:
             commits.append(commit)
-        batch = Batch(commits=commits, release=release)
+        # after the commits: what is still claimed was never stored, another worker takes it
+        batch = Batch(commits=commits, release=release, unclaim=True)
         acks = sum(len(c.acks) for c in commits)
         pushes = sum(len(c.entries) for c in commits)
         try:
@@ -530,11 +536,14 @@ class Scheduler(BaseScheduler):
             if error is not None:
                 raise error
             self._inc("distcrawl/released", res.released)
+            self._inc("distcrawl/start_urls/given_back", res.unclaimed)
             logger.info(
-                "Frontier closed: %d acknowledged, %d pushed, %d leases given back",
+                "Frontier closed: %d acknowledged, %d pushed, %d leases and %d start URLs "
+                "given back",
                 acks,
                 pushes,
                 res.released,
+                res.unclaimed,
                 extra={"spider": self.spider},
             )
         except redis.RedisError as exc:
@@ -622,6 +631,9 @@ class Scheduler(BaseScheduler):
             batch.drain = True
             self._drain_wanted = False
         if self._paused:
+            if self._start_pending == 0 and not self._unclaimed:
+                # every start entry read is stored: what is still claimed goes back
+                batch.unclaim = self._unclaimed = True
             batch.release = [ref for ref, _ in self._ready] + self._take_reserves()
             self._forget(batch.release)
             for _, request in self._ready:
@@ -673,6 +685,7 @@ class Scheduler(BaseScheduler):
             self._retry_delay = 0.0
             self._inc("distcrawl/redis_reconnects")
         self._inc("distcrawl/released", res.released)
+        self._inc("distcrawl/start_urls/given_back", res.unclaimed)
         self._inc("distcrawl/places/freed", res.freed)
         self._inc("distcrawl/places/taken", res.taken)
         if res.error is not None and (batch.freed or batch.taken):
@@ -764,6 +777,9 @@ class Scheduler(BaseScheduler):
         self._inc("distcrawl/ack/late", c.late)
         self._inc("distcrawl/ack/stale", c.stale)
         self._inc("distcrawl/ack/missing", c.missing)
+        # start entries no longer in this worker's claim list: it was taken for dead and
+        # they went back to start_urls, for another worker; not stored here
+        self._inc("distcrawl/start_urls/taken_over", c.skipped)
         if c.replayed:
             logger.warning(
                 "A commit whose reply was lost had already been stored; not stored again",
@@ -836,6 +852,13 @@ class Scheduler(BaseScheduler):
             )
             self._inc("distcrawl/dead_workers", r.dead_workers)
             self._inc("distcrawl/dead_worker_released", r.released)
+        if r.unclaimed:
+            logger.warning(
+                "%d start URLs claimed by workers no longer alive given back to start_urls",
+                r.unclaimed,
+                extra={"spider": self.spider},
+            )
+            self._inc("distcrawl/start_urls/reclaimed", r.unclaimed)
         if r.orphans:
             logger.warning(
                 "%d leases had no request record (Redis lost data, or it was edited): removed",
@@ -904,6 +927,8 @@ class Scheduler(BaseScheduler):
         return got
 
     def _handle_peeked(self, raws: list[bytes]) -> None:
+        """Entries claimed for this worker (Frontier.claim_start_urls): each becomes a
+        request or a dead letter, whose commit takes it out of the claim list."""
         for raw in raws:
             self._push(self._start_entry(raw))
             self._start_pending += 1

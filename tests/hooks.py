@@ -37,6 +37,31 @@ class ExitAfterCommit(Scheduler):
         return opened
 
 
+class ExitAfterClaim(Scheduler):
+    """Ends the process with ``os._exit`` right after the k-th claim of start_urls entries
+    that returned some (``TEST_EXIT_AFTER_CLAIM``): it dies holding claims it never stored."""
+
+    def open(self, spider: Any) -> Any:
+        opened = super().open(spider)
+        target = self.crawler.settings.getint("TEST_EXIT_AFTER_CLAIM")
+        frontier = self.frontier
+        assert frontier is not None
+        claim = frontier.claim_start_urls
+        done = 0
+
+        def claim_then_exit(count: int) -> Any:
+            nonlocal done
+            entries = claim(count)
+            if entries:
+                done += 1
+                if done == target:
+                    os._exit(EXIT_STATUS)
+            return entries
+
+        frontier.claim_start_urls = claim_then_exit  # type: ignore[method-assign]
+        return opened
+
+
 class SlowPipeline:
     """Holds every item for ``TEST_PIPELINE_DELAY`` seconds, as an item pipeline that batches
     its writes does (distcrawl's MongoPipeline waits up to DISTCRAWL_MONGO_FLUSH_INTERVAL):

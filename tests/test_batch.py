@@ -70,3 +70,16 @@ def test_renewals_and_leases_go_on_while_a_commit_is_refused(runner, redis_clien
     assert refused(res.commit_error) and res.commits_done == 0
     assert res.renewed == 1 and [x.request for x in res.leased] == [None]
     assert res.leased[0].error  # "b" is not a request payload: handed over to dead-letter
+
+
+def test_a_closing_batch_stores_its_start_entries_then_gives_back_the_rest(runner, redis_client):
+    """Close: the commit takes the entries it stores from the claim list; what is still
+    claimed (here: read, never made into entries) goes back to start_urls, to be taken next."""
+    redis_client.lpush("t:start_urls", b"http://a.test/1", b"http://a.test/2", b"http://a.test/3")
+    res = runner.run(Batch(peek=2))
+    assert res.peeked == [b"http://a.test/1", b"http://a.test/2"]
+    stored = Entry("s", b"fp1", 0, b"req", b"http://a.test/1", "a.test")
+    res = runner.run(Batch(commits=[Commit([], [stored], [])], unclaim=True))
+    assert (res.commits_done, res.committed.enqueued, res.unclaimed) == (1, 1, 1)
+    assert redis_client.lrange("t:start_urls", 0, -1) == [b"http://a.test/3", b"http://a.test/2"]
+    assert redis_client.exists(f"t:claims:{runner.frontier.tag}", "t:claimants") == 0

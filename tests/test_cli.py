@@ -43,8 +43,10 @@ class FakeTTY(io.StringIO):
 
 
 def fill(client, keys):
-    """One value in each of the crawl's keys."""
+    """One value in each of the crawl's keys (one worker's claim list is not a fixed key:
+    reset finds it through ``claimants``)."""
     client.lpush(keys.start_urls, b"http://example.com/")
+    client.sadd(keys.claimants, b"0a0b0c0d")
     client.zadd(keys.queue, {b"1": 0})
     client.hset(keys.requests, b"1", b"0:x")
     client.zadd(keys.leases, {b"2": 1})
@@ -138,7 +140,7 @@ def test_push_urls_in_order(capsys, redis_url, redis_client):
     assert start_urls(redis_client) == [b"https://b.example/x", b"http://a.example/"]
     # the first given is the first a worker takes
     frontier = Frontier(redis_client, SITE)
-    assert frontier.peek_start_urls(10) == [b"http://a.example/", b"https://b.example/x"]
+    assert frontier.claim_start_urls(10) == [b"http://a.example/", b"https://b.example/x"]
 
 
 def test_push_file_good_and_bad_lines(capsys, redis_url, redis_client, tmp_path):
@@ -342,13 +344,16 @@ def test_reset_removes_exactly_that_crawls_keys(capsys, redis_url, redis_client)
     redis_client.set("site", b"bare")
     redis_client.set("unrelated", b"1")
     redis_client.set("site:custom", b"not a distcrawl key")
+    # a worker's claim list, found through claimants
+    claims = SITE.claims("0a0b0c0d")
+    redis_client.lpush(claims, b"http://example.com/claimed")
     before = set(redis_client.keys("*"))
     assert set(SITE.all()) <= {k.decode() for k in before}
 
     code, out, err = run(capsys, redis_url, "reset", "site", "--yes")
-    assert (code, out, err) == (0, f"removed {len(SITE.all()) + 1} keys of 'site'\n", "")
+    assert (code, out, err) == (0, f"removed {len(SITE.all()) + 2} keys of 'site'\n", "")
     after = set(redis_client.keys("*"))
-    gone = {k.encode() for k in (*SITE.all(), SITE.robots_txt("example.com"))}
+    gone = {k.encode() for k in (*SITE.all(), SITE.robots_txt("example.com"), claims)}
     assert after == before - gone
     assert redis_client.get("site:custom") == b"not a distcrawl key"
 

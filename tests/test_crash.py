@@ -300,3 +300,55 @@ def test_a_start_url_pushed_as_the_last_worker_goes_idle_is_crawled(
     assert redis_client.llen("site:start_urls") == 0
     assert set(page_fetches(site)) == site.expected_pages()
     assert "the shared frontier is empty: closing" in worker.log()
+
+
+def test_start_urls_claimed_by_a_worker_that_dies_are_crawled_by_others(
+    demo_site, workers, redis_client
+):
+    """A worker exits right after claiming start_urls entries, before storing them: its
+    claims go back to start_urls once its beats lapse, and the workers that start after it
+    (new tags) crawl every start URL."""
+    site = demo_site(pages=300, links=1)
+    urls = [site.url + path for path in sorted(site.expected_pages())]
+    redis_client.lpush("site:start_urls", *urls)
+    settings = {
+        **FAST_DEATH,
+        "DISTCRAWL_START_URLS_BATCH": 10,
+        "DISTCRAWL_IDLE_TIMEOUT": 3,
+        "ROBOTSTXT_OBEY": False,
+    }
+    victim = workers(1, SCHEDULER="tests.hooks.ExitAfterClaim", TEST_EXIT_AFTER_CLAIM=3, **settings)
+    assert victim.wait(60) == EXIT_STATUS, victim.log()[-3000:]
+    tag = worker_tag(victim)
+    assert redis_client.llen(f"site:claims:{tag}") == 10  # it died holding claims
+    assert redis_client.sismember("site:claimants", tag)
+    pool = [workers(i, **settings) for i in (2, 3)]
+    for w in pool:
+        assert w.wait(180) == 0, w.log()[-3000:]
+    assert set(page_fetches(site)) == site.expected_pages()
+    assert sum(stat(w, "distcrawl/start_urls/reclaimed") for w in pool) == 10
+    assert "start URLs claimed by workers no longer alive" in "".join(w.log() for w in pool)
+    assert redis_client.llen("site:start_urls") == 0
+    assert redis_client.exists(f"site:claims:{tag}", "site:claimants") == 0
+    assert redis_client.zcard("site:queue") == redis_client.zcard("site:leases") == 0
+
+
+def test_two_workers_share_start_urls_and_give_back_claims_on_close(
+    demo_site, workers, redis_client
+):
+    """Two workers claim from one list of start URLs: every page is fetched exactly once,
+    and nothing stays claimed once they have closed."""
+    site = demo_site(pages=300, links=1)
+    urls = [site.url + path for path in sorted(site.expected_pages())]
+    redis_client.lpush("site:start_urls", *urls)
+    settings = {"DISTCRAWL_START_URLS_BATCH": 10, "DISTCRAWL_IDLE_TIMEOUT": 3}
+    pool = [workers(i, ROBOTSTXT_OBEY=False, **settings) for i in (1, 2)]
+    for w in pool:
+        assert w.wait(180) == 0, w.log()[-3000:]
+    fetched = page_fetches(site)
+    assert set(fetched) == site.expected_pages()
+    assert max(fetched.values()) == 1, [p for p, n in fetched.items() if n > 1]
+    assert all(stat(w, "distcrawl/start_urls/read") > 0 for w in pool)
+    assert redis_client.llen("site:start_urls") == 0
+    assert redis_client.exists("site:claimants") == 0
+    assert redis_client.keys("site:claims:*") == []

@@ -118,20 +118,24 @@ def test_release_gives_back_unstarted_requests(frontier):
 
 def test_start_entry_is_taken_once(frontier, redis_client):
     redis_client.lpush("t:start_urls", b"http://a.test/", b"http://b.test/")
-    assert frontier.peek_start_urls(10) == [b"http://a.test/", b"http://b.test/"]
-    # two workers peeked the same entry: only the first commit takes it
+    assert frontier.claim_start_urls(1) == [b"http://a.test/"]
+    assert redis_client.lrange("t:start_urls", 0, -1) == [b"http://b.test/"]
+    # the same entry committed twice (say, read again): only the first commit takes it
     first = frontier.commit([], [Entry("s", b"fa", 0, b"A", b"http://a.test/", "a.test")])
     second = frontier.commit([], [Entry("s", b"fa2", 0, b"A", b"http://a.test/", "a.test")])
     assert (first.enqueued, second.enqueued, second.skipped) == (1, 0, 1)
     assert redis_client.lrange("t:start_urls", 0, -1) == [b"http://b.test/"]
+    assert redis_client.exists(f"t:claims:{frontier.tag}", "t:claimants") == 0
 
 
 def test_bad_start_entry_moves_to_dead_letters(frontier, redis_client):
     redis_client.lpush("t:start_urls", b"not a url")
+    assert frontier.claim_start_urls(10) == [b"not a url"]
     record = dead_letter("not a URL", raw=b"not a url", source="start_urls")
     result = frontier.commit([], [Entry("x", b"", 0, record, b"not a url")])
     assert result.dead == 1
     assert redis_client.llen("t:start_urls") == 0
+    assert redis_client.llen(f"t:claims:{frontier.tag}") == 0
     stored = json.loads(redis_client.lindex("t:dead", 0))
     assert stored["reason"] == "not a URL" and stored["raw"] == "not a url"
     assert stored["source"] == "start_urls" and stored["worker"]
@@ -553,9 +557,13 @@ def test_pending_cap_drops_new_requests_but_keeps_high_priority_and_start_urls(r
     urgent = Entry("r", b"urgent", 10, b"urgent", b"", "c.test")
     assert frontier.commit([], [urgent]).enqueued == 1  # kept past the cap
     redis_client.lpush("t:start_urls", b"http://c.test/x")
+    assert frontier.claim_start_urls(10) == [b"http://c.test/x"]
     entry = Entry("s", b"fp-s", 0, b"s", b"http://c.test/x", "c.test")
     assert frontier.commit([], [entry]).held == 1
-    assert redis_client.llen("t:start_urls") == 1  # left in place, not lost
+    # still claimed, not lost: handed out again at the next claim, given back on close
+    assert frontier.claim_start_urls(10) == [b"http://c.test/x"]
+    assert frontier.unclaim() == 1
+    assert redis_client.lrange("t:start_urls", 0, -1) == [b"http://c.test/x"]
 
 
 # ------------------------------------------------------------ owned leases, rollbacks, poison
@@ -639,6 +647,7 @@ def test_a_replayed_commit_changes_nothing(redis_client):
 
 def test_a_commit_is_checked_before_it_writes_anything(frontier, redis_client):
     redis_client.lpush("t:start_urls", b"http://a.test/")
+    frontier.claim_start_urls(1)
     entries = [
         entry(b"a", b"a"),
         entry(b"s", b"s", kind="s", raw=b"http://a.test/", slot="a.test"),
@@ -652,7 +661,7 @@ def test_a_commit_is_checked_before_it_writes_anything(frontier, redis_client):
     assert redis_client.zcard("t:queue") == 0
     assert redis_client.scard("t:seen") == 0
     assert redis_client.get("t:seq") is None
-    assert redis_client.llen("t:start_urls") == 1
+    assert redis_client.llen(f"t:claims:{frontier.tag}") == 1
 
 
 @pytest.mark.parametrize(
@@ -751,3 +760,130 @@ def test_dead_letter_records_keep_64_kb_of_raw_bytes_with_length_and_hash():
     assert raw.startswith(record["raw"].encode())
     small = json.loads(dead_letter("bad", raw=b"\xff\x00x", source="queue"))
     assert small["raw"].encode("latin-1") == b"\xff\x00x" and "truncated" not in small
+
+
+# ------------------------------------------------------------------ start_urls claims
+
+
+def start_entry(raw: bytes) -> Entry:
+    return Entry("s", b"fp-" + raw, 0, b"req-" + raw, raw, "a.test")
+
+
+def beat(redis_client, *frontiers, age_ms=0):
+    now_ms = int(time.time() * 1000)
+    redis_client.zadd("t:alive", {f.tag: now_ms - age_ms for f in frontiers})
+
+
+def test_two_workers_claim_each_entry_exactly_once(redis_client):
+    keys = FrontierKeys("t")
+    a, b = Frontier(redis_client, keys), Frontier(redis_client, keys)
+    pushed = [f"http://a.test/{i}".encode() for i in range(1000)]
+    redis_client.lpush("t:start_urls", *pushed)
+    taken: dict[Frontier, list[bytes]] = {a: [], b: []}
+    for worker in itertools.cycle((a, b)):
+        got = worker.claim_start_urls(37)
+        if not got:
+            break
+        taken[worker] += got
+        # each claim is stored before the next (the scheduler's rule)
+        assert worker.commit([], [start_entry(raw) for raw in got]).enqueued == len(got)
+    both = taken[a] + taken[b]
+    assert len(both) == len(set(both)) == 1000 and set(both) == set(pushed)
+    assert taken[a] and taken[b]
+    # oldest first within each claim: the order producers pushed in
+    assert taken[a][:37] == pushed[:37]
+    assert redis_client.zcard("t:queue") == 1000
+    assert redis_client.exists("t:start_urls", "t:claimants", f"t:claims:{a.tag}") == 0
+
+
+def test_a_dead_workers_claims_go_back_and_another_worker_takes_them(redis_client):
+    keys = FrontierKeys("t")
+    dead, alive, reaper = (Frontier(redis_client, keys) for _ in range(3))
+    redis_client.lpush("t:start_urls", *[f"http://a.test/{i}".encode() for i in range(10)])
+    beat(redis_client, dead, age_ms=60_000)
+    beat(redis_client, alive, reaper)
+    lost = dead.claim_start_urls(4)
+    kept = alive.claim_start_urls(3)
+    assert redis_client.smembers("t:claimants") == {dead.tag.encode(), alive.tag.encode()}
+    result = reaper.requeue_expired(worker_timeout_ms=10_000)
+    assert (result.dead_workers, result.unclaimed) == (1, 4)
+    assert redis_client.exists(f"t:claims:{dead.tag}") == 0
+    assert redis_client.smembers("t:claimants") == {alive.tag.encode()}
+    assert redis_client.lrange(f"t:claims:{alive.tag}", 0, -1) == kept[::-1]
+    # given back at the consuming end, oldest taken first, before the entries never claimed
+    assert reaper.claim_start_urls(4) == lost
+    # the dead worker was only frozen: its late commit finds its claims gone, stores nothing
+    late = dead.commit([], [start_entry(raw) for raw in lost])
+    assert (late.enqueued, late.skipped) == (0, 4)
+    assert reaper.commit([], [start_entry(raw) for raw in lost]).enqueued == 4
+    assert reaper.requeue_expired(worker_timeout_ms=10_000).unclaimed == 0
+
+
+def test_claims_of_a_tag_that_beats_again_are_kept(redis_client):
+    """unclaim.lua checks alive itself: a stalled worker that beat again between the reaper's
+    two calls stores its claims itself; one whose tag is gone has them given back."""
+    keys = FrontierKeys("t")
+    stalled, gone, reaper = (Frontier(redis_client, keys) for _ in range(3))
+    redis_client.lpush("t:start_urls", b"http://a.test/1", b"http://a.test/2")
+    stalled.claim_start_urls(1)
+    gone.claim_start_urls(1)
+    beat(redis_client, stalled)
+    assert reaper._unclaim("orphans", [stalled.tag, gone.tag]) == 1
+    assert redis_client.llen(f"t:claims:{stalled.tag}") == 1
+    assert redis_client.smembers("t:claimants") == {stalled.tag.encode()}
+
+
+def test_a_commit_takes_claimed_entries_without_scanning_start_urls(redis_client):
+    """50,000 entries waiting: the commit removes its entries from the worker's claim list of
+    a batch, never from start_urls, whose length and content it leaves as they are."""
+    frontier = Frontier(redis_client, FrontierKeys("t"))
+    waiting = [f"http://w.test/{i}".encode() for i in range(50_000)]
+    for at in range(0, len(waiting), 5000):
+        redis_client.lpush("t:start_urls", *waiting[at : at + 5000])
+    claimed = frontier.claim_start_urls(100)
+    assert claimed == waiting[:100]
+    redis_client.lpush("t:start_urls", b"http://w.test/meanwhile")
+    # an entry still in start_urls, not claimed: a commit does not take it from there
+    stray = start_entry(waiting[100])
+    result = frontier.commit([], [start_entry(raw) for raw in claimed] + [stray])
+    assert (result.enqueued, result.skipped) == (100, 1)
+    assert redis_client.llen("t:start_urls") == 49_901
+    assert redis_client.lindex("t:start_urls", 0) == b"http://w.test/meanwhile"
+    assert redis_client.lindex("t:start_urls", -1) == waiting[100]
+    assert redis_client.exists(f"t:claims:{frontier.tag}", "t:claimants") == 0
+
+
+def test_unclaim_gives_back_what_is_claimed_to_be_taken_next(frontier, redis_client):
+    redis_client.lpush("t:start_urls", b"http://a.test/1", b"http://a.test/2", b"http://a.test/3")
+    claimed = frontier.claim_start_urls(2)
+    assert claimed == [b"http://a.test/1", b"http://a.test/2"]
+    redis_client.lpush("t:start_urls", b"http://a.test/4")
+    assert frontier.unclaim() == 2
+    assert redis_client.exists(f"t:claims:{frontier.tag}", "t:claimants") == 0
+    other = Frontier(redis_client, FrontierKeys("t"))
+    assert other.claim_start_urls(10) == [b"http://a.test/%d" % i for i in (1, 2, 3, 4)]
+
+
+def test_claims_whose_reply_was_lost_are_handed_out_again(frontier, redis_client):
+    redis_client.lpush("t:start_urls", b"http://a.test/1", b"http://a.test/2", b"http://a.test/3")
+    frontier.claim_start_urls(2)  # the reply never reached the worker
+    assert frontier.claim_start_urls(2) == [b"http://a.test/1", b"http://a.test/2"]
+    assert frontier.claim_start_urls(3) == [b"http://a.test/%d" % i for i in (1, 2, 3)]
+    assert redis_client.llen("t:start_urls") == 0
+
+
+def test_drained_counts_claimed_entries_as_work(frontier, redis_client):
+    redis_client.lpush("t:start_urls", b"http://a.test/")
+    (raw,) = frontier.claim_start_urls(10)
+    state = frontier.drained()
+    assert (state.start_urls, state.claimants) == (0, 1) and not state.idle(1000)
+    frontier.commit([], [start_entry(raw)])
+    frontier.lease(1, 60_000)
+    assert frontier.drained().claimants == 0
+
+
+def test_clear_removes_the_claim_lists(frontier, redis_client):
+    redis_client.lpush("t:start_urls", b"http://a.test/1", b"http://a.test/2")
+    frontier.claim_start_urls(1)
+    frontier.clear()
+    assert redis_client.keys("t:*") == []

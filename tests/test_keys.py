@@ -6,6 +6,8 @@ from distcrawl.keys import FrontierKeys
 def test_key_names_are_pinned():
     k = FrontierKeys("site")
     assert k.start_urls == "site:start_urls"
+    assert k.claims("0a0b0c0d") == "site:claims:0a0b0c0d"
+    assert k.claimants == "site:claimants"
     assert k.queue == "site:queue"
     assert k.requests == "site:requests"
     assert k.leases == "site:leases"
@@ -40,6 +42,7 @@ def test_key_names_are_pinned():
     assert k.robots_txt_pattern == "site:robotstxt:*"
     assert set(k.all()) == {
         "site:start_urls",
+        "site:claimants",
         "site:queue",
         "site:requests",
         "site:leases",
@@ -82,6 +85,15 @@ def test_bloom_parts_are_in_the_namespace_and_distinct():
     assert parts.isdisjoint(k.all())
     with pytest.raises(ValueError):
         k.bloom_part(-1, 0)
+
+
+def test_claim_lists_are_per_worker_in_the_namespace():
+    k = FrontierKeys("shop")
+    assert k.claims("0a0b0c0d") != k.claims("01020304")
+    assert k.claims("0a0b0c0d").startswith("shop:") and k.claims("0a0b0c0d") not in k.all()
+    for bad in ("", "a b"):
+        with pytest.raises(ValueError):
+            k.claims(bad)
 
 
 @pytest.mark.parametrize("bad", ["", "a b", "tab\there"])

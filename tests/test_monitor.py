@@ -175,3 +175,34 @@ def test_watch_reports_rates_between_snapshots(redis_client, redis_url, capsys):
     assert list(watch.rates["pages"]) == [25.0] and list(watch.rates["items"]) == [10.0]
     assert "pages/s      25.0" in watch.render(snap)
     assert sparkline([0, 5, 10], 10) == "▁▄█"
+
+
+def test_start_urls_held_at_the_pending_cap_go_back_on_pause(
+    demo_site, workers, redis_client, redis_url
+):
+    """Past DISTCRAWL_MAX_PENDING a worker's claimed start URLs stay claimed (not dropped);
+    a pause gives them back to start_urls, and after the resume every one is crawled."""
+    site = demo_site(pages=60, links=1, delay=0.2)
+    urls = [site.url + path for path in sorted(site.expected_pages())]
+    redis_client.lpush("site:start_urls", *urls)
+    settings = {
+        "DISTCRAWL_MAX_PENDING": 5,
+        "DISTCRAWL_DOMAIN_CONCURRENCY": 2,
+        "DISTCRAWL_START_URLS_BATCH": 20,
+        "DISTCRAWL_IDLE_TIMEOUT": 3,
+        "ROBOTSTXT_OBEY": False,
+    }
+    worker = workers(1, **settings, **FAST)
+    claim_lists = lambda: redis_client.keys("site:claims:*")  # noqa: E731
+    assert wait_until(lambda: any(redis_client.llen(k) for k in claim_lists()), timeout=60)
+    assert cli.main(["--redis-url", redis_url, "pause", "site"]) == 0
+    assert wait_until(lambda: not claim_lists(), timeout=20), worker.log()[-3000:]
+    assert redis_client.exists("site:claimants") == 0
+    assert redis_client.llen("site:start_urls") > 0
+    assert cli.main(["--redis-url", redis_url, "resume", "site"]) == 0
+    assert worker.wait(120) == 0, worker.log()[-3000:]
+    assert set(page_fetches(site)) == site.expected_pages()
+    assert redis_client.llen("site:start_urls") == 0
+    log = worker.log()
+    assert "'distcrawl/start_urls/given_back'" in log
+    assert "'distcrawl/backpressure/start_urls_held'" in log

@@ -31,11 +31,13 @@ NAMES = (
     "bloom_grow",
     "sent",
     "places",
+    "claim",
+    "unclaim",
 )
 SEEN_MODES = ("set", "bloom")
 
 #: how many KEYS commit.lua takes itself; the Bloom filter's keys follow them
-COMMIT_KEYS = 17
+COMMIT_KEYS = 18
 #: where each script's seen-set keys start in its KEYS, per seen-set: the SET is commit.lua's
 #: KEYS[3], the Bloom filter's keys are appended at the end
 SEEN_KEYS = {
@@ -75,6 +77,8 @@ class Scripts:
     bloom_grow: Script
     sent: Script
     places: Script
+    claim: Script
+    unclaim: Script
 
     @classmethod
     def register(cls, client: redis.Redis, seen: str = "set") -> Scripts:

@@ -7,7 +7,7 @@
 -- KEYS[3]  seen       SET    binary fingerprints (seen_set.lua; unused with the Bloom filter)
 -- KEYS[4]  seq        STRING counter for request ids
 -- KEYS[5]  leases     ZSET   request id -> lease deadline (ms)
--- KEYS[6]  start_urls LIST   raw entries pushed by producers
+-- KEYS[6]  claims     LIST   the committing worker's claimed start_urls entries (claim.lua)
 -- KEYS[7]  dead       LIST   dead-letter records (JSON)
 -- KEYS[8]  delayed    ZSET   request id -> due time (ms)
 -- KEYS[9]  ready      ZSET   slot -> when its next request may be leased (ms)
@@ -22,13 +22,16 @@
 --                            wait for before the cap is cut again (see the feedback section)
 -- KEYS[17] placeless   SET    ids of leased requests whose response gave their place back
 --                            already (places.lua)
--- KEYS[18 ..]         the Bloom filter's keys with DISTCRAWL_SEEN = "bloom" (seen_bloom.lua)
+-- KEYS[18] claimants  SET    worker tags whose claim list may hold entries: the committing
+--                            worker's leaves it when its claim list empties
+-- KEYS[19 ..]         the Bloom filter's keys with DISTCRAWL_SEEN = "bloom" (seen_bloom.lua)
 --
 -- distcrawl/lua/__init__.py prepends the seen-set snippet (seen_set.lua or seen_bloom.lua),
 -- which defines seen_add(fp) and may end the script before anything is written.
 --
 -- ARGV[1]              pending cap (0 = none): past it new requests are dropped and
---                      start_urls entries are left in their list
+--                      start_urls entries stay in the claim list (claim.lua hands them
+--                      out again at the worker's next claim)
 -- ARGV[2]              requests at or above this priority are kept past the cap
 -- ARGV[3]              throttle parameters "start_ms:max_ms:target:window:share": the first
 --                      and the longest adaptive delay; AutoThrottle's target concurrency (0 =
@@ -50,8 +53,11 @@
 --   slot     politeness slot (host name, IP address or the request's download_slot)
 --   priority integer
 --   payload  encoded request, or the dead-letter record for 'x' and 'd'
---   raw      the start_urls entry for 's' and 'x' (removed with LREM; if another worker
---            removed it first the entry is skipped); the delay in ms for 'l'; '' otherwise
+--   raw      the start_urls entry for 's' and 'x', removed from the claim list with LREM
+--            (O(claim list), at most a claim batch; start_urls is not touched); if it is no
+--            longer there (the worker was found dead and its claims went back to
+--            start_urls, for another worker) the entry is skipped; the delay in ms for 'l';
+--            '' otherwise
 -- then                 number of feedback records (F), then 5 arguments per record:
 --   slot, responses, summed latency (ms), throttled answers (429/503), Retry-After (ms);
 --   answers to first attempts only, and to retries carrying a Retry-After (politeness.py)
@@ -150,6 +156,7 @@ local function new_entry(slot, prio, payload)
 end
 
 local pending = redis.call('ZCARD', KEYS[1])
+local claimed = false
 local enqueued, duplicates, dead, skipped, dropped, held = 0, 0, 0, 0, 0, 0
 local not_stored = {}
 for i = 0, n - 1 do
@@ -166,7 +173,7 @@ for i = 0, n - 1 do
     local take = true
     if kind == 's' or kind == 'x' then
       take = redis.call('LREM', KEYS[6], -1, raw) == 1
-      if not take then skipped = skipped + 1 end
+      if take then claimed = true else skipped = skipped + 1 end
     end
     if take then
       if kind == 'x' or kind == 'd' then
@@ -193,6 +200,10 @@ for i = 0, n - 1 do
       end
     end
   end
+end
+
+if claimed and tag ~= '' and redis.call('EXISTS', KEYS[6]) == 0 then
+  redis.call('SREM', KEYS[18], tag)
 end
 
 -- politeness feedback. One 429/503 says little: a broken page answers 503 too. What says

@@ -1,7 +1,7 @@
 -- requeue.lua: put leased requests back in the queue.
 -- Used for expired leases (a worker died or stalled), for the leases of workers whose
 -- liveness beats stopped, and for the unstarted requests a worker gives back when it
--- pauses or closes.
+-- pauses or closes. It also names the workers whose start_urls claims must go back.
 --
 -- KEYS[1] leases    ZSET  request id -> lease deadline (ms)
 -- KEYS[2] queue     ZSET  queue entries (see lib.lua), all scores 0
@@ -15,6 +15,7 @@
 -- KEYS[9] commits   HASH  worker tag -> id of the last commit it ran
 -- KEYS[10] placeless SET   ids of leased requests whose response gave their place back
 --                         already (places.lua)
+-- KEYS[11] claimants SET   worker tags whose claim list may hold start_urls entries
 --
 -- ARGV[1]     'expired': leases whose deadline has passed, then those of dead workers;
 --             'ids': the leases given as pairs that follow, if their tokens match
@@ -29,11 +30,17 @@
 -- all leases (workers x prefetch of them), only when some worker's beats have lapsed; live
 -- workers' leases are never shortened.
 --
+-- A claimant (KEYS[11]) that is not in alive once the dead are removed has claims nobody
+-- will store: a dead worker's, or one whose tag was removed by an earlier run that ended
+-- before its claims went back. A script cannot build their claim lists' keys, so it names
+-- those tags and the caller gives their claims back with unclaim.lua, which checks alive
+-- again (only with 'expired').
+--
 -- Returns {requeued, leases without a record (removed), dead workers, leases of dead
--- workers requeued}.
+-- workers requeued, {claimant tags not alive}}.
 
 local now = now_ms()
-local out = {0, 0, 0, 0}
+local out = {0, 0, 0, 0, {}}
 
 local function requeue(id, record, keep)
   redis.call('ZREM', KEYS[1], id)
@@ -76,6 +83,9 @@ if ARGV[1] == 'expired' then
         out[4] = out[4] + 1
       end
     end
+  end
+  for _, tag in ipairs(redis.call('SMEMBERS', KEYS[11])) do
+    if not redis.call('ZSCORE', KEYS[8], tag) then out[5][#out[5] + 1] = tag end
   end
 else
   for i = 4, #ARGV, 2 do
