@@ -50,6 +50,7 @@ LUA_COMMANDS = (
     "hgetall",
     "hincrby",
     "hmget",
+    "hscan",
     "hset",
     "incr",
     "lindex",

@@ -109,6 +109,13 @@ class LeaseResult(NamedTuple):
     bad: list[BadLease] = []
 
 
+class SweepResult(NamedTuple):
+    forgotten: int
+    looked: int
+    #: every scan came round to its start: each slot was looked at since the last time
+    wrapped: bool
+
+
 class Redrive(NamedTuple):
     """A dead letter to move back (redrive.lua): into the queue (``kind`` 'q': the encoded
     request, its slot and priority) or into start_urls ('u': the raw entry in ``payload``)."""
@@ -708,6 +715,15 @@ class Frontier:
             )
         out.sort(key=lambda d: (-(d["queued"] + d["in_flight"]), d["slot"]))
         return out[:limit]
+
+    def sweep_slots(self, grace_ms: int = 60_000, count: int = 100) -> SweepResult:
+        """Forget the politeness state of up to ``count`` slots per per-slot HASH that
+        have nothing queued or in flight and whose turn is ``grace_ms`` past (sweep.lua)."""
+        k = self.keys
+        keys = [k.slots, k.throttle_state, k.robots, k.ready, k.inflight, k.throttle]
+        keys += [k.throttle_raised, k.hungry, k.sweep]
+        forgotten, looked, wrapped = self.scripts.sweep(keys=keys, args=[count, grace_ms])
+        return SweepResult(int(forgotten), int(looked), bool(wrapped))
 
     def slot_count(self) -> int:
         """Slots with requests queued plus slots with requests in flight (a slot with both

@@ -204,6 +204,12 @@ class FrontierKeys:
         return self._key("settings")
 
     @property
+    def sweep(self) -> str:
+        """HASH per-slot key name -> HSCAN cursor: where the sweep of finished slots goes on
+        (lua/sweep.lua)."""
+        return self._key("sweep")
+
+    @property
     def meta(self) -> str:
         """HASH recording the frontier's layout (format version, shards, seen-set,
         serializer, fingerprinter): written by the first worker, checked by every other
@@ -248,5 +254,6 @@ class FrontierKeys:
             self.robotstxt,
             self.settings,
             self.meta,
+            self.sweep,
             self.paused,
         )

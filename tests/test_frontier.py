@@ -887,3 +887,53 @@ def test_clear_removes_the_claim_lists(frontier, redis_client):
     frontier.claim_start_urls(1)
     frontier.clear()
     assert redis_client.keys("t:*") == []
+
+
+# ---------------------------------------------------------------- finished slots are forgotten
+
+
+def test_the_sweep_forgets_finished_slots_and_keeps_the_others(frontier, redis_client):
+    now = frontier.client.time()[0] * 1000
+    old, soon = now - 120_000, now + 30_000
+    for n in range(6):
+        redis_client.hset("t:slots", f"s{n}.test", old)
+        redis_client.hset("t:throttle:state", f"s{n}.test", "2:0.5:0")
+        redis_client.hset("t:throttle", f"s{n}.test", 2000)
+        redis_client.hset("t:robots", f"s{n}.test", 1000)
+    redis_client.hset("t:robots", "only-robots.test", 0)  # crawled before it had a delay
+    redis_client.zadd("t:ready", {"s1.test": now})  # queued work
+    redis_client.hset("t:inflight", "s2.test", 1)  # a request at the site
+    redis_client.hset("t:slots", "s3.test", soon)  # its turn is still to come
+    redis_client.hset("t:robots", "s4.test", -1)  # robots.txt being read
+    redis_client.hset("t:limits", "s5.test", "500:")  # an operator's limit stays
+    result = frontier.sweep_slots(grace_ms=60_000, count=1000)
+    assert result.wrapped and result.looked == 7
+    assert result.forgotten == 3  # s0, s5 and only-robots
+    assert sorted(redis_client.hkeys("t:slots")) == [b"s1.test", b"s2.test", b"s3.test", b"s4.test"]
+    assert sorted(redis_client.hkeys("t:throttle")) == sorted(redis_client.hkeys("t:slots"))
+    assert b"only-robots.test" not in redis_client.hkeys("t:robots")
+    assert redis_client.hget("t:limits", "s5.test") == b"500:"
+
+
+def test_the_sweep_goes_round_a_large_crawl_a_bounded_page_at_a_time(frontier, redis_client):
+    old = frontier.client.time()[0] * 1000 - 120_000
+    redis_client.hset("t:slots", mapping={f"h{n}.test": old for n in range(3000)})
+    rounds, looked = 0, []
+    while redis_client.hlen("t:slots") and rounds < 1000:
+        result = frontier.sweep_slots(grace_ms=60_000, count=100)
+        looked.append(result.looked)
+        rounds += 1
+    assert redis_client.hlen("t:slots") == 0
+    assert max(looked) < 400  # HSCAN's COUNT is a hint: a page, never the whole HASH
+    assert 10 <= rounds <= 100
+
+
+def test_a_slot_swept_and_then_given_work_again_starts_afresh(frontier, redis_client):
+    push(frontier, (b"fp-1", 0, b"one"))
+    (item,) = frontier.lease(5, 10_000).items
+    frontier.commit([item.ref], [])
+    redis_client.hset("t:slots", "t.test", 0)
+    assert frontier.sweep_slots(grace_ms=0).forgotten == 1
+    push(frontier, (b"fp-2", 0, b"two"))
+    (item,) = frontier.lease(5, 10_000).items
+    assert item.payload == b"two"

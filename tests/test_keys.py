@@ -37,6 +37,7 @@ def test_key_names_are_pinned():
     assert k.robotstxt == "site:robotstxt"
     assert k.settings == "site:settings"
     assert k.meta == "site:meta"
+    assert k.sweep == "site:sweep"
     assert k.robots_lock("a.test:8080") == "site:robotstxt:lock:a.test:8080"
     assert k.robots_txt("a.test:8080") == "site:robotstxt:a.test:8080"
     assert k.robots_txt_pattern == "site:robotstxt:*"
@@ -58,6 +59,7 @@ def test_key_names_are_pinned():
         "site:domains",
         "site:paused",
         "site:meta",
+        "site:sweep",
         "site:ready",
         "site:slots",
         "site:inflight",

@@ -33,6 +33,7 @@ NAMES = (
     "places",
     "claim",
     "unclaim",
+    "sweep",
 )
 SEEN_MODES = ("set", "bloom")
 
@@ -79,6 +80,7 @@ class Scripts:
     places: Script
     claim: Script
     unclaim: Script
+    sweep: Script
 
     @classmethod
     def register(cls, client: redis.Redis, seen: str = "set") -> Scripts:
