@@ -12,9 +12,9 @@ import json
 import os
 import socket
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import redis
 
@@ -28,6 +28,24 @@ TOKEN_BYTES = 8
 MAX_SLOT_BYTES = 255
 #: raw bytes a dead-letter record keeps of what it quarantines (plus their length and SHA1)
 DEAD_RAW_BYTES = 65536
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Op(Generic[T]):
+    """One frontier step as Redis sees it, and how its reply is read.
+
+    ``script`` names a script of ``Scripts`` (sent as EVALSHA with ``keys`` and ``args``);
+    empty, ``args`` is a plain command. The Frontier's methods build an Op and send it
+    alone (``Frontier.run``); the batch runner sends the Ops of a whole batch in one
+    pipeline (batch.py), and both read the replies with the same ``parse``.
+    """
+
+    script: str
+    keys: Sequence[Any]
+    args: Sequence[Any]
+    parse: Callable[[Any], T]
 
 
 class QueueEntryError(ValueError):
@@ -309,6 +327,42 @@ def _raw_text(kept: bytes, *, cut: bool) -> dict[str, str]:
     return {"raw": kept.decode("latin-1"), "raw_encoding": "latin-1"}
 
 
+def _parse_commit(res: Any) -> CommitResult:
+    return CommitResult.of([int(x) for x in res[:-1]], [int(x) for x in res[-1]])
+
+
+def _parse_lease(res: Any) -> LeaseResult:
+    items: list[Leased] = []
+    bad: list[BadLease] = []
+    for i in range(8, len(res), 3):
+        kind, token, raw = int(res[i]), res[i + 1], res[i + 2]
+        try:
+            items.append(parse_entry(raw)._replace(paced=kind == 1, token=token, reserve=kind == 2))
+        except QueueEntryError as exc:
+            bad.append(BadLease(LeaseRef(_raw_id(raw), token), raw, str(exc)))
+    wait = None if int(res[3]) < 0 else int(res[3]) / 1000
+    queue, delayed, released, _, now, quarantined, missing, rearmed = (int(x) for x in res[:8])
+    return LeaseResult(
+        items, queue, delayed, released, wait, now, quarantined, missing, rearmed, bad
+    )
+
+
+def _parse_places(res: Any) -> tuple[int, int]:
+    return int(res[0]), int(res[1])
+
+
+def _parse_requeue(res: Any) -> RequeueResult:
+    return RequeueResult(*(int(x) for x in res))
+
+
+def _first_int(res: Any) -> int:
+    return int(res[0])
+
+
+def _reversed(res: Any) -> list[bytes]:
+    return list(res)[::-1]
+
+
 class Frontier:
     """``seen`` picks the seen-set, ``"set"`` or ``"bloom"`` (``DISTCRAWL_SEEN``); the Bloom
     filter's capacity and error rate only matter to the worker that creates it."""
@@ -347,6 +401,13 @@ class Frontier:
                 error_rate=bloom_error_rate,
             )
 
+    def run(self, op: Op[T]) -> T:
+        """Send one Op on its own (a script falls back to EVAL after a script cache flush)."""
+        if op.script:
+            script = getattr(self.scripts, op.script)
+            return op.parse(script(keys=op.keys, args=op.args))
+        return op.parse(self.client.execute_command(*op.args))
+
     def commit(
         self,
         acks: Sequence[LeaseRef],
@@ -359,6 +420,22 @@ class Frontier:
         """Run one commit (commit.lua). With a ``commit_id``, running the same commit again
         (its reply was lost) changes nothing and returns ``replayed=1``; ``positions`` asks
         for the positions of the entries Redis did not store."""
+        op = self.commit_op(acks, entries, feedback, commit_id=commit_id, positions=positions)
+        if self.bloom is not None:
+            # the Bloom filter may need its state read (or grown) around the script
+            return op.parse(self.bloom.run(self.scripts.commit, list(op.keys), list(op.args)))
+        return self.run(op)
+
+    def commit_op(
+        self,
+        acks: Sequence[LeaseRef],
+        entries: Sequence[Entry],
+        feedback: Sequence[Feedback] = (),
+        *,
+        commit_id: str = "",
+        positions: bool = False,
+    ) -> Op[CommitResult]:
+        """commit()'s script call; with the Bloom seen-set only ``commit()`` can send it."""
         k, p = self.keys, self.politeness
         args: list[Any] = [p.max_pending, p.keep_priority, p.throttle, self.tag, commit_id]
         args += ["1" if positions else "0", len(acks)]
@@ -389,11 +466,7 @@ class Frontier:
             k.throttle_state,
             k.placeless,
         ]
-        if self.bloom is not None:
-            res = self.bloom.run(self.scripts.commit, keys, args)
-        else:
-            res = self.scripts.commit(keys=keys, args=args)
-        return CommitResult.of([int(x) for x in res[:-1]], [int(x) for x in res[-1]])
+        return Op("commit", keys, args, _parse_commit)
 
     def add_seen(self, fingerprints: Sequence[bytes]) -> list[bool]:
         """Mark fingerprints seen without queueing anything (URLs crawled elsewhere);
@@ -429,59 +502,69 @@ class Frontier:
         divided among the workers whose last liveness beat is younger than
         ``worker_timeout_ms``. ``reserve``: how many reserves the caller may hold per slot
         (``reserved``: how many it holds); ``held`` counts only requests holding places."""
+        return self.run(
+            self.lease_op(
+                count,
+                lease_ms,
+                promote=promote,
+                held=held,
+                worker_timeout_ms=worker_timeout_ms,
+                reserve=reserve,
+                reserved=reserved,
+            )
+        )
+
+    def lease_op(
+        self,
+        count: int,
+        lease_ms: int,
+        *,
+        promote: int = 1000,
+        held: Mapping[str, int] | None = None,
+        worker_timeout_ms: int = 10_000,
+        reserve: int = 0,
+        reserved: Mapping[str, int] | None = None,
+    ) -> Op[LeaseResult]:
         k, p = self.keys, self.politeness
         mine = json.dumps(dict(held), separators=(",", ":")) if held else ""
         ahead = json.dumps(dict(reserved), separators=(",", ":")) if reserved else ""
         nonce = int.from_bytes(os.urandom(4), "big")
-        res = self.scripts.lease(
-            keys=[
-                k.queue,
-                k.requests,
-                k.leases,
-                k.delayed,
-                k.ready,
-                k.slots,
-                k.inflight,
-                k.throttle,
-                k.limits,
-                k.robots,
-                k.hungry,
-                k.seq,
-                k.dead,
-                k.stats,
-                k.throttle_state,
-                k.alive,
-                k.placeless,
-            ],
-            args=[
-                *(count, lease_ms, promote, p.scan, p.delay_ms, p.concurrency),
-                *(p.overrides, p.robots, mine, self._tag_bytes, nonce, worker_timeout_ms),
-                *(reserve, ahead),
-            ],
-        )
-        items: list[Leased] = []
-        bad: list[BadLease] = []
-        for i in range(8, len(res), 3):
-            kind, token, raw = int(res[i]), res[i + 1], res[i + 2]
-            try:
-                items.append(
-                    parse_entry(raw)._replace(paced=kind == 1, token=token, reserve=kind == 2)
-                )
-            except QueueEntryError as exc:
-                bad.append(BadLease(LeaseRef(_raw_id(raw), token), raw, str(exc)))
-        wait = None if int(res[3]) < 0 else int(res[3]) / 1000
-        queue, delayed, released, _, now, quarantined, missing, rearmed = (int(x) for x in res[:8])
-        return LeaseResult(
-            items, queue, delayed, released, wait, now, quarantined, missing, rearmed, bad
-        )
+        keys = [
+            k.queue,
+            k.requests,
+            k.leases,
+            k.delayed,
+            k.ready,
+            k.slots,
+            k.inflight,
+            k.throttle,
+            k.limits,
+            k.robots,
+            k.hungry,
+            k.seq,
+            k.dead,
+            k.stats,
+            k.throttle_state,
+            k.alive,
+            k.placeless,
+        ]
+        args = [
+            *(count, lease_ms, promote, p.scan, p.delay_ms, p.concurrency),
+            *(p.overrides, p.robots, mine, self._tag_bytes, nonce, worker_timeout_ms),
+            *(reserve, ahead),
+        ]
+        return Op("lease", keys, args, _parse_lease)
 
     def sent(self, paced: Sequence[tuple[str, int]]) -> int:
         """Report that requests of slots with a delay, leased at the given server times,
         were sent only now: their slots' next turns move back by the lag (sent.lua)."""
         if not paced:
             return 0
+        return self.run(self.sent_op(paced))
+
+    def sent_op(self, paced: Sequence[tuple[str, int]]) -> Op[int]:
         args = [x for slot, leased_at in paced for x in (slot, leased_at)]
-        return int(self.scripts.sent(keys=[self.keys.slots, self.keys.ready], args=args))
+        return Op("sent", [self.keys.slots, self.keys.ready], args, int)
 
     def delay_ms(self, slot: str) -> int:
         """The slot's delay from the settings (DOWNLOAD_SLOTS, else the default)."""
@@ -519,19 +602,26 @@ class Frontier:
         longer held under these tokens count for neither)."""
         if not (freed or taken):
             return 0, 0
+        return self.run(self.places_op(freed, taken))
+
+    def places_op(
+        self, freed: Sequence[LeaseRef], taken: Sequence[LeaseRef] = ()
+    ) -> Op[tuple[int, int]]:
         k = self.keys
         keys = [k.requests, k.leases, k.inflight, k.robots, k.ready, k.slots, k.placeless]
         args = [len(freed), *_pairs(freed), *_pairs(taken)]
-        out = self.scripts.places(keys=keys, args=args)
-        return int(out[0]), int(out[1])
+        return Op("places", keys, args, _parse_places)
 
     def renew(self, refs: Iterable[LeaseRef], lease_ms: int) -> int:
         """Extend the leases still held under these tokens; returns how many were."""
-        args = _pairs(refs)
-        if not args:
+        refs = list(refs)
+        if not refs:
             return 0
+        return self.run(self.renew_op(refs, lease_ms))
+
+    def renew_op(self, refs: Iterable[LeaseRef], lease_ms: int) -> Op[int]:
         k = self.keys
-        return int(self.scripts.renew(keys=[k.leases, k.requests], args=[lease_ms, *args]))
+        return Op("renew", [k.leases, k.requests], [lease_ms, *_pairs(refs)], int)
 
     def _requeue_keys(self) -> list[str]:
         k = self.keys
@@ -543,19 +633,28 @@ class Frontier:
     def requeue_expired(self, limit: int = 1000, worker_timeout_ms: int = 10_000) -> RequeueResult:
         """Requeue expired leases, then the leases of workers whose liveness beats are older
         than ``worker_timeout_ms``."""
-        res = self.scripts.requeue(
-            keys=self._requeue_keys(), args=["expired", limit, worker_timeout_ms]
-        )
-        return RequeueResult(*(int(x) for x in res))
+        return self.run(self.requeue_op(limit, worker_timeout_ms))
+
+    def requeue_op(self, limit: int = 1000, worker_timeout_ms: int = 10_000) -> Op[RequeueResult]:
+        args = ["expired", limit, worker_timeout_ms]
+        return Op("requeue", self._requeue_keys(), args, _parse_requeue)
 
     def release(self, refs: Iterable[LeaseRef]) -> int:
         """Give leases back (pause, close): requeued at once, if still held under these
         tokens; returns how many were."""
-        args = _pairs(refs)
-        if not args:
+        refs = list(refs)
+        if not refs:
             return 0
-        res = self.scripts.requeue(keys=self._requeue_keys(), args=["ids", 0, 0, *args])
-        return int(res[0])
+        return self.run(self.release_op(refs))
+
+    def release_op(self, refs: Iterable[LeaseRef]) -> Op[int]:
+        args = ["ids", 0, 0, *_pairs(refs)]
+        return Op("requeue", self._requeue_keys(), args, _first_int)
+
+    def alive_op(self) -> Op[int]:
+        """One liveness beat of this worker (alive.lua; see liveness.py), to ride with a
+        batch; returns the server time written."""
+        return Op("alive", [self.keys.alive], [self.tag], int)
 
     def drained(self) -> Drained:
         """Whether the crawl is out of work, for idle close: start URLs waiting, requests
@@ -670,8 +769,10 @@ class Frontier:
     def peek_start_urls(self, count: int) -> list[bytes]:
         """The oldest entries, without removing them: commit() removes each one atomically
         with the request made from it, so a worker killed in between loses nothing."""
-        entries: list[bytes] = self.client.lrange(self.keys.start_urls, -count, -1)  # type: ignore[assignment]
-        return entries[::-1]
+        return self.run(self.peek_op(count))
+
+    def peek_op(self, count: int) -> Op[list[bytes]]:
+        return Op("", [], ["LRANGE", self.keys.start_urls, -count, -1], _reversed)
 
     def sizes(self) -> dict[str, int]:
         k = self.keys
