@@ -566,9 +566,16 @@ class Scheduler(BaseScheduler):
 
     def _drop_riders(self, riders: list[Rider]) -> None:
         """Tell riders their commands were not sent (they keep what they meant to send)."""
-        for rider in riders:
+        self._deliver(riders, [[redis.ConnectionError("not sent")] * len(r.ops) for r in riders])
+
+    def _deliver(self, riders: list[Rider], replies: list[list[Any]]) -> None:
+        """Hand each rider its replies, once: a rider's bug is logged, and must not fail
+        the batch (whose errback would hand them again)."""
+        pending = list(riders)
+        riders.clear()  # the batch's own list: handed now, never again
+        for rider, got in zip(pending, replies, strict=True):
             try:
-                rider.done([redis.ConnectionError("not sent")] * len(rider.ops))
+                rider.done(got)
             except Exception:
                 logger.exception("distcrawl rider failed", extra={"spider": self.spider})
 
@@ -711,8 +718,7 @@ class Scheduler(BaseScheduler):
                 if res.lease.wait is not None:  # a slot's turn comes sooner: ask for it then
                     wait = min(wait, max(res.lease.wait, self.config.flush_interval))
                 self._next_lease = now + wait
-        for rider, replies in zip(batch.riders, res.riders, strict=True):
-            rider.done(replies)
+        self._deliver(batch.riders, res.riders)
         if batch.peek and res.error is None:
             self._handle_peeked(res.peeked)
             if res.peeked:
