@@ -1,8 +1,11 @@
 """The shared frontier: synchronous Redis operations, one round trip each.
 
 Nothing here touches the reactor: the scheduler runs these methods on its I/O thread and
-hands the results back. Keeping them synchronous and free of Scrapy state makes them easy
-to test against a real server and to reuse from the ``distcrawl`` command.
+hands the results back. Each step a batch runs also exists as an ``Op`` (``commit_op``,
+``lease_op``...): its script call and how its reply is read, so that the batch runner can
+send a whole batch in one pipeline and read each reply exactly as the method does. Keeping
+them synchronous and free of Scrapy state makes them easy to test against a real server and
+to reuse from the ``distcrawl`` command.
 """
 
 from __future__ import annotations
