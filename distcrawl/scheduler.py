@@ -78,6 +78,9 @@ logger = logging.getLogger(__name__)
 #: meta key a component sets to have the scheduler store a request for later (seconds)
 RETRY_DELAY_META = "distcrawl_retry_delay"
 BUSY_PEEK_INTERVAL = 1.0
+#: longest lease back-off while the shared queue holds requests this worker could not take
+#: (their slots are full): DISTCRAWL_IDLE_POLL_MAX is for an empty queue
+CONTENDED_POLL_MAX = 0.25
 #: the liveness thread beats once no batch carried a beat for this many heartbeat intervals
 #: (the worker timeout is at least three)
 OWN_BEAT_AFTER = 1.5
@@ -713,7 +716,11 @@ class Scheduler(BaseScheduler):
                 self._idle_delay = 0.0
                 self._next_lease = now
             else:
-                self._idle_delay = min(max(self._idle_delay * 2, 0.05), self.config.idle_poll_max)
+                cap = self.config.idle_poll_max
+                if res.lease.queue_size:
+                    # requests wait in slots other workers fill: a place may free any moment
+                    cap = min(cap, CONTENDED_POLL_MAX)
+                self._idle_delay = min(max(self._idle_delay * 2, 0.05), cap)
                 wait = self._idle_delay
                 if res.lease.wait is not None:  # a slot's turn comes sooner: ask for it then
                     wait = min(wait, max(res.lease.wait, self.config.flush_interval))
