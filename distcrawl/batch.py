@@ -1,7 +1,9 @@
 """One batch of frontier work, run on the crawler's Redis thread.
 
 The scheduler (scheduler.py) decides on the reactor what a batch holds; this module runs it
-against Redis, step by step, and hands back what happened. Keeping it apart means nothing
+against Redis and hands back what happened. The steps go in one pipeline of EVALSHA calls,
+one round trip per batch (under a busy reactor every round trip also waits for the GIL), each
+reply read by the same code as the Frontier method it stands for. Keeping it apart means nothing
 here touches Scrapy's engine or the scheduler's buffers, and every Redis failure is turned
 into a result instead of an exception crossing threads.
 
@@ -25,7 +27,7 @@ import re
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import redis
 from scrapy import Request
@@ -39,10 +41,14 @@ from distcrawl.frontier import (
     Leased,
     LeaseRef,
     LeaseResult,
+    Op,
     RequeueResult,
     dead_letter,
 )
 from distcrawl.serialize import DecodeError, RequestCodec
+
+if TYPE_CHECKING:
+    from distcrawl.liveness import Liveness
 
 #: replies that say Redis cannot take any commit right now, not that this one is bad
 TRANSIENT_REPLIES = (
@@ -116,6 +122,20 @@ class LeasedRequest(NamedTuple):
 
 
 @dataclass
+class Rider:
+    """Commands of another component (the monitor's heartbeat, extensions.py) that go in a
+    batch's pipeline instead of costing a round trip of their own: an idle worker's batch
+    runs about once a second, and so do those components."""
+
+    ops: list[Op[Any]]
+    #: called on the reactor with one entry per op: its parsed reply, or the RedisError
+    done: Callable[[list[Any]], None]
+    #: monotonic time it was handed over, and how long it may wait for a batch to ride with
+    since: float = 0.0
+    wait: float = 1.0
+
+
+@dataclass
 class Batch:
     #: run in order, each only if the previous succeeded (several only when closing)
     commits: list[Commit] = field(default_factory=list)
@@ -137,6 +157,9 @@ class Batch:
     #: give this worker's claimed start_urls entries back (close, pause), after the commits
     unclaim: bool = False
     drain: bool = False
+    #: a liveness beat rides along (ZADD alive, see liveness.py); never a reason to run
+    beat: bool = False
+    riders: list[Rider] = field(default_factory=list)
 
     def empty(self) -> bool:
         return not (
@@ -151,6 +174,7 @@ class Batch:
             or self.release
             or self.unclaim
             or self.drain
+            or self.riders
         )
 
 
@@ -176,8 +200,40 @@ class BatchResult:
     #: claimed start_urls entries given back (Batch.unclaim)
     unclaimed: int = 0
     drained: Drained | None = None
+    #: the liveness beat that rode along reached Redis
+    beat: bool = False
+    #: per rider, per op: the parsed reply or the RedisError
+    riders: list[list[Any]] = field(default_factory=list)
     #: the first failure of a step other than the commits
     error: redis.RedisError | None = None
+
+
+class _Step(NamedTuple):
+    op: Op[Any]
+    #: takes the parsed reply (on the Redis thread)
+    done: Callable[[Any], None]
+    #: the batch's commit: its failure is ``commit_error``, not ``error``
+    commit: bool = False
+    #: a rider's: its failure goes to ``done`` too, and is no failure of the batch
+    rider: bool = False
+
+
+def _ignore(_: Any) -> None:
+    return None
+
+
+def _filler(replies: list[Any], i: int) -> Callable[[Any], None]:
+    def done(value: Any) -> None:
+        replies[i] = value
+
+    return done
+
+
+def _setter(res: BatchResult, name: str) -> Callable[[Any], None]:
+    def done(value: Any) -> None:
+        setattr(res, name, value)
+
+    return done
 
 
 class Runner:
@@ -191,8 +247,12 @@ class Runner:
         lease_ms: int,
         worker_timeout_ms: int,
         schemes: tuple[str, ...] = ("http", "https"),
+        liveness: Liveness | None = None,
     ) -> None:
         self.frontier = frontier
+        #: told of the beats that ride with batches (Batch.beat), so that its own thread
+        #: beats only when no batch did lately
+        self.liveness = liveness
         self.codec = codec
         #: DISTCRAWL_ALLOWED_SCHEMES: anyone who can write to Redis can queue any URL
         self.schemes = schemes
@@ -200,69 +260,185 @@ class Runner:
         self.worker_timeout_ms = worker_timeout_ms
 
     def run(self, batch: Batch) -> BatchResult:
+        """Run ``batch``: its steps go in one pipeline of EVALSHA calls, one round trip,
+        unless the commits must run one at a time (several, a split one, or the Bloom
+        seen-set, whose state may need reading around the script): then the steps before
+        them share one pipeline and those after another."""
         res = BatchResult()
         frontier = self.frontier
-        down = False  # unreachable: the steps left would only wait for their own time-out
+        before: list[_Step] = []
+        if batch.sent:
+            before.append(_Step(frontier.sent_op(batch.sent), _ignore))
+        if batch.freed or batch.taken:
 
-        def step(call: Callable[[], T]) -> T | None:
-            nonlocal down
-            if down:
-                return None
+            def places(out: tuple[int, int]) -> None:
+                res.freed, res.taken = out
+
+            before.append(_Step(frontier.places_op(batch.freed, batch.taken), places))
+        alone = len(batch.commits) > 1 or frontier.bloom is not None
+        alone = alone or any(c.split for c in batch.commits)
+        after: list[_Step] = []
+        if batch.commits and not alone:
+            (commit,) = batch.commits
+            after.append(_Step(self._commit_op(commit), self._committed(res), commit=True))
+        if batch.release:
+            after.append(_Step(frontier.release_op(batch.release), _setter(res, "released")))
+        if batch.unclaim:
+            # after the commits, which take from the claim list what they store
+            unclaim = frontier.unclaim_op("own", [frontier.tag])
+            after.append(_Step(unclaim, _setter(res, "unclaimed")))
+        if batch.renew:
+            after.append(
+                _Step(frontier.renew_op(batch.renew, self.lease_ms), _setter(res, "renewed"))
+            )
+        if batch.reclaim:
+            reclaim = frontier.requeue_op(worker_timeout_ms=self.worker_timeout_ms)
+            after.append(_Step(reclaim, _setter(res, "requeue")))
+        if batch.want:
+            lease = frontier.lease_op(
+                batch.want,
+                self.lease_ms,
+                held=batch.held,
+                worker_timeout_ms=self.worker_timeout_ms,
+                reserve=batch.reserve,
+                reserved=batch.reserved,
+            )
+            after.append(_Step(lease, self._leased(res)))
+        if batch.peek:
+            after.append(_Step(frontier.claim_op(batch.peek), _setter(res, "peeked")))
+        if batch.beat and self.liveness is not None:
+            after.append(_Step(frontier.alive_op(), self._beaten(res)))
+        for rider in batch.riders:
+            replies: list[Any] = [redis.ConnectionError("not sent: Redis unreachable")] * len(
+                rider.ops
+            )
+            res.riders.append(replies)
+            for i, op in enumerate(rider.ops):
+                after.append(_Step(op, _filler(replies, i), rider=True))
+        if alone and batch.commits:
+            down = self._send(before, res)
+            if not down:
+                for commit in batch.commits:
+                    try:
+                        done = self.commit(commit, res)
+                    except redis.RedisError as exc:
+                        res.commit_error = exc
+                        down = not isinstance(exc, redis.ResponseError)
+                        break
+                    res.committed = done if res.committed is None else res.committed + done
+                    res.commits_done += 1
+            if not down:
+                down = self._send(after, res)
+        else:
+            down = self._send(before + after, res)
+        if res.requeue is not None and res.requeue.orphan_claims and not down:
+            # rare: workers found dead held start_urls claims; unclaim.lua checks again
             try:
-                return call()
+                unclaimed = frontier.unclaim_orphans(res.requeue.orphan_claims)
+                res.requeue = res.requeue._replace(unclaimed=unclaimed)
             except redis.RedisError as exc:
                 if res.error is None:
                     res.error = exc
                 down = not isinstance(exc, redis.ResponseError)
-                return None
-
-        if batch.sent:
-            step(lambda: frontier.sent(batch.sent))
-        if batch.freed or batch.taken:
-            res.freed, res.taken = step(lambda: frontier.places(batch.freed, batch.taken)) or (0, 0)
-        for commit in batch.commits:
-            if down:
-                break
+        if batch.drain and not down:
+            # a transaction of its own (its reads must agree), and only when closing idle
             try:
-                done = self.commit(commit, res)
+                res.drained = frontier.drained()
             except redis.RedisError as exc:
-                res.commit_error = exc
-                down = not isinstance(exc, redis.ResponseError)
-                break
-            res.committed = done if res.committed is None else res.committed + done
-            res.commits_done += 1
-        if batch.release:
-            res.released = step(lambda: frontier.release(batch.release)) or 0
-        if batch.unclaim:
-            res.unclaimed = step(frontier.unclaim) or 0
-        if batch.renew:
-            res.renewed = step(lambda: frontier.renew(batch.renew, self.lease_ms)) or 0
-        if batch.reclaim:
-            res.requeue = step(
-                lambda: frontier.requeue_expired(worker_timeout_ms=self.worker_timeout_ms)
-            )
-        if batch.want:
-            res.lease = step(
-                lambda: frontier.lease(
-                    batch.want,
-                    self.lease_ms,
-                    held=batch.held,
-                    worker_timeout_ms=self.worker_timeout_ms,
-                    reserve=batch.reserve,
-                    reserved=batch.reserved,
-                )
-            )
-            if res.lease is not None:
-                res.leased = [self._decode(item) for item in res.lease.items]
-                res.leased += [
-                    LeasedRequest(bad.ref, None, bad.raw, "", False, bad.reason)
-                    for bad in res.lease.bad
-                ]
-        if batch.peek:
-            res.peeked = step(lambda: frontier.claim_start_urls(batch.peek)) or []
-        if batch.drain:
-            res.drained = step(frontier.drained)
+                if res.error is None:
+                    res.error = exc
         return res
+
+    def _send(self, steps: list[_Step], res: BatchResult) -> bool:
+        """Send ``steps`` in one non-transactional pipeline and hand each its reply; returns
+        whether Redis is unreachable (then no step's outcome is known).
+
+        EVALSHA, not redis-py's Script objects: those ask SCRIPT EXISTS on every execute, a
+        round trip of its own. A step refused with NOSCRIPT (the server restarted or its
+        script cache was flushed) did not run: once the scripts are loaded, exactly those
+        steps are sent again, in their order."""
+        client = self.frontier.client
+        scripts = self.frontier.scripts
+        pending = steps
+        for attempt in range(2):
+            if not pending:
+                return False
+            pipe = client.pipeline(transaction=False)
+            for st in pending:
+                op = st.op
+                if op.script:
+                    sha = getattr(scripts, op.script).sha
+                    pipe.evalsha(sha, len(op.keys), *op.keys, *op.args)
+                else:
+                    pipe.execute_command(*op.args)
+            try:
+                replies = pipe.execute(raise_on_error=False)
+            except redis.RedisError as exc:
+                # no reply is known: a commit among them may have run (sent again, it is
+                # recognised by its id); everything else is as if it had failed
+                for st in pending:
+                    if st.rider:
+                        st.done(exc)
+                if any(st.commit for st in pending):
+                    res.commit_error = exc
+                if res.error is None and any(not (st.commit or st.rider) for st in pending):
+                    res.error = exc
+                return not isinstance(exc, redis.ResponseError)
+            again: list[_Step] = []
+            for st, reply in zip(pending, replies, strict=True):
+                if isinstance(reply, redis.exceptions.NoScriptError) and attempt == 0:
+                    again.append(st)
+                elif isinstance(reply, redis.RedisError):
+                    if st.rider:
+                        st.done(reply)
+                    elif st.commit:
+                        res.commit_error = reply
+                    elif res.error is None:
+                        res.error = reply
+                else:
+                    st.done(st.op.parse(reply))
+            if again:
+                try:
+                    scripts.load(client)
+                except redis.RedisError as exc:
+                    if any(st.commit for st in again):
+                        res.commit_error = exc
+                    if res.error is None and any(not st.commit for st in again):
+                        res.error = exc
+                    return not isinstance(exc, redis.ResponseError)
+            pending = again
+        return False
+
+    def _commit_op(self, commit: Commit) -> Op[CommitResult]:
+        return self.frontier.commit_op(
+            commit.acks, commit.entries, commit.feedback, commit_id=commit.id, positions=True
+        )
+
+    @staticmethod
+    def _committed(res: BatchResult) -> Callable[[CommitResult], None]:
+        def done(result: CommitResult) -> None:
+            res.committed = result
+            res.commits_done = 1
+
+        return done
+
+    def _leased(self, res: BatchResult) -> Callable[[LeaseResult], None]:
+        def done(lease: LeaseResult) -> None:
+            res.lease = lease
+            res.leased = [self._decode(item) for item in lease.items]
+            res.leased += [
+                LeasedRequest(bad.ref, None, bad.raw, "", False, bad.reason) for bad in lease.bad
+            ]
+
+        return done
+
+    def _beaten(self, res: BatchResult) -> Callable[[int], None]:
+        def done(_: int) -> None:
+            res.beat = True
+            if self.liveness is not None:
+                self.liveness.noted()
+
+        return done
 
     def _decode(self, item: Leased) -> LeasedRequest:
         try:
@@ -277,6 +453,8 @@ class Runner:
         )
 
     def commit(self, commit: Commit, res: BatchResult) -> CommitResult:
+        """One commit on its own (several in a batch run one after another, each only if
+        the one before succeeded)."""
         if not commit.split:
             return self.frontier.commit(
                 commit.acks, commit.entries, commit.feedback, commit_id=commit.id, positions=True

@@ -149,7 +149,7 @@ class DistcrawlConfig:
     prefetch: int = 16
     flush_interval: float = 0.05
     push_batch_size: int = 500
-    idle_poll_max: float = 0.25
+    idle_poll_max: float = 1.0
     idle_timeout: float | None = None
     flush_on_start: bool = False
     start_urls_batch: int = 100
@@ -233,7 +233,7 @@ class DistcrawlConfig:
             prefetch=_get(settings, "DISTCRAWL_PREFETCH", concurrency, _positive(int)),
             flush_interval=_get(settings, "DISTCRAWL_FLUSH_INTERVAL", 0.05, _positive(float)),
             push_batch_size=_get(settings, "DISTCRAWL_PUSH_BATCH_SIZE", 500, _positive(int)),
-            idle_poll_max=_get(settings, "DISTCRAWL_IDLE_POLL_MAX", 0.25, _positive(float)),
+            idle_poll_max=_get(settings, "DISTCRAWL_IDLE_POLL_MAX", 1.0, _positive(float)),
             idle_timeout=_optional_float(settings, "DISTCRAWL_IDLE_TIMEOUT"),
             flush_on_start=_get(settings, "DISTCRAWL_FLUSH_ON_START", False, _bool),
             start_urls_batch=_get(settings, "DISTCRAWL_START_URLS_BATCH", 100, _positive(int)),

@@ -5,7 +5,9 @@ Redis thread: its heartbeat (``<ns>:workers``), the growth of its counters since
 beat into the crawl-wide totals (``<ns>:stats``, HINCRBY, so totals are exact however many
 workers write and survive every worker), the domains it fetched (``<ns>:domains``), and it
 reads the frontier sizes and the pause flag. ``distcrawl status`` and ``watch`` read those
-keys; an operator's ``distcrawl pause`` reaches every worker within one beat.
+keys; an operator's ``distcrawl pause`` reaches every worker within one beat. The pipeline
+rides with the scheduler's next batch (``Scheduler.ride``), which runs about once a second
+even when the worker is idle, so the beat costs no round trip of its own.
 """
 
 from __future__ import annotations
@@ -23,10 +25,12 @@ import redis
 from scrapy import signals
 from scrapy.exceptions import NotConfigured
 from twisted.internet import task
+from twisted.python.failure import Failure
 
+from distcrawl.batch import Rider
 from distcrawl.config import DistcrawlConfig
 from distcrawl.connection import RedisIO, redis_io
-from distcrawl.frontier import Frontier, worker_id
+from distcrawl.frontier import Frontier, Op, worker_id
 from distcrawl.keys import FrontierKeys
 from distcrawl.redact import redact_error, redact_text, url_secrets
 from distcrawl.scheduler import scheduler_of
@@ -58,6 +62,10 @@ COUNTERS = {
 MEMORY_CHECK_INTERVAL = 10.0
 #: robots.txt and offsite refusals are decisions, not download errors
 IGNORED = "downloader/exception_type_count/scrapy.exceptions.IgnoreRequest"
+
+
+def _same(reply: Any) -> Any:
+    return reply
 
 
 def counters(stats: Any) -> dict[str, int]:
@@ -160,31 +168,79 @@ class WorkerMonitor:
         state = "paused" if scheduler is not None and scheduler.paused else "running"
         deltas, domains, heartbeat = self._snapshot(state)
         self._busy = True
-        d = self.io.run(self._publish, deltas, domains, heartbeat)
+        memory = time.monotonic() >= self._next_memory_check
+        if memory:
+            self._next_memory_check = time.monotonic() + MEMORY_CHECK_INTERVAL
+        ops = self._ops(deltas, domains, heartbeat)
+        if memory:
+            ops.append(Op("", [], ["INFO", "memory"], _same))
+        # with the scheduler's next batch (it runs about once a second even when idle): no
+        # round trip of its own
+        rider = Rider(ops, lambda replies: self._rode(replies, deltas, domains, memory))
+        rider.wait = self.config.heartbeat_interval
+        if scheduler is not None and scheduler.ride(rider):
+            return
+        d = self.io.run(self._publish, deltas, domains, heartbeat, memory)
         d.addCallbacks(self._published, self._failed, errbackArgs=(deltas, domains))
 
-    def _publish(
+    def _ops(
         self, deltas: dict[str, int], domains: dict[str, int], heartbeat: dict[str, Any]
-    ) -> tuple[bool, dict[str, int]]:
-        """Runs on the Redis thread: one round trip."""
-        assert self.keys is not None and self.frontier is not None
+    ) -> list[Op[Any]]:
+        """The beat's commands; the last five read the pause flag and the frontier sizes."""
+        assert self.keys is not None
         k = self.keys
-        pipe = self.io.client.pipeline(transaction=False)
-        pipe.hset(k.workers, self.id, json.dumps(heartbeat, separators=(",", ":")))
-        for name, delta in deltas.items():
-            pipe.hincrby(k.stats, name, delta)
-        for domain, count in domains.items():
-            pipe.zincrby(k.domains, count, domain)
-        pipe.exists(k.paused)
-        for key in (k.queue, k.leases, k.delayed):
-            pipe.zcard(key)
-        pipe.llen(k.dead)
-        if time.monotonic() >= self._next_memory_check:
-            # on its own: a full Redis refuses the writes above, and this must still be said
-            self._next_memory_check = time.monotonic() + MEMORY_CHECK_INTERVAL
-            self._memory_info()
-        *_, paused, queue, leased, delayed, dead = pipe.execute()
+        ops: list[Op[Any]] = [
+            Op(
+                "",
+                [],
+                ["HSET", k.workers, self.id, json.dumps(heartbeat, separators=(",", ":"))],
+                _same,
+            )
+        ]
+        ops += [Op("", [], ["HINCRBY", k.stats, n, d], _same) for n, d in deltas.items()]
+        ops += [Op("", [], ["ZINCRBY", k.domains, c, dom], _same) for dom, c in domains.items()]
+        ops.append(Op("", [], ["EXISTS", k.paused], _same))
+        ops += [Op("", [], ["ZCARD", key], _same) for key in (k.queue, k.leases, k.delayed)]
+        ops.append(Op("", [], ["LLEN", k.dead], _same))
+        return ops
+
+    @staticmethod
+    def _read(replies: list[Any]) -> tuple[bool, dict[str, int]]:
+        *_, paused, queue, leased, delayed, dead = replies
         return bool(paused), {"queue": queue, "leased": leased, "delayed": delayed, "dead": dead}
+
+    def _publish(
+        self,
+        deltas: dict[str, int],
+        domains: dict[str, int],
+        heartbeat: dict[str, Any],
+        memory: bool = False,
+    ) -> tuple[bool, dict[str, int]]:
+        """Runs on the Redis thread: one round trip (when no scheduler batch takes it)."""
+        assert self.keys is not None and self.frontier is not None
+        pipe = self.io.client.pipeline(transaction=False)
+        for op in self._ops(deltas, domains, heartbeat):
+            pipe.execute_command(*op.args)
+        if memory:
+            # on its own: a full Redis refuses the writes above, and this must still be said
+            self._memory_info()
+        return self._read(pipe.execute())
+
+    def _rode(
+        self, replies: list[Any], deltas: dict[str, int], domains: dict[str, int], memory: bool
+    ) -> None:
+        """The beat rode with a scheduler batch: each command's reply, or its error."""
+        if memory:
+            info = replies.pop()
+            if isinstance(info, redis.exceptions.NoPermissionError):
+                self._refuse_info(info)
+            elif not isinstance(info, BaseException):
+                self._check_memory(info)
+        error = next((r for r in replies if isinstance(r, BaseException)), None)
+        if error is not None:
+            self._failed(Failure(error), deltas, domains)
+        else:
+            self._published(self._read(replies))
 
     def _memory_info(self) -> None:
         """An ACL user without INFO (``-@dangerous`` denies it) loses the memory check, not
@@ -192,14 +248,17 @@ class WorkerMonitor:
         try:
             info = self.io.client.info("memory")
         except redis.exceptions.NoPermissionError as exc:
-            self._next_memory_check = float("inf")
-            logger.warning(
-                "Redis refused INFO (%s): the maxmemory check is off; grant +info to this "
-                "worker's Redis user to have it (see distcrawl acl)",
-                exc,
-            )
+            self._refuse_info(exc)
             return
         self._check_memory(info)
+
+    def _refuse_info(self, exc: BaseException) -> None:
+        self._next_memory_check = float("inf")
+        logger.warning(
+            "Redis refused INFO (%s): the maxmemory check is off; grant +info to this "
+            "worker's Redis user to have it (see distcrawl acl)",
+            exc,
+        )
 
     def _check_memory(self, info: dict[str, Any]) -> None:
         """Loud before Redis is full: past maxmemory, writes fail (noeviction) or, worse,

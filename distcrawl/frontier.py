@@ -1,8 +1,11 @@
 """The shared frontier: synchronous Redis operations, one round trip each.
 
 Nothing here touches the reactor: the scheduler runs these methods on its I/O thread and
-hands the results back. Keeping them synchronous and free of Scrapy state makes them easy
-to test against a real server and to reuse from the ``distcrawl`` command.
+hands the results back. Each step a batch runs also exists as an ``Op`` (``commit_op``,
+``lease_op``...): its script call and how its reply is read, so that the batch runner can
+send a whole batch in one pipeline and read each reply exactly as the method does. Keeping
+them synchronous and free of Scrapy state makes them easy to test against a real server and
+to reuse from the ``distcrawl`` command.
 """
 
 from __future__ import annotations
@@ -12,9 +15,9 @@ import json
 import os
 import socket
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import redis
 
@@ -28,6 +31,24 @@ TOKEN_BYTES = 8
 MAX_SLOT_BYTES = 255
 #: raw bytes a dead-letter record keeps of what it quarantines (plus their length and SHA1)
 DEAD_RAW_BYTES = 65536
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Op(Generic[T]):
+    """One frontier step as Redis sees it, and how its reply is read.
+
+    ``script`` names a script of ``Scripts`` (sent as EVALSHA with ``keys`` and ``args``);
+    empty, ``args`` is a plain command. The Frontier's methods build an Op and send it
+    alone (``Frontier.run``); the batch runner sends the Ops of a whole batch in one
+    pipeline (batch.py), and both read the replies with the same ``parse``.
+    """
+
+    script: str
+    keys: Sequence[Any]
+    args: Sequence[Any]
+    parse: Callable[[Any], T]
 
 
 class QueueEntryError(ValueError):
@@ -139,6 +160,8 @@ class RequeueResult(NamedTuple):
     released: int = 0
     #: start_urls entries claimed by workers no longer alive, given back to start_urls
     unclaimed: int = 0
+    #: tags of the workers no longer alive that hold claims (given back by unclaim.lua)
+    orphan_claims: tuple[str, ...] = ()
 
 
 class Drained(NamedTuple):
@@ -346,6 +369,44 @@ def _raw_text(kept: bytes, *, cut: bool) -> dict[str, str]:
     return {"raw": kept.decode("latin-1"), "raw_encoding": "latin-1"}
 
 
+def _parse_commit(res: Any) -> CommitResult:
+    return CommitResult.of([int(x) for x in res[:-1]], [int(x) for x in res[-1]])
+
+
+def _parse_lease(res: Any) -> LeaseResult:
+    items: list[Leased] = []
+    bad: list[BadLease] = []
+    for i in range(8, len(res), 3):
+        kind, token, raw = int(res[i]), res[i + 1], res[i + 2]
+        try:
+            items.append(parse_entry(raw)._replace(paced=kind == 1, token=token, reserve=kind == 2))
+        except QueueEntryError as exc:
+            bad.append(BadLease(LeaseRef(_raw_id(raw), token), raw, str(exc)))
+    wait = None if int(res[3]) < 0 else int(res[3]) / 1000
+    queue, delayed, released, _, now, quarantined, missing, rearmed = (int(x) for x in res[:8])
+    return LeaseResult(
+        items, queue, delayed, released, wait, now, quarantined, missing, rearmed, bad
+    )
+
+
+def _parse_places(res: Any) -> tuple[int, int]:
+    return int(res[0]), int(res[1])
+
+
+def _parse_requeue(res: Any) -> RequeueResult:
+    requeued, orphans, dead, released = (int(x) for x in res[:4])
+    lapsed = tuple(worker_tags(res[4])) if len(res) > 4 else ()
+    return RequeueResult(requeued, orphans, dead, released, orphan_claims=lapsed)
+
+
+def _first_int(res: Any) -> int:
+    return int(res[0])
+
+
+def _reversed(res: Any) -> list[bytes]:
+    return list(res)[::-1]
+
+
 class Frontier:
     """``seen`` picks the seen-set, ``"set"`` or ``"bloom"`` (``DISTCRAWL_SEEN``); the Bloom
     filter's capacity and error rate only matter to the worker that creates it."""
@@ -384,6 +445,13 @@ class Frontier:
                 error_rate=bloom_error_rate,
             )
 
+    def run(self, op: Op[T]) -> T:
+        """Send one Op on its own (a script falls back to EVAL after a script cache flush)."""
+        if op.script:
+            script = getattr(self.scripts, op.script)
+            return op.parse(script(keys=op.keys, args=op.args))
+        return op.parse(self.client.execute_command(*op.args))
+
     def commit(
         self,
         acks: Sequence[LeaseRef],
@@ -396,6 +464,22 @@ class Frontier:
         """Run one commit (commit.lua). With a ``commit_id``, running the same commit again
         (its reply was lost) changes nothing and returns ``replayed=1``; ``positions`` asks
         for the positions of the entries Redis did not store."""
+        op = self.commit_op(acks, entries, feedback, commit_id=commit_id, positions=positions)
+        if self.bloom is not None:
+            # the Bloom filter may need its state read (or grown) around the script
+            return op.parse(self.bloom.run(self.scripts.commit, list(op.keys), list(op.args)))
+        return self.run(op)
+
+    def commit_op(
+        self,
+        acks: Sequence[LeaseRef],
+        entries: Sequence[Entry],
+        feedback: Sequence[Feedback] = (),
+        *,
+        commit_id: str = "",
+        positions: bool = False,
+    ) -> Op[CommitResult]:
+        """commit()'s script call; with the Bloom seen-set only ``commit()`` can send it."""
         k, p = self.keys, self.politeness
         args: list[Any] = [p.max_pending, p.keep_priority, p.throttle, self.tag, commit_id]
         args += ["1" if positions else "0", len(acks)]
@@ -427,11 +511,7 @@ class Frontier:
             k.placeless,
             k.claimants,
         ]
-        if self.bloom is not None:
-            res = self.bloom.run(self.scripts.commit, keys, args)
-        else:
-            res = self.scripts.commit(keys=keys, args=args)
-        return CommitResult.of([int(x) for x in res[:-1]], [int(x) for x in res[-1]])
+        return Op("commit", keys, args, _parse_commit)
 
     def add_seen(self, fingerprints: Sequence[bytes]) -> list[bool]:
         """Mark fingerprints seen without queueing anything (URLs crawled elsewhere);
@@ -467,59 +547,69 @@ class Frontier:
         divided among the workers whose last liveness beat is younger than
         ``worker_timeout_ms``. ``reserve``: how many reserves the caller may hold per slot
         (``reserved``: how many it holds); ``held`` counts only requests holding places."""
+        return self.run(
+            self.lease_op(
+                count,
+                lease_ms,
+                promote=promote,
+                held=held,
+                worker_timeout_ms=worker_timeout_ms,
+                reserve=reserve,
+                reserved=reserved,
+            )
+        )
+
+    def lease_op(
+        self,
+        count: int,
+        lease_ms: int,
+        *,
+        promote: int = 1000,
+        held: Mapping[str, int] | None = None,
+        worker_timeout_ms: int = 10_000,
+        reserve: int = 0,
+        reserved: Mapping[str, int] | None = None,
+    ) -> Op[LeaseResult]:
         k, p = self.keys, self.politeness
         mine = json.dumps(dict(held), separators=(",", ":")) if held else ""
         ahead = json.dumps(dict(reserved), separators=(",", ":")) if reserved else ""
         nonce = int.from_bytes(os.urandom(4), "big")
-        res = self.scripts.lease(
-            keys=[
-                k.queue,
-                k.requests,
-                k.leases,
-                k.delayed,
-                k.ready,
-                k.slots,
-                k.inflight,
-                k.throttle,
-                k.limits,
-                k.robots,
-                k.hungry,
-                k.seq,
-                k.dead,
-                k.stats,
-                k.throttle_state,
-                k.alive,
-                k.placeless,
-            ],
-            args=[
-                *(count, lease_ms, promote, p.scan, p.delay_ms, p.concurrency),
-                *(p.overrides, p.robots, mine, self._tag_bytes, nonce, worker_timeout_ms),
-                *(reserve, ahead),
-            ],
-        )
-        items: list[Leased] = []
-        bad: list[BadLease] = []
-        for i in range(8, len(res), 3):
-            kind, token, raw = int(res[i]), res[i + 1], res[i + 2]
-            try:
-                items.append(
-                    parse_entry(raw)._replace(paced=kind == 1, token=token, reserve=kind == 2)
-                )
-            except QueueEntryError as exc:
-                bad.append(BadLease(LeaseRef(_raw_id(raw), token), raw, str(exc)))
-        wait = None if int(res[3]) < 0 else int(res[3]) / 1000
-        queue, delayed, released, _, now, quarantined, missing, rearmed = (int(x) for x in res[:8])
-        return LeaseResult(
-            items, queue, delayed, released, wait, now, quarantined, missing, rearmed, bad
-        )
+        keys = [
+            k.queue,
+            k.requests,
+            k.leases,
+            k.delayed,
+            k.ready,
+            k.slots,
+            k.inflight,
+            k.throttle,
+            k.limits,
+            k.robots,
+            k.hungry,
+            k.seq,
+            k.dead,
+            k.stats,
+            k.throttle_state,
+            k.alive,
+            k.placeless,
+        ]
+        args = [
+            *(count, lease_ms, promote, p.scan, p.delay_ms, p.concurrency),
+            *(p.overrides, p.robots, mine, self._tag_bytes, nonce, worker_timeout_ms),
+            *(reserve, ahead),
+        ]
+        return Op("lease", keys, args, _parse_lease)
 
     def sent(self, paced: Sequence[tuple[str, int]]) -> int:
         """Report that requests of slots with a delay, leased at the given server times,
         were sent only now: their slots' next turns move back by the lag (sent.lua)."""
         if not paced:
             return 0
+        return self.run(self.sent_op(paced))
+
+    def sent_op(self, paced: Sequence[tuple[str, int]]) -> Op[int]:
         args = [x for slot, leased_at in paced for x in (slot, leased_at)]
-        return int(self.scripts.sent(keys=[self.keys.slots, self.keys.ready], args=args))
+        return Op("sent", [self.keys.slots, self.keys.ready], args, int)
 
     def delay_ms(self, slot: str) -> int:
         """The slot's delay from the settings (DOWNLOAD_SLOTS, else the default)."""
@@ -557,19 +647,26 @@ class Frontier:
         longer held under these tokens count for neither)."""
         if not (freed or taken):
             return 0, 0
+        return self.run(self.places_op(freed, taken))
+
+    def places_op(
+        self, freed: Sequence[LeaseRef], taken: Sequence[LeaseRef] = ()
+    ) -> Op[tuple[int, int]]:
         k = self.keys
         keys = [k.requests, k.leases, k.inflight, k.robots, k.ready, k.slots, k.placeless]
         args = [len(freed), *_pairs(freed), *_pairs(taken)]
-        out = self.scripts.places(keys=keys, args=args)
-        return int(out[0]), int(out[1])
+        return Op("places", keys, args, _parse_places)
 
     def renew(self, refs: Iterable[LeaseRef], lease_ms: int) -> int:
         """Extend the leases still held under these tokens; returns how many were."""
-        args = _pairs(refs)
-        if not args:
+        refs = list(refs)
+        if not refs:
             return 0
+        return self.run(self.renew_op(refs, lease_ms))
+
+    def renew_op(self, refs: Iterable[LeaseRef], lease_ms: int) -> Op[int]:
         k = self.keys
-        return int(self.scripts.renew(keys=[k.leases, k.requests], args=[lease_ms, *args]))
+        return Op("renew", [k.leases, k.requests], [lease_ms, *_pairs(refs)], int)
 
     def _requeue_keys(self) -> list[str]:
         k = self.keys
@@ -580,24 +677,33 @@ class Frontier:
 
     def requeue_expired(self, limit: int = 1000, worker_timeout_ms: int = 10_000) -> RequeueResult:
         """Requeue expired leases, then the leases of workers whose liveness beats are older
-        than ``worker_timeout_ms``, and give the start_urls claims of workers no longer alive
-        back to ``start_urls`` (a second round trip, only when there are such claims)."""
-        res = self.scripts.requeue(
-            keys=self._requeue_keys(), args=["expired", limit, worker_timeout_ms]
-        )
-        orphans = worker_tags(res[4])
-        unclaimed = self._unclaim("orphans", orphans) if orphans else 0
-        requeued, orphan_leases, dead, released = (int(x) for x in res[:4])
-        return RequeueResult(requeued, orphan_leases, dead, released, unclaimed)
+        than ``worker_timeout_ms``. The start_urls claims of workers no longer alive go back
+        to ``start_urls`` in a second round trip, only when there are such claims."""
+        result = self.run(self.requeue_op(limit, worker_timeout_ms))
+        if result.orphan_claims:
+            result = result._replace(unclaimed=self.unclaim_orphans(result.orphan_claims))
+        return result
+
+    def requeue_op(self, limit: int = 1000, worker_timeout_ms: int = 10_000) -> Op[RequeueResult]:
+        args = ["expired", limit, worker_timeout_ms]
+        return Op("requeue", self._requeue_keys(), args, _parse_requeue)
 
     def release(self, refs: Iterable[LeaseRef]) -> int:
         """Give leases back (pause, close): requeued at once, if still held under these
         tokens; returns how many were."""
-        args = _pairs(refs)
-        if not args:
+        refs = list(refs)
+        if not refs:
             return 0
-        res = self.scripts.requeue(keys=self._requeue_keys(), args=["ids", 0, 0, *args])
-        return int(res[0])
+        return self.run(self.release_op(refs))
+
+    def release_op(self, refs: Iterable[LeaseRef]) -> Op[int]:
+        args = ["ids", 0, 0, *_pairs(refs)]
+        return Op("requeue", self._requeue_keys(), args, _first_int)
+
+    def alive_op(self) -> Op[int]:
+        """One liveness beat of this worker (alive.lua; see liveness.py), to ride with a
+        batch; returns the server time written."""
+        return Op("alive", [self.keys.alive], [self.tag], int)
 
     def drained(self) -> Drained:
         """Whether the crawl is out of work, for idle close: start URLs waiting, requests
@@ -759,22 +865,28 @@ class Frontier:
         Call it only once the entries of the previous claim are stored: what the claim list
         still holds then (held back at the pending cap, or claimed by a call whose reply was
         lost) is handed out again first."""
+        return self.run(self.claim_op(count))
+
+    def claim_op(self, count: int) -> Op[list[bytes]]:
         k = self.keys
-        entries = self.scripts.claim(
-            keys=[k.start_urls, k.claims(self.tag), k.claimants], args=[count, self.tag]
-        )
-        return list(entries)
+        keys = [k.start_urls, k.claims(self.tag), k.claimants]
+        return Op("claim", keys, [count, self.tag], list)
 
     def unclaim(self) -> int:
         """Give this worker's claimed entries back to ``start_urls``, to be taken next
         (close, pause): they were not stored and another worker may take them; returns how
         many."""
-        return self._unclaim("own", [self.tag])
+        return self.run(self.unclaim_op("own", [self.tag]))
 
-    def _unclaim(self, mode: str, tags: Sequence[str]) -> int:
+    def unclaim_orphans(self, tags: Sequence[str]) -> int:
+        """Give the claims of these workers back to ``start_urls`` if they are still not
+        alive (requeue.lua found them lapsed); returns how many entries went back."""
+        return self.run(self.unclaim_op("orphans", tags))
+
+    def unclaim_op(self, mode: str, tags: Sequence[str]) -> Op[int]:
         k = self.keys
         keys = [k.start_urls, k.claimants, k.alive, *(k.claims(tag) for tag in tags)]
-        return int(self.scripts.unclaim(keys=keys, args=[mode, *tags]))
+        return Op("unclaim", keys, [mode, *tags], int)
 
     def claim_keys(self) -> list[str]:
         """The claim lists of the workers registered in ``claimants`` (for a reset)."""

@@ -7,6 +7,16 @@ delay it past that timeout and get a healthy worker's requests fetched twice. So
 daemon thread and a Redis connection that nothing else uses: it is late only when the process
 is frozen or Redis is unreachable, which is what the timeout is meant to detect.
 
+Beats that ride along: a worker's Redis thread runs a batch about once a second even when idle
+(scheduler.py), and a ``ZADD alive`` in that batch's pipeline costs no round trip of its own,
+where the thread's beat is one more per second for every idle worker. So the batches carry the
+beat whenever the last one is half an interval old (``due``), and the thread beats only when no
+beat at all reached Redis for ``own_after`` seconds (1.5 intervals for a scheduler's, still
+well inside the worker timeout, which is at least three). The guarantee is the one above: a
+worker whose reactor or batch thread is stuck, but whose process is alive and can reach Redis,
+keeps beating from its own thread and is never taken for dead; only a frozen process or an
+unreachable Redis lets the beats lapse.
+
 The score is Redis' own TIME (``lua/alive.lua``): ages are then computed against the clock of
 the node holding the key, whatever the clocks of the workers' hosts say.
 """
@@ -31,6 +41,8 @@ logger = logging.getLogger(__name__)
 _TAG = re.compile(r"[0-9a-fA-F]{8}")
 #: how much longer than one Redis call stop() waits for the thread before leaving it behind
 JOIN_MARGIN = 1.0
+#: a wake-up this close to its due time beats rather than sleeps again for a moment
+TICK_SLACK = 0.005
 
 
 class Liveness:
@@ -48,6 +60,7 @@ class Liveness:
         *,
         interval: float,
         socket_timeout: float,
+        own_after: float | None = None,
     ) -> None:
         if not _TAG.fullmatch(tag):
             raise ValueError(f"invalid worker tag {tag!r}: expected 8 hex characters")
@@ -58,7 +71,12 @@ class Liveness:
         self.keys = keys
         self.tag = tag
         self.interval = interval
+        #: the thread beats once no beat (its own or one riding with a batch) reached Redis
+        #: for this long; default one interval, for a Liveness nobody else beats for
+        self.own_after = interval if own_after is None else own_after
         self.socket_timeout = socket_timeout
+        #: monotonic time at which the last beat, from whichever thread, reached Redis
+        self._last = float("-inf")
         #: beats that reached Redis, for stats (written by whichever thread beats)
         self.beats = 0
         self._url = redis_url
@@ -95,6 +113,17 @@ class Liveness:
                 self._script = self._redis().register_script(script_source("alive"))
             self._script(keys=[self.keys.alive], args=[self.tag])
             self.beats += 1
+            self._last = time.monotonic()
+
+    def due(self) -> bool:
+        """Whether a batch should carry a beat: the last one is half an interval old. Never a
+        reason to run a batch: the thread beats when none does."""
+        return not self._closed and time.monotonic() - self._last >= self.interval / 2
+
+    def noted(self) -> None:
+        """A beat that rode with a batch reached Redis (``Frontier.alive_op``)."""
+        self.beats += 1
+        self._last = time.monotonic()
 
     def stop(self, *, clean: bool) -> None:
         """Stop beating; ``clean=True`` (a normal close) also removes the tag, so that nobody
@@ -145,16 +174,15 @@ class Liveness:
         return self._client
 
     def _run(self) -> None:
-        # ticks on a fixed grid, so that slow beats do not make the period drift longer;
-        # ticks missed while a beat hung are skipped, not sent in a burst
-        next_at = time.monotonic()
+        # wakes when the last beat, whoever sent it, is ``own_after`` old; after a failed
+        # beat it tries again one interval later
         while not self._stopping.is_set():
-            self._beat_logged()
-            now = time.monotonic()
-            next_at += self.interval
-            if next_at < now:
-                next_at = now + self.interval - (now - next_at) % self.interval
-            if self._stopping.wait(next_at - now):
+            if time.monotonic() - self._last >= self.own_after - TICK_SLACK:
+                self._beat_logged()
+            wait = self._last + self.own_after - time.monotonic()
+            if wait <= TICK_SLACK:
+                wait = self.interval
+            if self._stopping.wait(wait):
                 return
 
     def _beat_logged(self) -> None:

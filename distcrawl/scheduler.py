@@ -47,6 +47,7 @@ from distcrawl.batch import (
     Batch,
     BatchResult,
     Commit,
+    Rider,
     Runner,
     refused,
     refused_scheme,
@@ -80,6 +81,12 @@ logger = logging.getLogger(__name__)
 #: meta key a component sets to have the scheduler store a request for later (seconds)
 RETRY_DELAY_META = "distcrawl_retry_delay"
 BUSY_PEEK_INTERVAL = 1.0
+#: longest lease back-off while the shared queue holds requests this worker could not take
+#: (their slots are full): DISTCRAWL_IDLE_POLL_MAX is for an empty queue
+CONTENDED_POLL_MAX = 0.25
+#: the liveness thread beats once no batch carried a beat for this many heartbeat intervals
+#: (the worker timeout is at least three)
+OWN_BEAT_AFTER = 1.5
 MAX_RETRY_DELAY = 15.0
 #: how old (s) the last look at the whole frontier may be for an idle worker to close
 DRAIN_CHECK_MAX_AGE = 0.5
@@ -203,6 +210,8 @@ class Scheduler(BaseScheduler):
         #: the last look at the whole frontier (monotonic time, what it saw), for idle close
         self._drained: tuple[float, Drained] | None = None
         self._drain_wanted = False
+        #: other components' commands waiting for a batch to ride with (ride())
+        self._riders: list[Rider] = []
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Scheduler:
@@ -228,19 +237,22 @@ class Scheduler(BaseScheduler):
             bloom_error_rate=self.config.bloom_error_rate,
             tag=self.tag,
         )
-        self._runner = Runner(
-            self.frontier,
-            self.codec,
-            lease_ms=int(self.config.lease_timeout * 1000),
-            worker_timeout_ms=int(self.config.worker_timeout * 1000),
-            schemes=self.config.allowed_schemes,
-        )
         self._liveness = Liveness(
             self.config.redis_url,
             self.keys,
             self.tag,
             interval=self.config.heartbeat_interval,
             socket_timeout=self.config.socket_timeout,
+            # batches carry the beats (Batch.beat): the thread is the fallback
+            own_after=OWN_BEAT_AFTER * self.config.heartbeat_interval,
+        )
+        self._runner = Runner(
+            self.frontier,
+            self.codec,
+            lease_ms=int(self.config.lease_timeout * 1000),
+            worker_timeout_ms=int(self.config.worker_timeout * 1000),
+            schemes=self.config.allowed_schemes,
+            liveness=self._liveness,
         )
         self.crawler.signals.connect(self._on_idle, signal=signals.spider_idle)
         self.crawler.signals.connect(
@@ -481,6 +493,16 @@ class Scheduler(BaseScheduler):
     def paused(self) -> bool:
         return self._paused
 
+    def ride(self, rider: Rider) -> bool:
+        """Send ``rider``'s commands with the next batch, within ``rider.wait`` seconds, rather
+        than in a round trip of their own; False when no batch will run (closing), and the
+        caller sends them itself."""
+        if self._closing or self._loop is None or self._runner is None:
+            return False
+        rider.since = time.monotonic()
+        self._riders.append(rider)
+        return True
+
     def next_request(self) -> Request | None:
         if self._paused:
             return None
@@ -511,6 +533,8 @@ class Scheduler(BaseScheduler):
                 break
             await task.deferLater(reactor, 0.05)
         self._collect_finished()
+        riders, self._riders = self._riders, []
+        self._drop_riders(riders)
         # requests not done are given back at once, for another worker to take
         release = [ref for ref, _ in self._ready] + list(self._active) + self._take_reserves()
         self._active.clear()
@@ -593,6 +617,21 @@ class Scheduler(BaseScheduler):
         d.addCallback(self._apply, batch)
         d.addErrback(self._crashed, batch)
 
+    def _drop_riders(self, riders: list[Rider]) -> None:
+        """Tell riders their commands were not sent (they keep what they meant to send)."""
+        self._deliver(riders, [[redis.ConnectionError("not sent")] * len(r.ops) for r in riders])
+
+    def _deliver(self, riders: list[Rider], replies: list[list[Any]]) -> None:
+        """Hand each rider its replies, once: a rider's bug is logged, and must not fail
+        the batch (whose errback would hand them again)."""
+        pending = list(riders)
+        riders.clear()  # the batch's own list: handed now, never again
+        for rider, got in zip(pending, replies, strict=True):
+            try:
+                rider.done(got)
+            except Exception:
+                logger.exception("distcrawl rider failed", extra={"spider": self.spider})
+
     def _push(self, entry: Entry) -> None:
         self._outgoing.append(entry)
         self._pushed += 1
@@ -613,6 +652,26 @@ class Scheduler(BaseScheduler):
         return Commit(acks, entries, feedback)
 
     def _build_batch(self, now: float) -> Batch:
+        """The work due now, and what may ride with it: the reclaim of expired leases, other
+        components' commands, a liveness beat. Those run in a batch of their own only once
+        late (the beat never: its thread does), so an idle worker makes one round trip per
+        lease poll, about one a second (DISTCRAWL_IDLE_POLL_MAX)."""
+        batch = self._build_work(now)
+        work = not batch.empty()
+        if now >= self._next_reclaim and (
+            work or now >= self._next_reclaim + self.config.reclaim_interval
+        ):
+            batch.reclaim = True
+            self._next_reclaim = now + self.config.reclaim_interval
+        if self._riders and (
+            not batch.empty() or any(now - r.since >= r.wait for r in self._riders)
+        ):
+            batch.riders, self._riders = self._riders, []
+        if not batch.empty() and self._liveness is not None and self._liveness.due():
+            batch.beat = True
+        return batch
+
+    def _build_work(self, now: float) -> Batch:
         batch = Batch()
         batch.sent, self._sent = self._sent, []
         batch.freed, self._freed = self._freed, []
@@ -624,9 +683,6 @@ class Scheduler(BaseScheduler):
         if now >= self._next_renew:
             batch.renew = self._held_refs()
             self._next_renew = now + self.config.lease_timeout / 3
-        if now >= self._next_reclaim:
-            batch.reclaim = True
-            self._next_reclaim = now + self.config.reclaim_interval
         if self._drain_wanted:
             batch.drain = True
             self._drain_wanted = False
@@ -672,9 +728,12 @@ class Scheduler(BaseScheduler):
         self._busy = False
         now = time.monotonic()
         self._apply_commits(res, batch.commits)
-        for error in (res.commit_error, res.error):
-            if error is not None:
-                self._note_error(error)
+        errors = [e for e in (res.commit_error, res.error) if e is not None]
+        if len(errors) == 2 and errors[0] is errors[1]:
+            # one lost pipeline, the commit's and the other steps' failure: counted once
+            del errors[1]
+        for error in errors:
+            self._note_error(error)
         if res.commit_error is None and res.error is None and self._failing:
             logger.info(
                 "Redis is reachable again at %s",
@@ -711,13 +770,22 @@ class Scheduler(BaseScheduler):
                 self._idle_delay = 0.0
                 self._next_lease = now
             else:
-                self._idle_delay = min(max(self._idle_delay * 2, 0.05), self.config.idle_poll_max)
+                cap = self.config.idle_poll_max
+                if res.lease.queue_size:
+                    # requests wait in slots other workers fill: a place may free any moment
+                    cap = min(cap, CONTENDED_POLL_MAX)
+                self._idle_delay = min(max(self._idle_delay * 2, 0.05), cap)
                 wait = self._idle_delay
                 if res.lease.wait is not None:  # a slot's turn comes sooner: ask for it then
                     wait = min(wait, max(res.lease.wait, self.config.flush_interval))
                 self._next_lease = now + wait
+        self._deliver(batch.riders, res.riders)
         if batch.peek and res.error is None:
             self._handle_peeked(res.peeked)
+            if res.peeked:
+                # the commit that stores them goes at once: the lease rides with it
+                self._idle_delay = 0.0
+                self._next_lease = now
             if len(res.peeked) >= batch.peek:
                 self._next_peek = now
             elif not (self._ready or self._active):
@@ -977,6 +1045,7 @@ class Scheduler(BaseScheduler):
     def _crashed(self, failure: Any, batch: Batch) -> None:
         """A bug, not an outage: keep the work and log it loudly."""
         self._busy = False
+        self._drop_riders(batch.riders)
         logger.error(
             "distcrawl scheduler error",
             exc_info=redacted_exc_info(

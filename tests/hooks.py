@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
@@ -21,19 +22,26 @@ class ExitAfterCommit(Scheduler):
         target = self.crawler.settings.getint("TEST_EXIT_AFTER_COMMIT")
         frontier = self.frontier
         assert frontier is not None
-        commit = frontier.commit
+        commit_op = frontier.commit_op
         done = 0
 
-        def commit_then_exit(acks: Any, entries: Any, *args: Any, **kwargs: Any) -> Any:
-            nonlocal done
-            result = commit(acks, entries, *args, **kwargs)
-            if any(e.kind == "r" for e in entries):
-                done += 1
-                if done == target:
-                    os._exit(EXIT_STATUS)
-            return result
+        # the Op, not Frontier.commit: a batch pipelines its commit (batch.Runner), and both
+        # paths read the reply with the Op's parse
+        def commit_op_then_exit(acks: Any, entries: Any, *args: Any, **kwargs: Any) -> Any:
+            op = commit_op(acks, entries, *args, **kwargs)
 
-        frontier.commit = commit_then_exit  # type: ignore[method-assign]
+            def parse(reply: Any) -> Any:
+                nonlocal done
+                result = op.parse(reply)
+                if any(e.kind == "r" for e in entries):
+                    done += 1
+                    if done == target:
+                        os._exit(EXIT_STATUS)
+                return result
+
+            return dataclasses.replace(op, parse=parse)
+
+        frontier.commit_op = commit_op_then_exit  # type: ignore[method-assign]
         return opened
 
 
@@ -46,19 +54,25 @@ class ExitAfterClaim(Scheduler):
         target = self.crawler.settings.getint("TEST_EXIT_AFTER_CLAIM")
         frontier = self.frontier
         assert frontier is not None
-        claim = frontier.claim_start_urls
+        claim_op = frontier.claim_op
         done = 0
 
-        def claim_then_exit(count: int) -> Any:
-            nonlocal done
-            entries = claim(count)
-            if entries:
-                done += 1
-                if done == target:
-                    os._exit(EXIT_STATUS)
-            return entries
+        # the Op, not Frontier.claim_start_urls: a batch pipelines its claim (batch.Runner)
+        def claim_op_then_exit(count: int) -> Any:
+            op = claim_op(count)
 
-        frontier.claim_start_urls = claim_then_exit  # type: ignore[method-assign]
+            def parse(reply: Any) -> Any:
+                nonlocal done
+                entries = op.parse(reply)
+                if entries:
+                    done += 1
+                    if done == target:
+                        os._exit(EXIT_STATUS)
+                return entries
+
+            return dataclasses.replace(op, parse=parse)
+
+        frontier.claim_op = claim_op_then_exit  # type: ignore[method-assign]
         return opened
 
 

@@ -8,16 +8,19 @@ import json
 import pytest
 import redis
 
-from distcrawl.batch import Batch, BatchResult, Commit, Runner, refused
-from distcrawl.frontier import Entry, Frontier
+from distcrawl.batch import Batch, BatchResult, Commit, Rider, Runner, refused
+from distcrawl.connection import make_redis
+from distcrawl.frontier import Entry, Frontier, LeaseRef, Op
 from distcrawl.keys import FrontierKeys
 from distcrawl.serialize import RequestCodec
+
+LEASE = {"lease_ms": 60_000, "worker_timeout_ms": 10_000}
 
 
 @pytest.fixture
 def runner(redis_client):
     frontier = Frontier(redis_client, FrontierKeys("t"))
-    return Runner(frontier, RequestCodec(), lease_ms=60_000, worker_timeout_ms=10_000)
+    return Runner(frontier, RequestCodec(), **LEASE)
 
 
 def test_replies_that_say_redis_cannot_commit_now_are_not_refusals():
@@ -83,3 +86,90 @@ def test_a_closing_batch_stores_its_start_entries_then_gives_back_the_rest(runne
     assert (res.commits_done, res.committed.enqueued, res.unclaimed) == (1, 1, 1)
     assert redis_client.lrange("t:start_urls", 0, -1) == [b"http://a.test/3", b"http://a.test/2"]
     assert redis_client.exists(f"t:claims:{runner.frontier.tag}", "t:claimants") == 0
+
+
+def _reads(client: redis.Redis) -> int:
+    """Socket reads of the server so far, this INFO's included (a pipeline arrives in one)."""
+    return int(client.info("stats")["total_reads_processed"])
+
+
+def _setup(frontier: Frontier) -> tuple[LeaseRef, LeaseRef]:
+    """Two leased requests, and three more queued."""
+    entries = [Entry("r", f"{i}".encode(), 0, f"p{i}".encode(), b"", "t.test") for i in range(5)]
+    frontier.commit([], entries)
+    first, second = frontier.lease(2, 60_000).items
+    return first.ref, second.ref
+
+
+def test_a_batch_is_one_round_trip_with_the_results_of_its_steps_one_by_one(redis_client):
+    one = Runner(Frontier(redis_client, FrontierKeys("a")), RequestCodec(), **LEASE)
+    keys_b = FrontierKeys("b")
+    two = Frontier(redis_client, keys_b)
+    a1, a2 = _setup(one.frontier)
+    b1, b2 = _setup(two)
+    child = [Entry("r", b"c", 0, b"child", b"", "t.test")]
+    commit = Commit([a1], child, [])
+    one.frontier.scripts.load(redis_client)  # as after a first batch: no NOSCRIPT
+    before = _reads(redis_client)
+    res = one.run(Batch(commits=[commit], freed=[a1], renew=[a2], want=2, peek=3))
+    assert _reads(redis_client) - before - 1 == 1  # less the second INFO
+    assert res.error is None and res.commit_error is None and res.commits_done == 1
+    # the same steps, one call each, on the same data in another namespace
+    freed = two.places([b1])
+    committed = two.commit([b1], child, commit_id="x", positions=True)
+    renewed = two.renew([b2], 60_000)
+    lease = two.lease(2, 60_000)
+    assert (res.freed, res.taken) == freed
+    assert res.committed == committed and res.renewed == renewed == 1
+    assert res.lease is not None
+    assert [i.payload for i in res.lease.items] == [i.payload for i in lease.items]
+    assert res.lease.queue_size == lease.queue_size and res.peeked == []
+
+
+def test_noscript_after_a_flush_is_recovered_in_the_same_batch(runner, redis_client):
+    frontier = runner.frontier
+    held, _ = _setup(frontier)
+    redis_client.script_flush()
+    entries = [Entry("r", b"n", 0, b"new", b"", "t.test")]
+    commit = Commit([held], entries, [])
+    res = runner.run(Batch(commits=[commit], renew=[held], want=1, reclaim=True))
+    assert res.error is None and res.commit_error is None and res.commits_done == 1
+    assert res.committed is not None and res.committed.enqueued == 1
+    assert res.committed.replayed == 0  # run once: a second run would be a replay
+    assert res.renewed == 0  # acknowledged by the commit before it
+    assert res.lease is not None and len(res.lease.items) == 1
+    assert res.requeue is not None
+    # 5 + 1 stored, 2 leased (1 of them acknowledged), then 1 more leased: once
+    assert redis_client.zcard("t:queue") == 3 and redis_client.zcard("t:leases") == 2
+
+
+def test_a_reply_lost_mid_batch_is_a_connection_error_and_the_commit_replays(
+    redis_proxy, redis_client
+):
+    client = make_redis(redis_proxy.url)
+    runner = Runner(Frontier(client, FrontierKeys("t")), RequestCodec(), **LEASE)
+    held, other = _setup(runner.frontier)
+    lease_sha = runner.frontier.scripts.lease.sha.encode()
+    redis_proxy.drop_reply_once(lambda args: args[:2] == [b"EVALSHA", lease_sha])
+    commit = Commit([held], [Entry("r", b"n", 0, b"new", b"", "t.test")], [])
+    res = runner.run(Batch(commits=[commit], renew=[other], want=1))
+    assert isinstance(res.commit_error, redis.ConnectionError) and res.commits_done == 0
+    assert isinstance(res.error, redis.ConnectionError)
+    assert res.lease is None and res.committed is None
+    # the commit ran: sent again as the scheduler does, it is recognised and changes nothing
+    again = runner.run(Batch(commits=[commit]))
+    assert again.committed is not None and again.committed.replayed == 1
+    assert redis_client.zcard("t:queue") == 3  # 5 + 1, 2 leased before, 1 by the lost lease
+    client.close()
+
+
+def test_a_beat_and_riders_go_with_the_batch(runner, redis_client):
+    got: list[list[object]] = []
+    rider = Rider([Op("", [], ["ZCARD", "t:queue"], int)], got.append)
+    res = runner.run(Batch(want=1, riders=[rider]))
+    assert res.riders == [[0]] and res.error is None
+    bad = Rider([Op("", [], ["INCR", "t:queue"], int)], got.append)
+    redis_client.zadd("t:queue", {"x": 1})
+    res = runner.run(Batch(riders=[bad]))
+    assert isinstance(res.riders[0][0], redis.ResponseError)
+    assert res.error is None  # a rider's failure is its own

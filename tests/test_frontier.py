@@ -828,7 +828,7 @@ def test_claims_of_a_tag_that_beats_again_are_kept(redis_client):
     stalled.claim_start_urls(1)
     gone.claim_start_urls(1)
     beat(redis_client, stalled)
-    assert reaper._unclaim("orphans", [stalled.tag, gone.tag]) == 1
+    assert reaper.unclaim_orphans([stalled.tag, gone.tag]) == 1
     assert redis_client.llen(f"t:claims:{stalled.tag}") == 1
     assert redis_client.smembers("t:claimants") == {stalled.tag.encode()}
 

@@ -33,8 +33,12 @@ def make_liveness(redis_url: str) -> Iterator:
     """Factory; every Liveness made is stopped (uncleanly, as the test may have) at the end."""
     made: list[Liveness] = []
 
-    def factory(tag: str = TAG, url: str = redis_url, interval: float = 0.05) -> Liveness:
-        liveness = Liveness(url, KEYS, tag, interval=interval, socket_timeout=1.0)
+    def factory(
+        tag: str = TAG, url: str = redis_url, interval: float = 0.05, own_after: float | None = None
+    ) -> Liveness:
+        liveness = Liveness(
+            url, KEYS, tag, interval=interval, socket_timeout=1.0, own_after=own_after
+        )
         made.append(liveness)
         return liveness
 
@@ -182,3 +186,24 @@ def test_stop_is_bounded_when_redis_hangs(caplog):
         # one Redis call (0.5 s) plus JOIN_MARGIN, for the beat and the ZREM each; generous
         assert time.monotonic() - started < 10
     assert liveness.beats == 0
+
+
+def test_the_thread_beats_only_when_no_batch_carried_a_beat(make_liveness, redis_client):
+    """Beats riding with batches (noted) keep the thread quiet; once they stop, as when the
+    Redis thread is stuck, the thread beats again within ``own_after``."""
+    liveness = make_liveness(interval=0.2, own_after=0.8)
+    liveness.start()
+    deadline = time.monotonic() + 5
+    while liveness.beats < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    first = score(redis_client)
+    assert first is not None
+    assert not liveness.due()  # just beaten
+    for _ in range(8):  # a batch beat every 0.2 s (the thread would beat after 0.8 s)
+        time.sleep(0.2)
+        assert liveness.due()  # half an interval old: the next batch carries one
+        liveness.noted()
+    assert score(redis_client) == first  # the thread stayed quiet
+    time.sleep(1.5)  # no batch now: the thread beats on its own
+    moved = score(redis_client)
+    assert moved is not None and moved > first

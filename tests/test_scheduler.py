@@ -324,3 +324,42 @@ async def test_a_10_mb_start_url_entry_leaves_a_64_kb_dead_letter(
     assert record["raw_length"] == len(huge) and record["truncated"] is True
     assert len(raw) < 70_000
     assert redis_client.llen("site:start_urls") == 0
+
+
+def test_an_idle_worker_makes_about_one_round_trip_a_second_and_still_picks_up_work(
+    demo_site, workers, redis_client
+):
+    """Its lease poll, the reclaim, the liveness beat and the monitor's heartbeat go in one
+    pipeline about once a second (on 0.2.x it made about nine round trips a second); a start
+    URL pushed meanwhile is still taken within about one poll."""
+    site = demo_site(pages=3, links=1)
+    worker = workers(1, ROBOTSTXT_OBEY=False)
+    assert worker.wait_for_log("Frontier: "), worker.log()
+    time.sleep(3.0)  # past the first polls' back-off
+
+    def reads() -> tuple[int, int]:
+        info = redis_client.info("all")
+        return int(info["total_reads_processed"]), int(info["cmdstat_evalsha"]["calls"])
+
+    seconds = 5.0
+    reads0, scripts0 = reads()
+    time.sleep(seconds)
+    reads1, scripts1 = reads()
+    round_trips = (reads1 - reads0 - 1) / seconds  # less the second INFO
+    assert round_trips <= 1.6, round_trips
+    assert (scripts1 - scripts0) / seconds <= 3.5  # lease, beat, a reclaim every 2 s
+    assert redis_client.zscore("site:alive", worker_tag(redis_client)) is not None
+    pushed = time.monotonic()
+    redis_client.lpush("site:start_urls", site.url + "/")
+    while redis_client.llen("site:start_urls") and time.monotonic() - pushed < 10:
+        time.sleep(0.01)
+    assert time.monotonic() - pushed < 3.0, "an idle worker took too long to pick up a URL"
+    deadline = time.monotonic() + 30
+    while set(fetched(site)) != site.expected_pages() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert set(fetched(site)) == site.expected_pages(), worker.log()[-3000:]
+
+
+def worker_tag(client) -> bytes:
+    (tag,) = client.zrange("site:alive", 0, -1)
+    return tag

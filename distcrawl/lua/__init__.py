@@ -3,7 +3,8 @@
 Each file starts with a header naming its KEYS and ARGV. ``lib.lua`` (the layout of a
 queue entry and the politeness helpers) is prepended to every script. Scripts are
 registered once per client; redis-py sends EVALSHA and falls back to EVAL after a server
-restart or flush.
+restart or flush. The batch runner (batch.py) pipelines EVALSHA itself and, on NOSCRIPT,
+loads them all (``Scripts.load``) and sends again the steps that were refused.
 
 The seen-set is pluggable: ``seen_set.lua`` and ``seen_bloom.lua`` each define
 ``seen_add(fp)`` and ``seen_has(fp)``, and the scripts that deduplicate (``commit.lua``,
@@ -34,6 +35,7 @@ NAMES = (
     "claim",
     "unclaim",
     "sweep",
+    "alive",
 )
 SEEN_MODES = ("set", "bloom")
 
@@ -81,7 +83,16 @@ class Scripts:
     claim: Script
     unclaim: Script
     sweep: Script
+    alive: Script
 
     @classmethod
     def register(cls, client: redis.Redis, seen: str = "set") -> Scripts:
         return cls(**{name: client.register_script(script_source(name, seen)) for name in NAMES})
+
+    def load(self, client: redis.Redis) -> None:
+        """Load every script into the server's cache in one round trip: after NOSCRIPT (a
+        restarted or flushed server), before EVALSHA is sent again."""
+        pipe = client.pipeline(transaction=False)
+        for name in NAMES:
+            pipe.script_load(getattr(self, name).script)
+        pipe.execute()
