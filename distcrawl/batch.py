@@ -43,6 +43,7 @@ from distcrawl.frontier import (
     LeaseResult,
     Op,
     RequeueResult,
+    SweepResult,
     dead_letter,
 )
 from distcrawl.serialize import DecodeError, RequestCodec
@@ -199,6 +200,8 @@ class BatchResult:
     peeked: list[bytes] = field(default_factory=list)
     #: claimed start_urls entries given back (Batch.unclaim)
     unclaimed: int = 0
+    #: finished slots whose state the reclaim's sweep forgot (sweep.lua)
+    swept: SweepResult | None = None
     drained: Drained | None = None
     #: the liveness beat that rode along reached Redis
     beat: bool = False
@@ -294,6 +297,8 @@ class Runner:
         if batch.reclaim:
             reclaim = frontier.requeue_op(worker_timeout_ms=self.worker_timeout_ms)
             after.append(_Step(reclaim, _setter(res, "requeue")))
+            # finished slots' state is forgotten at the same pace, a page at a time
+            after.append(_Step(frontier.sweep_op(), _setter(res, "swept")))
         if batch.want:
             lease = frontier.lease_op(
                 batch.want,

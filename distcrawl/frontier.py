@@ -393,6 +393,10 @@ def _parse_places(res: Any) -> tuple[int, int]:
     return int(res[0]), int(res[1])
 
 
+def _parse_sweep(res: Any) -> SweepResult:
+    return SweepResult(int(res[0]), int(res[1]), bool(res[2]))
+
+
 def _parse_requeue(res: Any) -> RequeueResult:
     requeued, orphans, dead, released = (int(x) for x in res[:4])
     lapsed = tuple(worker_tags(res[4])) if len(res) > 4 else ()
@@ -825,11 +829,13 @@ class Frontier:
     def sweep_slots(self, grace_ms: int = 60_000, count: int = 100) -> SweepResult:
         """Forget the politeness state of up to ``count`` slots per per-slot HASH that
         have nothing queued or in flight and whose turn is ``grace_ms`` past (sweep.lua)."""
+        return self.run(self.sweep_op(grace_ms, count))
+
+    def sweep_op(self, grace_ms: int = 60_000, count: int = 100) -> Op[SweepResult]:
         k = self.keys
         keys = [k.slots, k.throttle_state, k.robots, k.ready, k.inflight, k.throttle]
         keys += [k.throttle_raised, k.hungry, k.sweep]
-        forgotten, looked, wrapped = self.scripts.sweep(keys=keys, args=[count, grace_ms])
-        return SweepResult(int(forgotten), int(looked), bool(wrapped))
+        return Op("sweep", keys, [count, grace_ms], _parse_sweep)
 
     def slot_count(self) -> int:
         """Slots with requests queued plus slots with requests in flight (a slot with both

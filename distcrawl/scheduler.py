@@ -899,6 +899,8 @@ class Scheduler(BaseScheduler):
                 )
 
     def _apply_requeue(self, res: BatchResult) -> None:
+        if res.swept is not None:
+            self._inc("distcrawl/slots/forgotten", res.swept.forgotten)
         r = res.requeue
         if r is None:
             return

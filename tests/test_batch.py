@@ -173,3 +173,16 @@ def test_a_beat_and_riders_go_with_the_batch(runner, redis_client):
     res = runner.run(Batch(riders=[bad]))
     assert isinstance(res.riders[0][0], redis.ResponseError)
     assert res.error is None  # a rider's failure is its own
+
+
+def test_a_reclaim_sweeps_finished_slots_in_the_same_round_trip(runner, redis_client):
+    old = redis_client.time()[0] * 1000 - 120_000
+    redis_client.hset("t:slots", mapping={"done.test": old, "busy.test": old})
+    redis_client.hset("t:inflight", "busy.test", 1)
+    runner.run(Batch(renew=[LeaseRef("x", b"0" * 8)]))  # the scripts are loaded
+    reads = _reads(redis_client)
+    res = runner.run(Batch(reclaim=True))
+    assert _reads(redis_client) - reads == 2  # the batch's pipeline, and this INFO
+    assert res.error is None and res.requeue is not None
+    assert res.swept is not None and res.swept.forgotten == 1
+    assert redis_client.hkeys("t:slots") == [b"busy.test"]
