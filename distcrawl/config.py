@@ -195,6 +195,7 @@ class DistcrawlConfig:
     #: AUTOTHROTTLE_TARGET_CONCURRENCY when AUTOTHROTTLE_ENABLED, else 0 (no latency rule)
     throttle_target_concurrency: float = 0.0
     max_pending: int | None = None
+    max_pending_per_slot: int | None = None
     max_pending_keep_priority: int | None = None
     maxmemory_warn: float = 0.8
 
@@ -342,6 +343,9 @@ def _politeness(settings: BaseSettings) -> dict[str, Any]:
             else 0.0
         ),
         "max_pending": _get(settings, "DISTCRAWL_MAX_PENDING", None, _positive(int)),
+        "max_pending_per_slot": _get(
+            settings, "DISTCRAWL_MAX_PENDING_PER_SLOT", None, _positive(int)
+        ),
         "max_pending_keep_priority": _get(
             settings, "DISTCRAWL_MAX_PENDING_KEEP_PRIORITY", None, int
         ),

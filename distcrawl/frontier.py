@@ -202,6 +202,8 @@ class CommitResult:
     stale: int = 0
     #: acknowledgements of requests with no record (already done, or lost by Redis): no-ops
     missing: int = 0
+    #: new requests dropped because their slot had DISTCRAWL_MAX_PENDING_PER_SLOT queued
+    slot_dropped: int = 0
     #: positions of the entries not stored (duplicates, dropped), when asked for
     not_stored: tuple[int, ...] = ()
 
@@ -227,6 +229,7 @@ class CommitResult:
             self.late,
             self.stale,
             self.missing,
+            self.slot_dropped,
         )
 
 
@@ -243,6 +246,8 @@ class Politeness:
     #: "<start ms>:<max ms>:<target concurrency>:<window>:<share>" (see commit.lua)
     throttle: str = "1000:60000:0:30:0.3"
     max_pending: int = 0
+    #: DISTCRAWL_MAX_PENDING_PER_SLOT (0: none)
+    max_pending_per_slot: int = 0
     keep_priority: int = 2**31
     scan: int = 64
 
@@ -485,7 +490,8 @@ class Frontier:
     ) -> Op[CommitResult]:
         """commit()'s script call; with the Bloom seen-set only ``commit()`` can send it."""
         k, p = self.keys, self.politeness
-        args: list[Any] = [p.max_pending, p.keep_priority, p.throttle, self.tag, commit_id]
+        caps = f"{p.max_pending}:{p.max_pending_per_slot}"
+        args: list[Any] = [caps, p.keep_priority, p.throttle, self.tag, commit_id]
         args += ["1" if positions else "0", len(acks)]
         for ack in acks:
             args += [ack.id, ack.token]

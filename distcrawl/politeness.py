@@ -82,6 +82,7 @@ def politeness(config: DistcrawlConfig) -> Politeness:
             f":{share}"
         ),
         max_pending=config.max_pending or 0,
+        max_pending_per_slot=config.max_pending_per_slot or 0,
         keep_priority=(
             2**31 if config.max_pending_keep_priority is None else config.max_pending_keep_priority
         ),

@@ -175,6 +175,7 @@ class Scheduler(BaseScheduler):
         self._to_send: dict[Request, tuple[str, int]] = {}
         #: the same, of those that reached it since the last batch (Frontier.sent)
         self._sent: list[tuple[str, int]] = []
+        self._warned_slot_full = 0.0
         self._warned_full = 0.0
         self._warned_acks = -WARN_EVERY
         #: scheme -> monotonic time of the last warning about requests refused for it
@@ -867,6 +868,17 @@ class Scheduler(BaseScheduler):
             self._dropped(commit, c.not_stored)
         elif c.duplicates and self.df is not None:
             self.df.count(c.duplicates)
+        if c.slot_dropped:
+            self._inc("distcrawl/backpressure/slot_dropped", c.slot_dropped)
+            if time.monotonic() - self._warned_slot_full >= WARN_EVERY:
+                self._warned_slot_full = time.monotonic()
+                logger.warning(
+                    "%d new requests dropped: their slots have DISTCRAWL_MAX_PENDING_PER_SLOT=%d "
+                    "requests queued (stat distcrawl/backpressure/slot_dropped)",
+                    c.slot_dropped,
+                    self.config.max_pending_per_slot,
+                    extra={"spider": self.spider},
+                )
         if c.dropped or c.held:
             self._inc("distcrawl/backpressure/dropped", c.dropped)
             self._inc("distcrawl/backpressure/start_urls_held", c.held)

@@ -50,7 +50,7 @@ def lua_commands() -> set[str]:
 
 _RECEIVER = re.compile(r"(^|\.)_?(client|pipe)$|_redis\(\)$")
 #: redis-py methods that send no command of their own
-_NO_COMMAND = {"close", "execute", "set_retry"}
+_NO_COMMAND = {"close", "execute", "set_retry", "execute_command"}
 _RENAMED = {
     "delete": "del",
     "script_load": "script|load",
@@ -84,6 +84,23 @@ def python_commands() -> set[str]:
                 found |= {"evalsha", "script|load"}  # redis-py's Script.__call__
             elif name not in _NO_COMMAND:
                 found.add(_RENAMED.get(name, name))
+    return found | plain_op_commands()
+
+
+def plain_op_commands() -> set[str]:
+    """The commands of plain-command Ops (``Op("", [], ["HINCRBY", ...], parse)``), which a
+    batch sends with ``execute_command``: their name is the first of their args."""
+    found: set[str] = set()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not (isinstance(node, ast.Call) and ast.unparse(node.func) == "Op"):
+                continue
+            script, _, args = node.args[:3]
+            if isinstance(script, ast.Constant) and script.value == "":
+                assert isinstance(args, ast.List), f"{path.name}: Op args not a list literal"
+                name = args.elts[0]
+                assert isinstance(name, ast.Constant), f"{path.name}: Op with a computed command"
+                found.add(str(name.value).lower())
     return found
 
 

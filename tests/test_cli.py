@@ -74,6 +74,7 @@ def fill(client, keys):
     client.hset(keys.robotstxt, b"example.com", b"0 200\n")
     client.set(keys.robots_txt("example.com"), b"0 200\n")
     client.hset(keys.meta, b"format", 1)
+    client.hset(keys.sweep, keys.slots, b"0")
     client.hset(keys.settings, b"max_pending", 10)
 
 

@@ -40,6 +40,7 @@ def test_zero_idle_timeout_is_kept_not_dropped():
         ("DISTCRAWL_ALLOWED_SCHEMES", []),
         ("DISTCRAWL_THROTTLE_WINDOW", 0),
         ("DISTCRAWL_THROTTLE_SHARE", 1.5),
+        ("DISTCRAWL_MAX_PENDING_PER_SLOT", 0),
     ],
 )
 def test_bad_values_name_the_setting(name, value):

@@ -220,6 +220,28 @@ def polite(redis_client, **options):
     return Frontier(redis_client, FrontierKeys("t"), Politeness(**options))
 
 
+def test_a_slot_past_its_pending_cap_drops_its_new_requests_only(redis_client):
+    frontier = polite(redis_client, max_pending_per_slot=3, keep_priority=100)
+    entries = [Entry("r", f"a-{i}".encode(), 0, b"a", b"", "trap.test") for i in range(5)]
+    entries += [Entry("r", b"b-0", 0, b"b", b"", "b.test")]
+    entries += [Entry("r", b"a-urgent", 100, b"a!", b"", "trap.test")]  # kept past the cap
+    result = frontier.commit([], entries, positions=True)
+    assert (result.enqueued, result.slot_dropped, result.dropped) == (5, 2, 0)
+    assert sorted(result.not_stored) == [-5, -4]  # entries 3 and 4: for request_dropped
+    assert redis_client.zlexcount("t:queue", "[trap.test\0", "(trap.test\1") == 4
+    # a later commit counts what is queued: the slot is still full, the other is not
+    more = [
+        Entry("r", b"a-9", 0, b"a", b"", "trap.test"),
+        Entry("r", b"b-1", 0, b"b", b"", "b.test"),
+    ]
+    result = frontier.commit([], more)
+    assert (result.enqueued, result.slot_dropped) == (1, 1)
+    # and a slot drained below its cap takes new requests again
+    for item in frontier.lease(10, 10_000).items:
+        frontier.commit([item.ref], [])
+    assert frontier.commit([], [Entry("r", b"a-10", 0, b"a", b"", "trap.test")]).enqueued == 1
+
+
 def push_slot(frontier, slot, count):
     entries = [
         Entry("r", f"{slot}-{i}".encode(), 0, f"{slot}-{i}".encode(), b"", slot)

@@ -29,9 +29,14 @@
 -- distcrawl/lua/__init__.py prepends the seen-set snippet (seen_set.lua or seen_bloom.lua),
 -- which defines seen_add(fp) and may end the script before anything is written.
 --
--- ARGV[1]              pending cap (0 = none): past it new requests are dropped and
---                      start_urls entries stay in the claim list (claim.lua hands them
---                      out again at the worker's next claim)
+-- ARGV[1]              "<pending cap>:<per-slot cap>" (0 = none). Past the pending cap new
+--                      requests are dropped and start_urls entries stay in the claim list
+--                      (claim.lua hands them out again at the worker's next claim). Past
+--                      the per-slot cap (requests queued in the request's slot) new
+--                      requests of that slot are dropped: one host that makes up links
+--                      without end (a calendar, a session id in every URL) cannot fill the
+--                      frontier. Start URLs are not held at the per-slot cap: an operator
+--                      put them there.
 -- ARGV[2]              requests at or above this priority are kept past the cap
 -- ARGV[3]              throttle parameters "start_ms:max_ms:target:window:share": the first
 --                      and the longest adaptive delay; AutoThrottle's target concurrency (0 =
@@ -72,7 +77,8 @@
 --   missing  no record: already acknowledged, or lost with Redis data: no-op.
 --
 -- Returns {enqueued, duplicates, dead, skipped, queue length, dropped, held back, replayed
--- (0/1), late acks, stale acks, missing acks, {positions of the entries not stored}},
+-- (0/1), late acks, stale acks, missing acks, dropped at the per-slot cap, {positions of the
+-- entries not stored}},
 -- or {'bloom', layers} from seen_bloom.lua, having written nothing.
 
 local function invalid(what)
@@ -80,12 +86,14 @@ local function invalid(what)
 end
 
 local KINDS = {r = true, s = true, x = true, d = true, l = true}
-local cap, keep_prio = tonumber(ARGV[1]), tonumber(ARGV[2])
+local cap, slot_cap = string.match(ARGV[1], '^(%d+):(%d+)$')
+cap, slot_cap = tonumber(cap), tonumber(slot_cap)
+local keep_prio = tonumber(ARGV[2])
 local t_start, t_max, t_target, t_window, t_share =
   string.match(ARGV[3], '^(%d+):(%d+):([%d.]+):(%d+):([%d.]+)$')
 t_start, t_max, t_target = tonumber(t_start), tonumber(t_max), tonumber(t_target)
 t_window, t_share = tonumber(t_window), tonumber(t_share)
-if not (cap and keep_prio and t_start and t_window and t_window >= 1) then
+if not (cap and slot_cap and keep_prio and t_start and t_window and t_window >= 1) then
   return invalid('parameters')
 end
 local tag, commit_id, want_positions = ARGV[4], ARGV[5], ARGV[6] == '1'
@@ -123,7 +131,7 @@ end
 
 if tag ~= '' and commit_id ~= '' then
   if redis.call('HGET', KEYS[15], tag) == commit_id then
-    return {0, 0, 0, 0, redis.call('ZCARD', KEYS[1]), 0, 0, 1, 0, 0, 0, {}}
+    return {0, 0, 0, 0, redis.call('ZCARD', KEYS[1]), 0, 0, 1, 0, 0, 0, 0, {}}
   end
   redis.call('HSET', KEYS[15], tag, commit_id)
 end
@@ -158,7 +166,15 @@ end
 local pending = redis.call('ZCARD', KEYS[1])
 local claimed = false
 local enqueued, duplicates, dead, skipped, dropped, held = 0, 0, 0, 0, 0, 0
+local slot_dropped = 0
 local not_stored = {}
+-- requests queued per slot, counted once per slot and call (ZLEXCOUNT: O(log N))
+local in_slot = {}
+local function slot_full(slot, prio)
+  if slot_cap == 0 or prio >= keep_prio then return false end
+  if not in_slot[slot] then in_slot[slot] = redis.call('ZLEXCOUNT', KEYS[1], slot_range(slot)) end
+  return in_slot[slot] >= slot_cap
+end
 for i = 0, n - 1 do
   local at = base + 1 + i * 6
   local kind, fp, slot, prio = ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3]
@@ -168,6 +184,9 @@ for i = 0, n - 1 do
     held = held + 1
   elseif kind == 'r' and full then
     dropped = dropped + 1
+    if want_positions then not_stored[#not_stored + 1] = -i - 1 end
+  elseif kind == 'r' and slot_full(slot, tonumber(prio)) then
+    slot_dropped = slot_dropped + 1
     if want_positions then not_stored[#not_stored + 1] = -i - 1 end
   else
     local take = true
@@ -193,6 +212,7 @@ for i = 0, n - 1 do
         redis.call('ZADD', KEYS[1], 0, new_entry(slot, prio, payload))
         arm(KEYS[9], KEYS[10], slot, now, true)
         pending = pending + 1
+        if in_slot[slot] then in_slot[slot] = in_slot[slot] + 1 end
         enqueued = enqueued + 1
       else
         duplicates = duplicates + 1
@@ -302,5 +322,5 @@ for i = 0, records - 1 do
 end
 return {
   enqueued, duplicates, dead, skipped, redis.call('ZCARD', KEYS[1]), dropped, held, 0,
-  late, stale, missing, not_stored,
+  late, stale, missing, slot_dropped, not_stored,
 }
