@@ -25,7 +25,7 @@ from scrapy.exceptions import NotConfigured
 from twisted.internet import task
 
 from distcrawl.config import DistcrawlConfig
-from distcrawl.connection import RedisIO, redis_io
+from distcrawl.connection import RedisIO, node_info, redis_io
 from distcrawl.frontier import Frontier, worker_id
 from distcrawl.keys import FrontierKeys
 from distcrawl.redact import redact_error, redact_text, url_secrets
@@ -102,7 +102,8 @@ class WorkerMonitor:
     def spider_opened(self, spider: Spider) -> None:
         self.keys = FrontierKeys(self.config.namespace or spider.name)
         self.io.start()
-        self.frontier = Frontier(self.io.client, self.keys)
+        # the Frontier is made on the Redis thread (_publish): on a Redis Cluster, making the
+        # client is I/O, and the key names depend on it
         self._loop = task.LoopingCall(self.beat)
         self._loop.start(self.config.heartbeat_interval, now=True)
         if self.config.metrics_port is not None:
@@ -154,7 +155,7 @@ class WorkerMonitor:
         return round((p1 - p0) * 60 / (t1 - t0), 1) if t1 > t0 else 0.0
 
     def beat(self) -> None:
-        if self._busy or self.frontier is None:
+        if self._busy or self.keys is None:
             return
         scheduler = scheduler_of(self.crawler)
         state = "paused" if scheduler is not None and scheduler.paused else "running"
@@ -167,7 +168,11 @@ class WorkerMonitor:
         self, deltas: dict[str, int], domains: dict[str, int], heartbeat: dict[str, Any]
     ) -> tuple[bool, dict[str, int]]:
         """Runs on the Redis thread: one round trip."""
-        assert self.keys is not None and self.frontier is not None
+        assert self.keys is not None
+        if self.frontier is None:
+            client = self.io.connect()
+            self.keys = self.keys.on_cluster(bool(self.io.cluster))
+            self.frontier = Frontier(client, self.keys)
         k = self.keys
         pipe = self.io.client.pipeline(transaction=False)
         pipe.hset(k.workers, self.id, json.dumps(heartbeat, separators=(",", ":")))
@@ -190,7 +195,8 @@ class WorkerMonitor:
         """An ACL user without INFO (``-@dangerous`` denies it) loses the memory check, not
         the heartbeat, the counters and pause with it."""
         try:
-            info = self.io.client.info("memory")
+            assert self.keys is not None
+            info = node_info(self.io.client, "memory", self.keys.queue)
         except redis.exceptions.NoPermissionError as exc:
             self._next_memory_check = float("inf")
             logger.warning(
