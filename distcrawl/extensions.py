@@ -25,7 +25,7 @@ from scrapy.exceptions import NotConfigured
 from twisted.internet import task
 
 from distcrawl.config import DistcrawlConfig
-from distcrawl.connection import RedisIO, node_info, redis_io
+from distcrawl.connection import RedisIO, is_cluster, node_info, redis_io
 from distcrawl.frontier import Frontier, worker_id
 from distcrawl.keys import FrontierKeys
 from distcrawl.redact import redact_error, redact_text, url_secrets
@@ -174,7 +174,9 @@ class WorkerMonitor:
             self.keys = self.keys.on_cluster(bool(self.io.cluster))
             self.frontier = Frontier(client, self.keys)
         k = self.keys
-        pipe = self.io.client.pipeline(transaction=False)
+        # on a cluster a MULTI: redis-py sends a plain pipeline's commands again after a
+        # lost reply, which would count these HINCRBYs twice (one slot: MULTI is allowed)
+        pipe = self.io.client.pipeline(transaction=is_cluster(self.io.client))
         pipe.hset(k.workers, self.id, json.dumps(heartbeat, separators=(",", ":")))
         for name, delta in deltas.items():
             pipe.hincrby(k.stats, name, delta)

@@ -171,9 +171,15 @@ def test_cli_status_dead_and_reset_on_a_cluster(redis_cluster, cluster_client, r
 
 
 def test_make_redis_detects_a_cluster_node(redis_cluster, redis_url):
-    client = make_redis(redis_url, cluster=None)
+    client = make_redis(redis_url, cluster=None, socket_timeout=4.0)
     try:
         assert isinstance(client, RedisCluster)
+        # a lost reply is never answered by sending the command again (redirections are
+        # followed whatever this says), and the socket timeouts are kept
+        assert client.retry.get_retries() == 0
+        node = client.get_node_from_key(SITE.queue)
+        kwargs = node.redis_connection.connection_pool.connection_kwargs
+        assert (kwargs["socket_timeout"], kwargs["socket_connect_timeout"]) == (4.0, 4.0)
         client.set(SITE.paused, b"1")  # redirected to the slot's master
         assert client.get(SITE.paused) == b"1"
     finally:
@@ -201,3 +207,81 @@ def test_the_crawls_slot_migrates_to_another_master_mid_crawl(
     assert max(fetched.values()) == 1
     assert_drained(cluster_client)
     assert_one_slot(redis_cluster)
+
+
+def test_acl_users_created_on_every_node_suffice(
+    redis_cluster, demo_site, workers, capsys, monkeypatch, redis_url
+):
+    """The users ``distcrawl --cluster yes acl`` prints, created on every master: a crawl
+    through the worker user and push/status through the producer, with no refusal."""
+    monkeypatch.setenv("P_PW", "producer-pw-71")
+    monkeypatch.setenv("W_PW", "worker-pw-36")
+    argv = ["--cluster", "yes", "acl", "site"]
+    argv += ["--producer-password-env", "P_PW", "--worker-password-env", "W_PW"]
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    for port in redis_cluster.ports:
+        node = redis_cluster.node(port)
+        try:
+            for line in lines:
+                node.execute_command(*line.split())
+            node.acl_log_reset()
+        finally:
+            node.close()
+    host = redis_url.removeprefix("redis://")
+    producer_url = f"redis://site-producer:producer-pw-71@{host}"
+    worker_url = f"redis://site-worker:worker-pw-36@{host}"
+    try:
+        site = demo_site(pages=60)
+        assert main(["--redis-url", producer_url, "push", "site", site.url + "/"]) == 0
+        worker = workers(1, REDIS_URL=worker_url, DISTCRAWL_IDLE_TIMEOUT=2)
+        assert worker.wait(60) == 0, worker.log()[-3000:]
+        assert set(page_fetches(site)) == site.expected_pages()
+        capsys.readouterr()
+        assert main(["--redis-url", producer_url, "--json", "status", "site"]) == 0
+        assert json.loads(capsys.readouterr().out)["queue"] == 0
+        assert main(["--redis-url", worker_url, "reset", "site", "--yes"]) == 0
+        for port in redis_cluster.ports:
+            node = redis_cluster.node(port)
+            try:
+                refused = [e for e in node.acl_log() if e.get("username") != "default"]
+            finally:
+                node.close()
+            assert refused == [], (port, refused)
+    finally:
+        for port in redis_cluster.ports:
+            node = redis_cluster.node(port)
+            try:
+                node.acl_deluser("site-producer", "site-worker")
+            finally:
+                node.close()
+
+
+def test_a_worker_started_before_redis_connects_once_it_answers(tmp_path, demo_site):
+    """DISTCRAWL_REDIS_CLUSTER=auto needs an answer before anything is named: a worker whose
+    Redis is not up yet keeps retrying the connection, then crawls as usual."""
+    from distcrawl.demo.redis_server import RedisServer, find_free_port
+    from distcrawl.demo.workers import Worker
+
+    port = find_free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    site = demo_site(pages=20)
+    worker = Worker(
+        1,
+        redis_url=url,
+        settings={"DISTCRAWL_IDLE_TIMEOUT": 2, "DISTCRAWL_DOMAIN_CONCURRENCY": 64},
+        log_path=tmp_path / "worker-1.log",
+    ).start()
+    server = RedisServer(port=port, directory=tmp_path / "redis")
+    try:
+        assert worker.wait_for_log("Redis unreachable"), worker.log()
+        server.start()
+        client = server.client()
+        client.lpush("site:start_urls", site.url + "/")
+        client.close()
+        assert worker.wait(60) == 0, worker.log()[-3000:]
+        assert set(page_fetches(site)) == site.expected_pages()
+        assert "Traceback" not in worker.log()
+    finally:
+        worker.stop(timeout=10)
+        server.stop()
