@@ -73,6 +73,60 @@ class RedisClusterNodes:
         self._wait(self._settled, "cluster_state:ok on every node")
         return self
 
+    def add_replica(self, master: int) -> int:
+        """Start one more node and make it a replica of the master at ``master``; returns its
+        port once it has synced."""
+        port = find_free_port()
+        while port > 55535 or port in self.ports or not _free(port + 10000):
+            port = find_free_port()
+        work = self.directory / str(port)
+        work.mkdir()
+        cmd = [REDIS_BINARY, "--port", str(port), "--bind", HOST, "--dir", str(work)]
+        cmd += ["--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf"]
+        cmd += ["--cluster-node-timeout", "1000", "--save", "", "--appendonly", "no"]
+        log = open(work / "redis.log", "wb")  # noqa: SIM115 - kept for the process' life
+        self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))
+        self._wait(lambda: self._ping(port), f"node {port} answers")
+        replica_of = ["--cluster-slave", "--cluster-master-id", self.node_id(master)]
+        subprocess.run(
+            [REDIS_CLI, "--cluster", "add-node", f"{HOST}:{port}", f"{HOST}:{master}", *replica_of],
+            check=True,
+            capture_output=True,
+            timeout=START_TIMEOUT,
+        )
+
+        def synced() -> bool:
+            client = self.node(port)
+            try:
+                info = client.info("replication")
+            except redis.RedisError:
+                return False
+            finally:
+                client.close()
+            return info.get("role") == "slave" and info.get("master_link_status") == "up"
+
+        self._wait(synced, f"replica {port} of {master} in sync")
+        return port
+
+    def kill(self, port: int) -> None:
+        """SIGKILL the node at ``port`` (a crash: its replica is promoted after the node
+        timeout)."""
+        for proc in self.procs:
+            if any(arg == str(port) for arg in proc.args):  # type: ignore[union-attr]
+                proc.kill()
+                proc.wait(5)
+                return
+        raise LookupError(port)
+
+    def is_master(self, port: int) -> bool:
+        client = self.node(port)
+        try:
+            return bool(client.info("replication").get("role") == "master")
+        except redis.RedisError:
+            return False
+        finally:
+            client.close()
+
     def stop(self) -> None:
         for proc in self.procs:
             if proc.poll() is None:

@@ -285,3 +285,33 @@ def test_a_worker_started_before_redis_connects_once_it_answers(tmp_path, demo_s
     finally:
         worker.stop(timeout=10)
         server.stop()
+
+
+def test_a_failover_of_the_crawls_master_loses_no_page(
+    redis_cluster, demo_site, workers, redis_url
+):
+    """The master of the crawl's slot is SIGKILLed mid-crawl and its replica promoted: the
+    workers see connection errors, keep their work, and go on with the new master. The replica
+    is an earlier copy (replication is asynchronous), so a page may be fetched twice, never
+    lost. Last in the module: it leaves a dead node behind."""
+    slot = redis_cluster.keyslot(SITE.start_urls)
+    master = redis_cluster.owner(slot)
+    replica = redis_cluster.add_replica(master)
+    site = demo_site(pages=300, delay=0.05)
+    lpush_with_redis_cli(redis_cluster, site.url + "/")
+    settings = {"DISTCRAWL_IDLE_TIMEOUT": 5, "DISTCRAWL_LEASE_TIMEOUT": 5}
+    pool = [workers(i, **settings) for i in (1, 2)]
+    assert wait_until(lambda: len(page_fetches(site)) >= 60, timeout=60)
+    redis_cluster.kill(master)
+    assert wait_until(lambda: redis_cluster.is_master(replica), timeout=30)
+    for w in pool:
+        assert w.wait(120) == 0, w.log()[-3000:]
+
+    fetched = page_fetches(site)
+    assert set(fetched) == site.expected_pages(), "pages lost in the failover"
+    client = RedisCluster(host="127.0.0.1", port=replica)
+    try:
+        assert_drained(client)  # type: ignore[arg-type]
+    finally:
+        client.close()
+    assert any("Redis unreachable" in w.log() for w in pool)
