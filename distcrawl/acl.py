@@ -9,7 +9,8 @@ on the server. So ``distcrawl acl`` prints two users for one namespace:
   key it may write) and read the few keys ``distcrawl push`` (pending cap) and ``distcrawl
   status`` read; it runs no script and reads no request record (they may hold headers);
 * a **worker** with exactly the commands distcrawl sends (workers and the operator's
-  ``distcrawl`` commands), on ``<ns>:*`` only.
+  ``distcrawl`` commands), on ``<ns>:*`` only (on a Redis Cluster: ``{<ns>:start_urls}:*``
+  and ``<ns>:start_urls``, see keys.py; create the users on every node).
 
 The command lists are kept in step with the code by tests/test_acl.py, which reads every
 ``redis.call`` of ``distcrawl/lua`` and every redis-py call of ``distcrawl/`` and fails when
@@ -33,6 +34,11 @@ from distcrawl.keys import FrontierKeys
 #: HELLO are allowed to every user; ``make_redis`` turns off CLIENT SETINFO and CLIENT
 #: MAINT_NOTIFICATIONS, so no CLIENT subcommand has to be granted.
 CONNECTION_COMMANDS = ("ping", "select")
+
+#: what redis-py's cluster client sends besides: CLUSTER SLOTS for the slot map (at start,
+#: after a MOVED, a failover), COMMAND to learn where each command's keys are; granted only
+#: to the users of a crawl on a Redis Cluster (``FrontierKeys.cluster``)
+CLUSTER_COMMANDS = ("cluster|slots", "command")
 
 #: EVALSHA runs the frontier's scripts; SCRIPT LOAD is redis-py's answer to NOSCRIPT after a
 #: Redis restart or SCRIPT FLUSH. EVAL is never sent.
@@ -161,8 +167,20 @@ def producer_read_keys(keys: FrontierKeys) -> tuple[str, ...]:
     )
 
 
-def worker_commands() -> tuple[str, ...]:
-    return tuple(sorted({*CONNECTION_COMMANDS, *SCRIPT_COMMANDS, *LUA_COMMANDS, *PYTHON_COMMANDS}))
+def worker_commands(cluster: bool = False) -> tuple[str, ...]:
+    extra = CLUSTER_COMMANDS if cluster else ()
+    return tuple(
+        sorted({*CONNECTION_COMMANDS, *SCRIPT_COMMANDS, *LUA_COMMANDS, *PYTHON_COMMANDS, *extra})
+    )
+
+
+def worker_key_patterns(keys: FrontierKeys) -> tuple[str, ...]:
+    """``<ns>:*`` on a single server; on a cluster the hash-tagged names
+    ``{<ns>:start_urls}:*`` and ``<ns>:start_urls`` itself (keys.py)."""
+    namespace = key_pattern(check_token("namespace", keys.namespace))
+    if not keys.cluster:
+        return (f"{namespace}:*",)
+    return (f"{key_pattern(keys.prefix)}*", key_pattern(keys.start_urls))
 
 
 _GLOB = re.compile(r"([*?\[\]\\])")
@@ -222,20 +240,20 @@ def producer_user(keys: FrontierKeys, name: str, password: tuple[str, bool]) -> 
         f"%W~{key_pattern(keys.start_urls)}",
         "-@all",
         *(f"+{c}" for c in PRODUCER_COMMANDS),
+        *(f"+{c}" for c in (CLUSTER_COMMANDS if keys.cluster else ())),
     )
     return AclUser("producer", name, rules, password[1])
 
 
 def worker_user(keys: FrontierKeys, name: str, password: tuple[str, bool]) -> AclUser:
     check_token("worker user", name)
-    pattern = key_pattern(check_token("namespace", keys.namespace)) + ":*"
     rules = (
         "on",
         password[0],
         "resetchannels",
-        f"~{pattern}",
+        *(f"~{pattern}" for pattern in worker_key_patterns(keys)),
         "-@all",
-        *(f"+{c}" for c in worker_commands()),
+        *(f"+{c}" for c in worker_commands(keys.cluster)),
     )
     return AclUser("worker", name, rules, password[1])
 

@@ -28,8 +28,8 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 from scrapy.utils.project import get_project_settings
 
-from distcrawl.config import DEFAULT_REDIS_URL, ConfigError, DistcrawlConfig
-from distcrawl.connection import auth_refusal, make_redis
+from distcrawl.config import DEFAULT_REDIS_URL, ConfigError, DistcrawlConfig, cluster_mode
+from distcrawl.connection import auth_refusal, is_cluster, make_redis
 from distcrawl.frontier import Frontier
 from distcrawl.keys import FrontierKeys
 from distcrawl.redact import redact_text, redact_url, url_secrets
@@ -54,9 +54,11 @@ class UsageError(Exception):
 class Context:
     """The parsed global options and the one lazily made Redis client of this run."""
 
-    def __init__(self, redis_url: str, as_json: bool) -> None:
+    def __init__(self, redis_url: str, as_json: bool, cluster: bool | None = False) -> None:
         self.redis_url = redis_url
         self.as_json = as_json
+        #: --cluster: whether the URL is a Redis Cluster node (None: ask it when connecting)
+        self.cluster = cluster
         self._client: redis.Redis | None = None
 
     @property
@@ -67,18 +69,23 @@ class Context:
     def client(self) -> redis.Redis:
         if self._client is None:
             try:
-                client = make_redis(self.redis_url)
-            except ValueError as exc:
+                client = make_redis(self.redis_url, cluster=self.cluster)
+            except (ValueError, redis.exceptions.RedisClusterException) as exc:
                 raise UsageError(
                     f"invalid --redis-url {self.shown_url}: {self.scrub(str(exc))}"
                 ) from None
+            self.cluster = is_cluster(client)
             # A CLI should fail at once on a dead server, not after redis-py's backoff.
             client.set_retry(Retry(NoBackoff(), 0))
             self._client = client
         return self._client
 
+    def keys(self, keys: FrontierKeys) -> FrontierKeys:
+        """``keys`` named as on this Redis (hash-tagged on a cluster); connects."""
+        return keys.on_cluster(is_cluster(self.client))
+
     def frontier(self, keys: FrontierKeys) -> Frontier:
-        return Frontier(self.client, keys)
+        return Frontier(self.client, self.keys(keys))
 
     def scrub(self, text: str) -> str:
         """``text`` without the URL's secrets, should an error message quote them."""
@@ -100,6 +107,13 @@ def _spider(value: str) -> FrontierKeys:
         raise argparse.ArgumentTypeError(
             f"invalid spider/namespace {value!r}: must be non-empty, without whitespace"
         ) from None
+
+
+def _cluster_option(value: str) -> bool | None:
+    try:
+        return cluster_mode(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected auto, yes or no") from None
 
 
 def _json_object(value: str) -> dict[str, Any]:
@@ -365,7 +379,7 @@ def cmd_watch(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def _set_paused(args: argparse.Namespace, ctx: Context, paused: bool) -> int:
-    keys: FrontierKeys = args.spider
+    keys = ctx.keys(args.spider)
     if paused:
         ctx.client.set(keys.paused, b"1")
     else:
@@ -424,7 +438,7 @@ def cmd_doctor(args: argparse.Namespace, ctx: Context) -> int:
     """Exit 0 when the frontier is clean or was repaired, 1 when problems were left."""
     from distcrawl.doctor import Doctor
 
-    doctor = Doctor(ctx.client, args.spider, batch=args.batch, samples=args.samples)
+    doctor = Doctor(ctx.client, ctx.keys(args.spider), batch=args.batch, samples=args.samples)
     report = doctor.examine(repair=args.repair)
     if ctx.as_json:
         _emit_json(report.as_dict())
@@ -437,7 +451,7 @@ def cmd_doctor(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def cmd_reset(args: argparse.Namespace, ctx: Context) -> int:
-    keys: FrontierKeys = args.spider
+    keys = ctx.keys(args.spider)
     # the workers' claim lists too: entries claimed and not stored are start URLs as well
     frontier = ctx.frontier(keys)
     existing = int(ctx.client.exists(*keys.all(), *frontier.claim_keys()))
@@ -491,7 +505,7 @@ def _dead_line(record: dict[str, Any]) -> str:
 
 
 def cmd_dead_list(args: argparse.Namespace, ctx: Context) -> int:
-    key = args.spider.dead
+    key = ctx.keys(args.spider).dead
     pipe = ctx.client.pipeline(transaction=False)
     pipe.lrange(key, 0, args.limit - 1 if args.limit else -1)
     pipe.llen(key)
@@ -508,7 +522,7 @@ def cmd_dead_list(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def cmd_dead_count(args: argparse.Namespace, ctx: Context) -> int:
-    count = int(ctx.client.llen(args.spider.dead))
+    count = int(ctx.client.llen(ctx.keys(args.spider).dead))
     if ctx.as_json:
         _emit_json({"dead": count})
     else:
@@ -517,7 +531,7 @@ def cmd_dead_count(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def cmd_dead_purge(args: argparse.Namespace, ctx: Context) -> int:
-    keys: FrontierKeys = args.spider
+    keys = ctx.keys(args.spider)
     count = int(ctx.client.llen(keys.dead))
     if count:
         question = (
@@ -561,10 +575,11 @@ def cmd_dead_redrive(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def cmd_acl(args: argparse.Namespace, ctx: Context) -> int:
-    """Print the producer and worker ACL users of a crawl; talks to no Redis."""
+    """Print the producer and worker ACL users of a crawl; talks to no Redis (so a
+    cluster's key names are only used with ``--cluster yes``)."""
     from distcrawl import acl
 
-    keys: FrontierKeys = args.namespace or args.spider
+    keys: FrontierKeys = (args.namespace or args.spider).on_cluster(ctx.cluster is True)
     try:
         users = acl.roles(
             keys,
@@ -697,6 +712,16 @@ def _global_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
         metavar="URL",
         # never %(default)s: $REDIS_URL may hold a password
         help=f"Redis to use (default: $REDIS_URL, else {DEFAULT_REDIS_URL})",
+    )
+    parser.add_argument(
+        "--cluster",
+        type=_cluster_option,
+        default=(os.environ.get("DISTCRAWL_REDIS_CLUSTER") or "auto")
+        if defaults
+        else argparse.SUPPRESS,
+        metavar="auto|yes|no",
+        help="whether --redis-url is a node of a Redis Cluster (default: "
+        "$DISTCRAWL_REDIS_CLUSTER, else auto: ask the server; acl: no)",
     )
     parser.add_argument(
         "--json",
@@ -921,7 +946,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help and usage errors: return the code, do not exit
         return _exit_code(exc)
-    ctx = Context(args.redis_url, args.json)
+    ctx = Context(args.redis_url, args.json, args.cluster)
     handler: Handler = args.handler
     try:
         return handler(args, ctx)

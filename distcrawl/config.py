@@ -78,6 +78,17 @@ def _bool(raw: Any) -> bool:
     raise ValueError("expected a boolean")
 
 
+def cluster_mode(raw: Any) -> bool | None:
+    """``DISTCRAWL_REDIS_CLUSTER`` (or the CLI's ``--cluster``): True or False, or None for
+    "auto" (ask the server whether it is a cluster node, at connect time)."""
+    if raw is None or (isinstance(raw, str) and raw.strip().lower() == "auto"):
+        return None
+    try:
+        return _bool(raw)
+    except ValueError:
+        raise ValueError("expected auto, true or false") from None
+
+
 def _positive(kind: Callable[[Any], T]) -> Callable[[Any], T]:
     def convert(raw: Any) -> T:
         value = kind(raw)
@@ -142,6 +153,8 @@ class DistcrawlConfig:
     """The parsed settings; see the README for what each one does."""
 
     redis_url: str = DEFAULT_REDIS_URL
+    #: DISTCRAWL_REDIS_CLUSTER: whether REDIS_URL is a node of a Redis Cluster (None: auto)
+    redis_cluster: bool | None = None
     namespace: str | None = None
     serializer: str = "msgpack"
     lease_timeout: float = 30.0
@@ -225,6 +238,7 @@ class DistcrawlConfig:
             raise ConfigError(f"DISTCRAWL_NAMESPACE={namespace!r}: expected a non-empty string")
         return cls(
             redis_url=_get(settings, "REDIS_URL", DEFAULT_REDIS_URL, str),
+            redis_cluster=_get(settings, "DISTCRAWL_REDIS_CLUSTER", None, cluster_mode),
             namespace=namespace,
             serializer=serializer,
             lease_timeout=lease_timeout,

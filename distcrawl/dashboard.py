@@ -13,6 +13,7 @@ import time
 from collections import deque
 from typing import Any
 
+from distcrawl.connection import execute_timed
 from distcrawl.frontier import Frontier
 from distcrawl.seen import BloomState
 
@@ -38,7 +39,6 @@ def snapshot(frontier: Frontier, stale_after: float = STALE_AFTER) -> dict[str, 
     pipe.hgetall(k.workers)
     pipe.zrevrange(k.domains, 0, 9, withscores=True)
     pipe.zrange(k.alive, 0, -1, withscores=True)
-    pipe.time()
     (
         queue,
         slots,
@@ -54,7 +54,7 @@ def snapshot(frontier: Frontier, stale_after: float = STALE_AFTER) -> dict[str, 
         domains,
         alive,
         server_time,
-    ) = pipe.execute()
+    ) = execute_timed(frontier.client, pipe, k.queue)
     now = server_time[0] + server_time[1] / 1e6
     return {
         "namespace": k.namespace,

@@ -29,7 +29,7 @@ from twisted.python.failure import Failure
 
 from distcrawl.batch import Rider
 from distcrawl.config import DistcrawlConfig
-from distcrawl.connection import RedisIO, redis_io
+from distcrawl.connection import RedisIO, is_cluster, node_info, redis_io
 from distcrawl.frontier import Frontier, Op, worker_id
 from distcrawl.keys import FrontierKeys
 from distcrawl.redact import redact_error, redact_text, url_secrets
@@ -110,7 +110,8 @@ class WorkerMonitor:
     def spider_opened(self, spider: Spider) -> None:
         self.keys = FrontierKeys(self.config.namespace or spider.name)
         self.io.start()
-        self.frontier = Frontier(self.io.client, self.keys)
+        # the Frontier is made on the Redis thread (_publish): on a Redis Cluster, making the
+        # client is I/O, and the key names depend on it
         self._loop = task.LoopingCall(self.beat)
         self._loop.start(self.config.heartbeat_interval, now=True)
         if self.config.metrics_port is not None:
@@ -162,7 +163,7 @@ class WorkerMonitor:
         return round((p1 - p0) * 60 / (t1 - t0), 1) if t1 > t0 else 0.0
 
     def beat(self) -> None:
-        if self._busy or self.frontier is None:
+        if self._busy or self.keys is None:
             return
         scheduler = scheduler_of(self.crawler)
         state = "paused" if scheduler is not None and scheduler.paused else "running"
@@ -171,15 +172,17 @@ class WorkerMonitor:
         memory = time.monotonic() >= self._next_memory_check
         if memory:
             self._next_memory_check = time.monotonic() + MEMORY_CHECK_INTERVAL
-        ops = self._ops(deltas, domains, heartbeat)
-        if memory:
-            ops.append(Op("", [], ["INFO", "memory"], _same))
         # with the scheduler's next batch (it runs about once a second even when idle): no
-        # round trip of its own
-        rider = Rider(ops, lambda replies: self._rode(replies, deltas, domains, memory))
-        rider.wait = self.config.heartbeat_interval
-        if scheduler is not None and scheduler.ride(rider):
-            return
+        # round trip of its own. Not on a cluster: a batch's pipeline is no MULTI there, and
+        # redis-py would send the counters again after a lost reply (and INFO has no key)
+        if self.frontier is not None and not is_cluster(self.io.client):
+            ops = self._ops(deltas, domains, heartbeat)
+            if memory:
+                ops.append(Op("", [], ["INFO", "memory"], _same))
+            rider = Rider(ops, lambda replies: self._rode(replies, deltas, domains, memory))
+            rider.wait = self.config.heartbeat_interval
+            if scheduler is not None and scheduler.ride(rider):
+                return
         d = self.io.run(self._publish, deltas, domains, heartbeat, memory)
         d.addCallbacks(self._published, self._failed, errbackArgs=(deltas, domains))
 
@@ -217,8 +220,14 @@ class WorkerMonitor:
         memory: bool = False,
     ) -> tuple[bool, dict[str, int]]:
         """Runs on the Redis thread: one round trip (when no scheduler batch takes it)."""
-        assert self.keys is not None and self.frontier is not None
-        pipe = self.io.client.pipeline(transaction=False)
+        assert self.keys is not None
+        if self.frontier is None:
+            client = self.io.connect()
+            self.keys = self.keys.on_cluster(bool(self.io.cluster))
+            self.frontier = Frontier(client, self.keys)
+        # on a cluster a MULTI: redis-py sends a plain pipeline's commands again after a
+        # lost reply, which would count these HINCRBYs twice (one slot: MULTI is allowed)
+        pipe = self.io.client.pipeline(transaction=is_cluster(self.io.client))
         for op in self._ops(deltas, domains, heartbeat):
             pipe.execute_command(*op.args)
         if memory:
@@ -246,7 +255,8 @@ class WorkerMonitor:
         """An ACL user without INFO (``-@dangerous`` denies it) loses the memory check, not
         the heartbeat, the counters and pause with it."""
         try:
-            info = self.io.client.info("memory")
+            assert self.keys is not None
+            info = node_info(self.io.client, "memory", self.keys.queue)
         except redis.exceptions.NoPermissionError as exc:
             self._refuse_info(exc)
             return

@@ -21,6 +21,7 @@ from typing import Any, Generic, NamedTuple, TypeVar
 
 import redis
 
+from distcrawl.connection import execute_timed
 from distcrawl.keys import FrontierKeys
 from distcrawl.lua import SEEN_MODES, Scripts
 from distcrawl.seen import DEFAULT_CAPACITY, DEFAULT_ERROR_RATE, BloomFilter, BloomState, part_keys
@@ -725,8 +726,8 @@ class Frontier:
         pipe.zcard(k.leases)
         pipe.zrange(k.delayed, 0, 0, withscores=True)
         pipe.scard(k.claimants)
-        pipe.time()
-        start_urls, queued, leased, first, claimants, (seconds, micros) = pipe.execute()
+        values = execute_timed(self.client, pipe, k.queue)
+        start_urls, queued, leased, first, claimants, (seconds, micros) = values
         next_retry = None
         if first:
             next_retry = max(0, int(first[0][1]) - (seconds * 1000 + micros // 1000))
@@ -739,8 +740,7 @@ class Frontier:
         with skewed clocks agree on when it expires."""
         pipe = self.client.pipeline(transaction=False)
         pipe.get(self.keys.robots_txt(netloc))
-        pipe.time()
-        value, (seconds, micros) = pipe.execute()
+        value, (seconds, micros) = execute_timed(self.client, pipe, self.keys.robots_txt(netloc))
         if value is None:
             return None
         head, _, body = value.partition(b"\n")
@@ -808,8 +808,7 @@ class Frontier:
             pipe.hget(k.robots, name)
             pipe.hget(k.limits, name)
             pipe.hget(k.throttle_state, name)
-        pipe.time()
-        values = pipe.execute()
+        values = execute_timed(self.client, pipe, k.queue)
         seconds, micros = values[-1]
         now_ms = seconds * 1000 + micros // 1000
         out = []

@@ -3,28 +3,54 @@
 All keys of one crawl share the ``<namespace>:`` prefix (the spider name by default), so
 that ``distcrawl reset`` can remove exactly one crawl and nothing else, and so that the
 Lua scripts never build a key themselves: they receive every key through KEYS.
+
+On a Redis Cluster (``cluster=True``) a script may only touch keys of one hash slot, so every
+key but ``<ns>:start_urls`` is named ``{<ns>:start_urls}:<suffix>``: Redis hashes only the
+part in braces, and a name without braces whole, so all of them land in the slot of
+``<ns>:start_urls``, whose name stays the one producers already LPUSH to
+(``redis-cli -c lpush <ns>:start_urls URL``). On a single server the names stay
+``<ns>:<suffix>``, so existing crawls need no migration.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
 class FrontierKeys:
     namespace: str
+    #: whether the names are those of a Redis Cluster (hash-tagged, see the module docstring)
+    cluster: bool = False
 
     def __post_init__(self) -> None:
         if not self.namespace or any(c.isspace() for c in self.namespace):
             raise ValueError(f"invalid namespace {self.namespace!r}")
+        if self.cluster and any(c in self.namespace for c in "{}"):
+            # a brace would end or start the hash tag early: the keys would spread over slots
+            raise ValueError(f"invalid namespace {self.namespace!r} on a Redis Cluster: braces")
+
+    def on_cluster(self, cluster: bool) -> FrontierKeys:
+        """The same crawl's keys as named on a Redis Cluster (True) or a single server."""
+        return self if cluster == self.cluster else dataclasses.replace(self, cluster=cluster)
+
+    @property
+    def prefix(self) -> str:
+        """What every key of the crawl but ``start_urls`` starts with: ``<ns>:``, or
+        ``{<ns>:start_urls}:`` on a cluster."""
+        if self.cluster:
+            return f"{{{self.namespace}:start_urls}}:"
+        return f"{self.namespace}:"
 
     def _key(self, suffix: str) -> str:
-        return f"{self.namespace}:{suffix}"
+        return f"{self.prefix}{suffix}"
 
     @property
     def start_urls(self) -> str:
-        """LIST anyone may LPUSH to: plain URLs or JSON objects."""
-        return self._key("start_urls")
+        """LIST anyone may LPUSH to: plain URLs or JSON objects. Never hash-tagged: on a
+        cluster its whole name is hashed, which gives the slot of every other key."""
+        return f"{self.namespace}:start_urls"
 
     def claims(self, tag: str) -> str:
         """LIST of the ``start_urls`` entries worker ``tag`` claimed (lua/claim.lua) and has

@@ -61,6 +61,7 @@ class Liveness:
         interval: float,
         socket_timeout: float,
         own_after: float | None = None,
+        cluster: bool | None = False,
     ) -> None:
         if not _TAG.fullmatch(tag):
             raise ValueError(f"invalid worker tag {tag!r}: expected 8 hex characters")
@@ -80,6 +81,8 @@ class Liveness:
         #: beats that reached Redis, for stats (written by whichever thread beats)
         self.beats = 0
         self._url = redis_url
+        #: whether redis_url is a Redis Cluster node (None: ask it, on this thread)
+        self._cluster = cluster
         self._client: redis.Redis | None = None
         self._script: Script | None = None
         # held for each beat and for the final ZREM, so that a beat in flight when stop()
@@ -170,7 +173,9 @@ class Liveness:
 
     def _redis(self) -> redis.Redis:
         if self._client is None:
-            self._client = make_redis(self._url, socket_timeout=self.socket_timeout)
+            self._client = make_redis(
+                self._url, socket_timeout=self.socket_timeout, cluster=self._cluster
+            )
         return self._client
 
     def _run(self) -> None:

@@ -53,7 +53,7 @@ from distcrawl.batch import (
     refused_scheme,
 )
 from distcrawl.config import ConfigError, DistcrawlConfig
-from distcrawl.connection import RedisIO, auth_refusal, redact_url, redis_io
+from distcrawl.connection import RedisIO, auth_refusal, node_info, redact_url, redis_io
 from distcrawl.dupefilter import RedisDupeFilter
 from distcrawl.frontier import (
     CommitResult,
@@ -160,6 +160,7 @@ class Scheduler(BaseScheduler):
         self.codec: RequestCodec | None = None
         self._runner: Runner | None = None
         self._liveness: Liveness | None = None
+        self._liveness_started = False
         self._outgoing: deque[Entry] = deque()
         #: entries ever added to _outgoing / taken from it into commits
         self._pushed = 0
@@ -229,32 +230,8 @@ class Scheduler(BaseScheduler):
             self.config.serializer, spider, allowed_callbacks=self.config.allowed_callbacks
         )
         self.io.start()
-        self.frontier = Frontier(
-            self.io.client,
-            self.keys,
-            politeness(self.config),
-            seen=self.config.seen,
-            bloom_capacity=self.config.bloom_capacity,
-            bloom_error_rate=self.config.bloom_error_rate,
-            tag=self.tag,
-        )
-        self._liveness = Liveness(
-            self.config.redis_url,
-            self.keys,
-            self.tag,
-            interval=self.config.heartbeat_interval,
-            socket_timeout=self.config.socket_timeout,
-            # batches carry the beats (Batch.beat): the thread is the fallback
-            own_after=OWN_BEAT_AFTER * self.config.heartbeat_interval,
-        )
-        self._runner = Runner(
-            self.frontier,
-            self.codec,
-            lease_ms=int(self.config.lease_timeout * 1000),
-            worker_timeout_ms=int(self.config.worker_timeout * 1000),
-            schemes=self.config.allowed_schemes,
-            liveness=self._liveness,
-        )
+        # the Frontier, its runner and the liveness beat are made by _connect, on the Redis
+        # thread: whether REDIS_URL is a cluster (and so the key names) is learnt by I/O
         self.crawler.signals.connect(self._on_idle, signal=signals.spider_idle)
         self.crawler.signals.connect(
             self._on_downloading, signal=signals.request_reached_downloader
@@ -285,7 +262,53 @@ class Scheduler(BaseScheduler):
         d.addCallbacks(self._opened, self._open_failed)
         return d
 
+    def _connect(self) -> None:
+        """Make the client (a RedisCluster when REDIS_URL is a cluster node: it loads the
+        slot map), the keys named for it, the Frontier and the liveness beat; on the Redis
+        thread, never the reactor's. Until it succeeds the pump retries it (_pump)."""
+        assert self.keys is not None and self.codec is not None
+        client = self.io.connect()
+        keys = self.keys.on_cluster(bool(self.io.cluster))
+        if keys.cluster:
+            logger.info(
+                "%s is a Redis Cluster node: every key of %r is in the hash slot of %s",
+                redact_url(self.config.redis_url),
+                keys.namespace,
+                keys.start_urls,
+                extra={"spider": self.spider},
+            )
+        frontier = Frontier(
+            client,
+            keys,
+            politeness(self.config),
+            seen=self.config.seen,
+            bloom_capacity=self.config.bloom_capacity,
+            bloom_error_rate=self.config.bloom_error_rate,
+            tag=self.tag,
+        )
+        self._liveness = Liveness(
+            self.config.redis_url,
+            keys,
+            self.tag,
+            interval=self.config.heartbeat_interval,
+            socket_timeout=self.config.socket_timeout,
+            cluster=self.io.cluster,
+            # batches carry the beats (Batch.beat): the thread is the fallback
+            own_after=OWN_BEAT_AFTER * self.config.heartbeat_interval,
+        )
+        self.keys, self.frontier = keys, frontier
+        self._runner = Runner(
+            frontier,
+            self.codec,
+            lease_ms=int(self.config.lease_timeout * 1000),
+            worker_timeout_ms=int(self.config.worker_timeout * 1000),
+            schemes=self.config.allowed_schemes,
+            liveness=self._liveness,
+        )
+
     def _open_frontier(self) -> dict[str, int]:
+        if self._runner is None:
+            self._connect()
         assert self.frontier is not None and self._liveness is not None
         if self.config.flush_on_start:
             removed = self.frontier.clear()
@@ -322,8 +345,9 @@ class Scheduler(BaseScheduler):
         frontier back to its last snapshot (or empties it), which loses the requests queued
         since and brings back pages already acknowledged. Nothing else warns about it
         until it happens."""
+        assert self.keys is not None
         try:
-            aof = self.io.client.info("persistence").get("aof_enabled")
+            aof = node_info(self.io.client, "persistence", self.keys.queue).get("aof_enabled")
         except redis.ResponseError:  # INFO not granted: nothing to say
             return
         if aof in (0, "0"):
@@ -351,14 +375,43 @@ class Scheduler(BaseScheduler):
             # the one failure a retry cannot cure: the crawl does not start
             logger.error("%s", failure.value, extra={"spider": self.spider})
             return failure
+        if not failure.check(redis.RedisError) and self._runner is None:
+            # a bug or a refused setting (e.g. a namespace a cluster cannot hash-tag)
+            logger.error(
+                "distcrawl could not open the frontier",
+                exc_info=redacted_exc_info(
+                    failure.value, self.config.redis_url, tb=failure.getTracebackObject()
+                ),
+                extra={"spider": self.spider},
+            )
+            return failure
         self._note_error(failure.value)
         self._start_loop()
 
     def _start_loop(self) -> None:
-        assert self._liveness is not None
-        self._liveness.start()
-        self._loop = task.LoopingCall(self._pump)
-        self._loop.start(self.config.flush_interval, now=True)
+        if self._liveness is not None and not self._liveness_started:
+            self._liveness_started = True
+            self._liveness.start()
+        if self._loop is None:
+            self._loop = task.LoopingCall(self._pump)
+            self._loop.start(self.config.flush_interval, now=True)
+
+    def _reconnect(self) -> None:
+        """Retry ``_open_frontier`` when Redis could not be reached at open: the client,
+        the keys (cluster or not) and the Frontier are only known once it answers."""
+        self._busy = True
+
+        def done(result: Any) -> None:
+            self._busy = False
+            if isinstance(result, dict):
+                self._opened(result)
+            elif self._open_failed(result) is not None:
+                # what a retry cannot cure (logged): the crawl stops here
+                self._runner = None
+                self._closing = True
+                self.crawler.stop()
+
+        self.io.run(self._open_frontier).addBoth(done)
 
     def __len__(self) -> int:
         """Requests waiting to be crawled as far as this worker knows without asking Redis:
@@ -604,10 +657,13 @@ class Scheduler(BaseScheduler):
     def _pump(self) -> None:
         if self.df is not None:
             self.df.flush_stats_if_due()
-        if self._busy or self._closing or self._runner is None:
+        if self._busy or self._closing:
             return
         now = time.monotonic()
         if now < self._retry_at:
+            return
+        if self._runner is None:
+            self._reconnect()
             return
         self._collect_finished()
         batch = self._build_batch(now)

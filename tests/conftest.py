@@ -19,6 +19,7 @@ from distcrawl.demo.mongo_server import MongoServer  # noqa: E402
 from distcrawl.demo.redis_server import RedisServer  # noqa: E402
 from distcrawl.demo.site import DemoSite  # noqa: E402
 from distcrawl.demo.workers import Worker  # noqa: E402
+from tests.cluster import RedisClusterNodes  # noqa: E402
 from tests.redis_proxy import RedisProxy  # noqa: E402
 
 
@@ -31,6 +32,16 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterNodes]:
+    """A Redis Cluster of three masters (real processes), shared by a module's tests."""
+    nodes = RedisClusterNodes(tmp_path_factory.mktemp("redis-cluster"))
+    try:
+        yield nodes.start()
+    finally:
+        nodes.stop()
 
 
 @pytest.fixture

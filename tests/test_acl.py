@@ -153,6 +153,21 @@ def test_commands_with_placeholders_and_a_note(capsys):
     assert "replace <producer-password>" in err and "replace <worker-password>" in err
 
 
+def test_cluster_users_match_the_hash_tagged_names(capsys):
+    """On a cluster the keys are ``{site:start_urls}:*`` and ``site:start_urls`` (keys.py):
+    the patterns follow, and both users may load the slot map (CLUSTER SLOTS, COMMAND)."""
+    code = main(["--cluster", "yes", "acl", "site"])
+    producer, worker = capsys.readouterr().out.splitlines()
+    assert code == 0
+    assert " ~{site:start_urls}:* ~site:start_urls -@all " in worker
+    assert "~site:*" not in worker
+    assert " %W~site:start_urls " in producer and " %R~{site:start_urls}:queue " in producer
+    for user in (producer, worker):
+        assert "+cluster|slots" in user and "+command" in user
+    assert main(["acl", "site"]) == 0  # single server: as before
+    assert "+cluster|slots" not in capsys.readouterr().out
+
+
 def test_password_env_prints_the_hash_never_the_password(capsys, monkeypatch):
     monkeypatch.setenv("P_PW", PRODUCER_SECRET)
     monkeypatch.setenv("W_PW", WORKER_SECRET)

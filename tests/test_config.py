@@ -41,6 +41,7 @@ def test_zero_idle_timeout_is_kept_not_dropped():
         ("DISTCRAWL_THROTTLE_WINDOW", 0),
         ("DISTCRAWL_THROTTLE_SHARE", 1.5),
         ("DISTCRAWL_MAX_PENDING_PER_SLOT", 0),
+        ("DISTCRAWL_REDIS_CLUSTER", "maybe"),
     ],
 )
 def test_bad_values_name_the_setting(name, value):
@@ -78,3 +79,12 @@ def test_throttle_window_and_share_reach_the_scripts():
     tuned = config(DISTCRAWL_THROTTLE_WINDOW="50", DISTCRAWL_THROTTLE_SHARE="0.5")
     assert (tuned.throttle_window, tuned.throttle_share) == (50, 0.5)
     assert politeness(tuned).throttle.endswith(":50:0.5")
+
+
+def test_redis_cluster_is_auto_unless_set():
+    assert config().redis_cluster is None
+    assert config(DISTCRAWL_REDIS_CLUSTER="auto").redis_cluster is None
+    assert config(DISTCRAWL_REDIS_CLUSTER="AUTO").redis_cluster is None
+    assert config(DISTCRAWL_REDIS_CLUSTER="true").redis_cluster is True
+    assert config(DISTCRAWL_REDIS_CLUSTER=False).redis_cluster is False
+    assert config(DISTCRAWL_REDIS_CLUSTER="no").redis_cluster is False

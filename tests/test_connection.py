@@ -1,7 +1,7 @@
 import pytest
 import redis
 
-from distcrawl.connection import make_redis, redact_url
+from distcrawl.connection import RedisIO, make_redis, redact_url
 from distcrawl.demo.redis_server import RedisServer
 
 
@@ -51,3 +51,24 @@ def test_acl_user_from_url_authenticates(redis_server):
     client = make_redis(url)
     assert client.acl_whoami() in ("crawler", b"crawler")
     assert "crawlpw" not in redact_url(url)
+
+
+def test_auto_decides_on_connect_and_a_single_server_keeps_its_client(redis_server):
+    """DISTCRAWL_REDIS_CLUSTER=auto: no client (no I/O) before connect(), which the
+    scheduler runs on its Redis thread; a single server then gets the plain client."""
+    io = RedisIO(redis_server.url, cluster=None)
+    with pytest.raises(RuntimeError):
+        io.client  # noqa: B018 - the property is the point
+    client = io.connect()
+    try:
+        assert io.cluster is False and io.client is client
+        assert type(client) is redis.Redis and client.ping()
+    finally:
+        client.close()
+
+
+def test_auto_against_nothing_is_an_outage_not_a_bug():
+    io = RedisIO("redis://127.0.0.1:1/0", socket_timeout=0.5, cluster=None)
+    with pytest.raises(redis.ConnectionError):
+        io.connect()
+    assert io.cluster is None  # asked again at the next attempt

@@ -102,3 +102,46 @@ def test_claim_lists_are_per_worker_in_the_namespace():
 def test_invalid_namespace_is_refused(bad):
     with pytest.raises(ValueError):
         FrontierKeys(bad)
+
+
+def test_cluster_key_names_are_pinned():
+    """On a Redis Cluster every key but start_urls carries the hash tag {<ns>:start_urls}."""
+    k = FrontierKeys("site", cluster=True)
+    assert k.start_urls == "site:start_urls"  # unchanged: producers LPUSH to it as before
+    assert k.queue == "{site:start_urls}:queue"
+    assert k.requests == "{site:start_urls}:requests"
+    assert k.throttle_state == "{site:start_urls}:throttle:state"
+    assert k.bloom_part(3, 1) == "{site:start_urls}:bloom:3:1"
+    assert k.robots_txt("a.test:8080") == "{site:start_urls}:robotstxt:a.test:8080"
+    assert k.robots_lock("a.test") == "{site:start_urls}:robotstxt:lock:a.test"
+    assert k.robots_txt_pattern == "{site:start_urls}:robotstxt:*"
+    assert k.prefix == "{site:start_urls}:"
+    plain = FrontierKeys("site")
+    assert {name.replace("{site:start_urls}:", "site:") for name in k.all()} == set(plain.all())
+    assert all(n == k.start_urls or n.startswith(k.prefix) for n in k.all())
+    assert plain.on_cluster(True) == k and k.on_cluster(False) == plain
+
+
+@pytest.mark.parametrize("bad", ["a}b", "{a", "x{y}"])
+def test_a_namespace_with_braces_is_refused_on_a_cluster(bad):
+    FrontierKeys(bad)  # a single server hashes nothing: braces are harmless there
+    with pytest.raises(ValueError):
+        FrontierKeys(bad, cluster=True)
+
+
+def test_every_cluster_key_is_in_the_slot_of_start_urls(redis_cluster):
+    """CLUSTER KEYSLOT, asked of a real cluster node, of every key a crawl may use."""
+    k = FrontierKeys("site", cluster=True)
+    names = [
+        *k.all(),
+        k.bloom_part(0, 0),
+        k.bloom_part(12, 7),
+        k.robots_txt("a.test:8080"),
+        k.robots_lock("b.test"),
+    ]
+    node = redis_cluster.node(redis_cluster.ports[0])
+    try:
+        slots = {name: int(node.execute_command("CLUSTER", "KEYSLOT", name)) for name in names}
+    finally:
+        node.close()
+    assert set(slots.values()) == {slots[k.start_urls]}, slots
