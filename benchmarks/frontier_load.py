@@ -169,6 +169,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         seen = int(client.scard(keys.seen))
         queued = int(client.zcard(keys.queue))
         drained = drain(client, keys)
+        kept = _slot_state(client, keys)
+        # what the workers' reclaims do a minute after a host's last request (sweep.lua)
+        sweeper = Frontier(client, keys)
+        sweeps = 0
+        while sweeps < 100_000:
+            sweeps += 1
+            if sweeper.sweep_slots(grace_ms=0, count=100).wrapped:
+                break
         slot_bytes = {
             name: int(client.memory_usage(getattr(keys, name), samples=0) or 0)
             for name in SLOT_KEYS
@@ -189,10 +197,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "queued_at_end": queued,
         "used_memory_at_end": memory_running,
         "drained": drained,
+        "finished_domain_bytes_before_sweep": kept / args.hosts,
+        "sweep_calls": sweeps,
         "finished_domain_bytes": per_domain,
         "finished_domain_bytes_by_key": {k: v / args.hosts for k, v in slot_bytes.items()},
         "finished_domain_entries": slots_left,
     }
+
+
+def _slot_state(client: redis.Redis, keys: FrontierKeys) -> int:
+    return sum(int(client.memory_usage(getattr(keys, n), samples=0) or 0) for n in SLOT_KEYS)
 
 
 def _entries(client: redis.Redis, key: str) -> int:
@@ -230,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
         f"used memory {result['used_memory_at_end'] / 2**20:.1f} MiB"
     )
     print(
-        f"a finished domain keeps {result['finished_domain_bytes']:.0f} bytes "
+        f"a finished domain keeps {result['finished_domain_bytes_before_sweep']:.0f} bytes, "
+        f"{result['finished_domain_bytes']:.0f} once swept "
         f"({result['finished_domain_entries']} entries left of {args.hosts} hosts)"
     )
     print(f"JSON: {args.output}")

@@ -373,7 +373,9 @@ class Runner:
                 op = st.op
                 if op.script:
                     sha = getattr(scripts, op.script).sha
-                    pipe.evalsha(sha, len(op.keys), *op.keys, *op.args)
+                    # as a plain command: redis-py's cluster pipeline refuses its evalsha()
+                    # method, but routes an EVALSHA by its keys (all in one slot)
+                    pipe.execute_command("EVALSHA", sha, len(op.keys), *op.keys, *op.args)
                 else:
                     pipe.execute_command(*op.args)
             try:

@@ -17,8 +17,9 @@ class ExitAfterCommit(Scheduler):
     after the k-th commit that stored discovered requests returned from Redis, k being the
     setting ``TEST_EXIT_AFTER_COMMIT``: a crash at a chosen point between two commits."""
 
-    def open(self, spider: Any) -> Any:
-        opened = super().open(spider)
+    def _connect(self) -> None:
+        # the Frontier is made on the Redis thread once connected (Scheduler._connect)
+        super()._connect()
         target = self.crawler.settings.getint("TEST_EXIT_AFTER_COMMIT")
         frontier = self.frontier
         assert frontier is not None
@@ -42,15 +43,14 @@ class ExitAfterCommit(Scheduler):
             return dataclasses.replace(op, parse=parse)
 
         frontier.commit_op = commit_op_then_exit  # type: ignore[method-assign]
-        return opened
 
 
 class ExitAfterClaim(Scheduler):
     """Ends the process with ``os._exit`` right after the k-th claim of start_urls entries
     that returned some (``TEST_EXIT_AFTER_CLAIM``): it dies holding claims it never stored."""
 
-    def open(self, spider: Any) -> Any:
-        opened = super().open(spider)
+    def _connect(self) -> None:
+        super()._connect()
         target = self.crawler.settings.getint("TEST_EXIT_AFTER_CLAIM")
         frontier = self.frontier
         assert frontier is not None
@@ -73,7 +73,6 @@ class ExitAfterClaim(Scheduler):
             return dataclasses.replace(op, parse=parse)
 
         frontier.claim_op = claim_op_then_exit  # type: ignore[method-assign]
-        return opened
 
 
 class SlowPipeline:

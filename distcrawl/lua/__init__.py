@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from importlib.resources import files
 
 import redis
+from redis.cluster import RedisCluster
 from redis.commands.core import Script
 
 NAMES = (
@@ -92,6 +93,12 @@ class Scripts:
     def load(self, client: redis.Redis) -> None:
         """Load every script into the server's cache in one round trip: after NOSCRIPT (a
         restarted or flushed server), before EVALSHA is sent again."""
+        if isinstance(client, RedisCluster):
+            # redis-py's cluster pipeline refuses SCRIPT LOAD; RedisCluster sends it to
+            # every master, one call per script
+            for name in NAMES:
+                client.script_load(getattr(self, name).script)
+            return
         pipe = client.pipeline(transaction=False)
         for name in NAMES:
             pipe.script_load(getattr(self, name).script)
