@@ -119,6 +119,7 @@ PYTHON_COMMANDS = (
     "zmscore",
     "zrange",
     "zrem",
+    "zremrangebyrank",
     "zrevrange",
     "zscan",
     "zscore",

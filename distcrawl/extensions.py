@@ -60,6 +60,9 @@ COUNTERS = {
 }
 #: how often a worker reads Redis' INFO memory to warn before maxmemory is reached
 MEMORY_CHECK_INTERVAL = 10.0
+#: domains kept in ``<ns>:domains`` (the busiest, by pages fetched): a broad crawl meets
+#: millions, and a line each would grow Redis for a statistic nobody reads that far down
+DOMAINS_KEPT = 10_000
 #: robots.txt and offsite refusals are decisions, not download errors
 IGNORED = "downloader/exception_type_count/scrapy.exceptions.IgnoreRequest"
 
@@ -202,6 +205,8 @@ class WorkerMonitor:
         ]
         ops += [Op("", [], ["HINCRBY", k.stats, n, d], _same) for n, d in deltas.items()]
         ops += [Op("", [], ["ZINCRBY", k.domains, c, dom], _same) for dom, c in domains.items()]
+        if domains:
+            ops.append(Op("", [], ["ZREMRANGEBYRANK", k.domains, 0, -DOMAINS_KEPT - 1], _same))
         ops.append(Op("", [], ["EXISTS", k.paused], _same))
         ops += [Op("", [], ["ZCARD", key], _same) for key in (k.queue, k.leases, k.delayed)]
         ops.append(Op("", [], ["LLEN", k.dead], _same))

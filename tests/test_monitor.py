@@ -206,3 +206,18 @@ def test_start_urls_held_at_the_pending_cap_go_back_on_pause(
     log = worker.log()
     assert "'distcrawl/start_urls/given_back'" in log
     assert "'distcrawl/backpressure/start_urls_held'" in log
+
+
+def test_the_domains_statistic_keeps_the_busiest_domains_only(demo_site, workers, redis_client):
+    from distcrawl.extensions import DOMAINS_KEPT
+
+    # a broad crawl's long tail, already there
+    redis_client.zadd("site:domains", {f"d{n}.test": n for n in range(1, DOMAINS_KEPT + 6)})
+    site = demo_site(pages=30)
+    redis_client.lpush("site:start_urls", site.url + "/")
+    w = workers(1, DISTCRAWL_IDLE_TIMEOUT=2, **FAST)
+    assert w.wait(60) == 0, w.log()[-2000:]
+    assert redis_client.zcard("site:domains") == DOMAINS_KEPT
+    assert redis_client.zscore("site:domains", "127.0.0.1") >= 31  # this crawl's host
+    assert redis_client.zscore("site:domains", f"d{DOMAINS_KEPT + 5}.test") is not None
+    assert redis_client.zscore("site:domains", "d1.test") is None  # the quietest went
