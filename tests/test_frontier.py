@@ -922,19 +922,29 @@ def test_the_sweep_forgets_finished_slots_and_keeps_the_others(frontier, redis_c
         redis_client.hset("t:throttle:state", f"s{n}.test", "2:0.5:0")
         redis_client.hset("t:throttle", f"s{n}.test", 2000)
         redis_client.hset("t:robots", f"s{n}.test", 1000)
-    redis_client.hset("t:robots", "only-robots.test", 0)  # crawled before it had a delay
     redis_client.zadd("t:ready", {"s1.test": now})  # queued work
     redis_client.hset("t:inflight", "s2.test", 1)  # a request at the site
     redis_client.hset("t:slots", "s3.test", soon)  # its turn is still to come
     redis_client.hset("t:robots", "s4.test", -1)  # robots.txt being read
     redis_client.hset("t:limits", "s5.test", "500:")  # an operator's limit stays
     result = frontier.sweep_slots(grace_ms=60_000, count=1000)
-    assert result.wrapped and result.looked == 7
-    assert result.forgotten == 3  # s0, s5 and only-robots
+    assert result.wrapped and result.looked == 6
+    assert result.forgotten == 2  # s0 and s5
     assert sorted(redis_client.hkeys("t:slots")) == [b"s1.test", b"s2.test", b"s3.test", b"s4.test"]
     assert sorted(redis_client.hkeys("t:throttle")) == sorted(redis_client.hkeys("t:slots"))
-    assert b"only-robots.test" not in redis_client.hkeys("t:robots")
+    assert sorted(redis_client.hkeys("t:throttle:state")) == sorted(redis_client.hkeys("t:slots"))
+    # the Crawl-delay stays: a worker that parsed robots.txt does not report it again
+    assert redis_client.hlen("t:robots") == 6
     assert redis_client.hget("t:limits", "s5.test") == b"500:"
+
+
+def test_a_slot_leased_without_a_delay_is_not_finished_until_a_minute_after(frontier, redis_client):
+    push(frontier, (b"fp-1", 0, b"one"))
+    (item,) = frontier.lease(5, 10_000).items
+    frontier.commit([item.ref], [])
+    assert redis_client.hexists("t:slots", "t.test")  # stamped by the lease
+    assert frontier.sweep_slots(grace_ms=60_000).forgotten == 0
+    assert frontier.sweep_slots(grace_ms=0).forgotten == 1
 
 
 def test_the_sweep_goes_round_a_large_crawl_a_bounded_page_at_a_time(frontier, redis_client):
@@ -954,7 +964,6 @@ def test_a_slot_swept_and_then_given_work_again_starts_afresh(frontier, redis_cl
     push(frontier, (b"fp-1", 0, b"one"))
     (item,) = frontier.lease(5, 10_000).items
     frontier.commit([item.ref], [])
-    redis_client.hset("t:slots", "t.test", 0)
     assert frontier.sweep_slots(grace_ms=0).forgotten == 1
     push(frontier, (b"fp-2", 0, b"two"))
     (item,) = frontier.lease(5, 10_000).items

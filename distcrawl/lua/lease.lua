@@ -281,7 +281,9 @@ for _, slot in ipairs(candidates) do
       inflight = redis.call('HINCRBY', KEYS[7], slot, taken)
     end
     local next_at = now
-    if delay > 0 and taken > 0 then
+    if taken > 0 then
+      -- with no delay too: the time of the slot's last lease, by which sweep.lua knows a
+      -- slot the crawl has finished with (its next turn is then simply now)
       next_at = now + delay
       redis.call('HSET', KEYS[6], slot, next_at)
     end

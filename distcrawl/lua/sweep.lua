@@ -4,6 +4,7 @@
 -- KEYS[1] slots      HASH  slot -> earliest time of its next request (ms)
 -- KEYS[2] state      HASH  slot -> adaptive concurrency cap and 429/503 share (commit.lua)
 -- KEYS[3] robots     HASH  slot -> robots.txt Crawl-delay (ms), negative while being read
+--                          (read only: a slot being read is not finished)
 -- KEYS[4] ready      ZSET  slot -> when its next request may be leased: slots with queued work
 -- KEYS[5] inflight   HASH  slot -> requests leased and holding a place
 -- KEYS[6] throttle   HASH  slot -> adaptive delay (ms)
@@ -16,9 +17,12 @@
 --         in flight, and its next turn is this long past; the state of a host revisited
 --         within the grace (its adaptive delay after 503s, say) is kept
 --
--- The slots are found by scanning the HASHes that keep state per slot (slots, state,
--- robots) with cursors kept in KEYS[9]: each call costs about ARGV[1] slots per HASH, never
--- the number of hosts. Operator limits (distcrawl limit) are kept: they are settings.
+-- The slots are found by scanning the HASHes that keep state per slot (slots, which
+-- lease.lua stamps at every lease, and state) with cursors kept in KEYS[9]: each call costs
+-- about ARGV[1] slots per HASH, never the number of hosts. Operator limits (distcrawl limit)
+-- are kept: they are settings. So is the robots.txt Crawl-delay (KEYS[3], read only): a
+-- worker that has parsed a host's robots.txt does not report it again, and a slot without
+-- it would wait for a report that never comes.
 -- Returns {slots forgotten, slots looked at, 1 when every scan came round to its start}.
 
 local count, grace = tonumber(ARGV[1]), tonumber(ARGV[2])
@@ -28,7 +32,7 @@ end
 local now = now_ms()
 local forgotten, looked, wrapped = 0, 0, 1
 local done = {}
-for k = 1, 3 do
+for k = 1, 2 do
   local cursor = redis.call('HGET', KEYS[9], KEYS[k]) or '0'
   local page = redis.call('HSCAN', KEYS[k], cursor, 'COUNT', count)
   redis.call('HSET', KEYS[9], KEYS[k], page[1])
@@ -44,7 +48,7 @@ for k = 1, 3 do
       if next_at + grace <= now and crawl_delay >= 0
           and not redis.call('ZSCORE', KEYS[4], slot)
           and redis.call('HEXISTS', KEYS[5], slot) == 0 then
-        for j = 1, 3 do redis.call('HDEL', KEYS[j], slot) end
+        for j = 1, 2 do redis.call('HDEL', KEYS[j], slot) end
         for j = 6, 8 do redis.call('HDEL', KEYS[j], slot) end
         forgotten = forgotten + 1
       end
