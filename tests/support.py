@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -32,6 +33,35 @@ def page_fetches(site: DemoSite, *, ok_only: bool = True) -> Counter[str]:
         for line in site.read_log()
         if line.path in expected and (line.status == 200 or not ok_only)
     )
+
+
+_WORKER_TAG = re.compile(r"\(worker ([0-9a-f]{8}),")
+
+
+def leases_held_by(client: Any, keys: Any, log: str) -> int:
+    """How many requests the worker whose log this is holds leased right now: a lease token
+    starts with the holder's tag, which the worker logs at open. A worker killed with
+    SIGKILL can have fetched at most these without its commit landing, so they bound the
+    pages fetched twice after the kill (in flight, or fetched and not yet acknowledged)."""
+    found = _WORKER_TAG.search(log)
+    assert found, "the worker did not log its tag"
+    tag = bytes.fromhex(found.group(1))
+    ids = client.zrange(keys.leases, 0, -1)
+    records = client.hmget(keys.requests, ids) if ids else []
+    return sum(1 for r in records if r is not None and r[:4] == tag)
+
+
+def assert_only_the_victims_leases_refetched(site: DemoSite, held: int, victim_agent: str) -> None:
+    """After a SIGKILL only what the victim held leased may be fetched twice (a fetch cut
+    off by the kill, logged 499, counts), and each such page is one the victim fetched."""
+    lines = site.read_log()
+    expected = site.expected_pages()
+    fetches = Counter(line.path for line in lines if line.path in expected)
+    extra = {path: n - 1 for path, n in fetches.items() if n > 1}
+    by_victim = {line.path for line in lines if line.user_agent == victim_agent}
+    print(f"crash test: {held} leases held by the victim, {sum(extra.values())} extra fetches")
+    assert sum(extra.values()) <= held, (held, extra)
+    assert set(extra) <= by_victim, sorted(set(extra) - by_victim)
 
 
 # ------------------------------------------------------------ in-process crawls
