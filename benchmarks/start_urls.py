@@ -1,5 +1,6 @@
 """Start URLs through the frontier alone: how fast workers turn ``start_urls`` entries into
-queued requests, with 1 and 2 worker processes (``python -m benchmarks --suite start-urls``).
+queued requests, with 1 and 2 worker processes (``python -m benchmarks --suite start-urls``;
+``--workers 1 4`` for others).
 
 No HTTP and no Scrapy: each worker process reads entries the way the scheduler does (a batch
 of ``DISTCRAWL_START_URLS_BATCH`` = 100 at a time, the next batch only once the last one is
@@ -8,7 +9,8 @@ empty, or for at most ``--max-seconds`` (90 by default: a slow configuration is 
 on the same long list without taking minutes). What is measured is what the entries cost
 Redis: start URLs stored per second over the span from the first read to the last commit,
 Redis' own CPU, and the slowest command or script in ``SLOWLOG`` (any over 1 ms is logged),
-which is what every other worker waits behind.
+which is what every other worker waits behind. The SLOWLOG entries are also counted by the
+script they ran (EVALSHA digests named from the scripts' sources) and how many took over 10 ms.
 
 The same module measures the code of another checkout (``--distcrawl DIR``: its
 ``distcrawl`` package is imported instead of this one), so that a change can be compared
@@ -33,6 +35,8 @@ BATCH = 100
 #: SLOWLOG threshold (microseconds) and length for the run
 SLOWLOG_US = 1000
 SLOWLOG_LEN = 4096
+#: the issue's bound for any one script (ms)
+SLOW_MS = 10.0
 NAMESPACE = "bench"
 #: seconds between launching the workers and their common start (imports, connections)
 START_DELAY = 2.0
@@ -147,6 +151,15 @@ def run_config(
     reports = [json.loads(out.read_text()) for out in outs]
     span = max(r["last"] for r in reports) - min(r["first"] for r in reports)
     worst = max(slow, key=lambda e: e["duration"], default=None)
+    names = _script_names()
+    by_command: dict[str, dict[str, float]] = {}
+    for e in slow:
+        name = _command(e, names).split(" ")[0]
+        row = by_command.setdefault(name, {"count": 0, "over_10ms": 0, "worst_ms": 0.0})
+        ms = e["duration"] / 1000
+        row["count"] += 1
+        row["over_10ms"] += ms > SLOW_MS
+        row["worst_ms"] = max(row["worst_ms"], round(ms, 3))
     return {
         "workers": workers,
         "start_urls": count,
@@ -159,29 +172,51 @@ def run_config(
         "redis_cpu_seconds": round(cpu, 3),
         "slowlog_entries": len(slow),
         "worst_ms": round(worst["duration"] / 1000, 3) if worst else 0.0,
-        "worst_command": _command(worst),
+        "worst_command": _command(worst, names),
+        "over_10ms": sum(1 for e in slow if e["duration"] / 1000 > SLOW_MS),
+        "slowlog_by_command": by_command,
     }
 
 
-def _command(slow: dict[str, Any] | None) -> str:
+def _script_names() -> dict[str, str]:
+    """EVALSHA digest -> script name, for the scripts of the measured checkout."""
+    from distcrawl import lua
+
+    names = {}
+    for seen in lua.SEEN_MODES:
+        for name in lua.NAMES:
+            digest = hashlib.sha1(lua.script_source(name, seen).encode()).hexdigest()
+            names[digest] = f"{name}.lua"
+    return names
+
+
+def _command(slow: dict[str, Any] | None, names: dict[str, str]) -> str:
     if not slow:
         return ""
     parts = slow.get("command", b"")
     text = parts.decode(errors="replace") if isinstance(parts, bytes) else str(parts)
+    words = text.split(" ")
+    if len(words) > 1 and words[0].upper() == "EVALSHA":
+        return names.get(words[1], f"EVALSHA {words[1][:8]}")
     return text[:60]
 
 
 def run_suite(
-    count: int, workdir: Path, distcrawl_dir: Path | None = None, max_seconds: float = 90
+    count: int,
+    workdir: Path,
+    distcrawl_dir: Path | None = None,
+    max_seconds: float = 90,
+    worker_counts: tuple[int, ...] = (1, 2),
 ) -> dict[str, Any]:
     rows = {}
-    for workers in (1, 2):
+    for workers in worker_counts:
         print(f"Start URLs: {count} entries, {workers} worker process(es) ...", flush=True)
         row = run_config(workers, count, workdir, distcrawl_dir, max_seconds)
         print(
             f"  {row['queued']} stored in {row['seconds']:.1f}s = "
             f"{row['start_urls_per_s']:.0f}/s, Redis CPU {row['redis_cpu_seconds']:.1f}s, "
-            f"worst SLOWLOG {row['worst_ms']:.1f} ms, {row['skipped']} skipped",
+            f"worst SLOWLOG {row['worst_ms']:.1f} ms ({row['worst_command']}), "
+            f"{row['over_10ms']} over {SLOW_MS:.0f} ms, {row['skipped']} skipped",
             flush=True,
         )
         rows[f"{workers}"] = row
@@ -190,13 +225,13 @@ def run_suite(
 
 def table(rows: dict[str, Any]) -> str:
     head = f"{'workers':>7}  {'start URLs/s':>12}  {'seconds':>7}  {'Redis CPU s':>11}  "
-    head += f"{'worst SLOWLOG ms':>16}  {'skipped':>7}  {'left':>4}"
+    head += f"{'worst SLOWLOG ms':>16}  {'over 10 ms':>10}  {'skipped':>7}  {'left':>4}  worst"
     lines = [head]
     for row in rows.values():
         lines.append(
             f"{row['workers']:>7}  {row['start_urls_per_s']:>12.0f}  {row['seconds']:>7.1f}  "
             f"{row['redis_cpu_seconds']:>11.1f}  {row['worst_ms']:>16.1f}  "
-            f"{row['skipped']:>7}  {row['left']:>4}"
+            f"{row['over_10ms']:>10}  {row['skipped']:>7}  {row['left']:>4}  {row['worst_command']}"
         )
     return "\n".join(lines)
 
@@ -211,17 +246,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--distcrawl", type=Path, default=None)
     p.add_argument("--max-seconds", type=float, default=90)
     p.add_argument("--output", type=Path, default=None)
+    p.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     args = p.parse_args(argv)
     if args.worker:
         if args.distcrawl is not None:
             sys.path.insert(0, str(args.distcrawl))
         worker(args.worker, args.start_at, args.out, args.max_seconds)
         return 0
-    return suite_main(args.start_urls, args.distcrawl, args.output, args.max_seconds)
+    return suite_main(
+        args.start_urls, args.distcrawl, args.output, args.max_seconds, tuple(args.workers)
+    )
 
 
 def suite_main(
-    count: int, distcrawl_dir: Path | None, output: Path | None, max_seconds: float = 90
+    count: int,
+    distcrawl_dir: Path | None,
+    output: Path | None,
+    max_seconds: float = 90,
+    worker_counts: tuple[int, ...] = (1, 2),
 ) -> int:
     if distcrawl_dir is not None:
         sys.path.insert(0, str(distcrawl_dir.resolve()))
@@ -237,7 +279,7 @@ def suite_main(
     workdir = output.parent / "run-start-urls"
     workdir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    rows = run_suite(count, workdir, distcrawl_dir, max_seconds)
+    rows = run_suite(count, workdir, distcrawl_dir, max_seconds, worker_counts)
     source = str(Path(distcrawl.__file__).resolve().parent)
     meta = {"distcrawl": source, "cpus": os.cpu_count(), "max_seconds": max_seconds}
     results = {"meta": meta, "configurations": rows}

@@ -17,7 +17,7 @@ import socket
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, NamedTuple, TypeVar
+from typing import Any, Concatenate, Generic, NamedTuple, ParamSpec, TypeVar
 
 import redis
 
@@ -34,6 +34,7 @@ MAX_SLOT_BYTES = 255
 DEAD_RAW_BYTES = 65536
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 @dataclass(frozen=True)
@@ -417,6 +418,19 @@ def _reversed(res: Any) -> list[bytes]:
     return list(res)[::-1]
 
 
+def _sent_alone(
+    make: Callable[Concatenate[Frontier, P], Op[T]],
+) -> Callable[Concatenate[Frontier, P], T]:
+    """A method that builds an Op and runs it at once: one signature (``make``'s) for the
+    batched and the direct call."""
+
+    def method(self: Frontier, *args: P.args, **kwargs: P.kwargs) -> T:
+        return self.run(make(self, *args, **kwargs))
+
+    method.__doc__ = make.__doc__
+    return method
+
+
 class Frontier:
     """``seen`` picks the seen-set, ``"set"`` or ``"bloom"`` (``DISTCRAWL_SEEN``); the Bloom
     filter's capacity and error rate only matter to the worker that creates it."""
@@ -541,35 +555,6 @@ class Frontier:
             return list(self.bloom.run(self.scripts.seen, [], args))
         return list(self.scripts.seen(keys=[self.keys.seen], args=args))
 
-    def lease(
-        self,
-        count: int,
-        lease_ms: int,
-        *,
-        promote: int = 1000,
-        held: Mapping[str, int] | None = None,
-        worker_timeout_ms: int = 10_000,
-        reserve: int = 0,
-        reserved: Mapping[str, int] | None = None,
-    ) -> LeaseResult:
-        """Lease up to ``count`` requests from the slots whose turn has come, after moving
-        up to ``promote`` due retries into the queue. ``held``: how many requests of each
-        slot the caller already holds, for the fair share of a contended slot, which is
-        divided among the workers whose last liveness beat is younger than
-        ``worker_timeout_ms``. ``reserve``: how many reserves the caller may hold per slot
-        (``reserved``: how many it holds); ``held`` counts only requests holding places."""
-        return self.run(
-            self.lease_op(
-                count,
-                lease_ms,
-                promote=promote,
-                held=held,
-                worker_timeout_ms=worker_timeout_ms,
-                reserve=reserve,
-                reserved=reserved,
-            )
-        )
-
     def lease_op(
         self,
         count: int,
@@ -581,6 +566,12 @@ class Frontier:
         reserve: int = 0,
         reserved: Mapping[str, int] | None = None,
     ) -> Op[LeaseResult]:
+        """Lease up to ``count`` requests from the slots whose turn has come, after moving
+        up to ``promote`` due retries into the queue. ``held``: how many requests of each
+        slot the caller already holds, for the fair share of a contended slot, which is
+        divided among the workers whose last liveness beat is younger than
+        ``worker_timeout_ms``. ``reserve``: how many reserves the caller may hold per slot
+        (``reserved``: how many it holds); ``held`` counts only requests holding places."""
         k, p = self.keys, self.politeness
         mine = json.dumps(dict(held), separators=(",", ":")) if held else ""
         ahead = json.dumps(dict(reserved), separators=(",", ":")) if reserved else ""
@@ -610,6 +601,9 @@ class Frontier:
             *(reserve, ahead),
         ]
         return Op("lease", keys, args, _parse_lease)
+
+    #: ``lease_op`` sent on its own (the scheduler's batches send ``lease_op`` itself)
+    lease = _sent_alone(lease_op)
 
     def sent(self, paced: Sequence[tuple[str, int]]) -> int:
         """Report that requests of slots with a delay, leased at the given server times,
