@@ -60,12 +60,14 @@ LUA_COMMANDS = (
     "hset",
     "incr",
     "lindex",
+    "llen",
     "lmove",
     "lpush",
     "lrange",
     "lrem",
     "lset",
     "ltrim",
+    "pexpire",
     "sadd",
     "set",
     "setbit",
@@ -86,8 +88,10 @@ LUA_COMMANDS = (
 
 #: every command distcrawl sends from Python (frontier, scheduler, liveness, monitor, seen,
 #: dashboard, doctor, cli): MULTI/EXEC for the transactional pipelines, INFO for the
-#: monitor's memory check (INFO memory), TIME for ages on the server's clock
+#: monitor's memory check (INFO memory), TIME for ages on the server's clock, BLPOP for an
+#: idle worker's wait for work (batch.py)
 PYTHON_COMMANDS = (
+    "blpop",
     "del",
     "exec",
     "exists",

@@ -161,6 +161,9 @@ class Batch:
     #: a liveness beat rides along (ZADD alive, see liveness.py); never a reason to run
     beat: bool = False
     riders: list[Rider] = field(default_factory=list)
+    #: an idle worker's poll: first wait up to this long (s) for a wake-up token (BLPOP
+    #: ``<ns>:wake``, pushed by a commit that queues requests), then lease
+    wait: float = 0.0
 
     def empty(self) -> bool:
         return not (
@@ -192,6 +195,8 @@ class BatchResult:
     #: places given back for requests that left the downloader, and taken by reserves
     freed: int = 0
     taken: int = 0
+    #: an idle poll's wait ended with a wake-up token, not its timeout
+    woken: bool = False
     requeue: RequeueResult | None = None
     released: int = 0
     lease: LeaseResult | None = None
@@ -270,6 +275,13 @@ class Runner:
         res = BatchResult()
         frontier = self.frontier
         before: list[_Step] = []
+        if batch.wait > 0:
+            # the claim first, so that start URLs pushed during the last wait are taken now
+            # (a claim ends the wait); then the wait, after which Redis runs the rest
+            if batch.peek:
+                claim = frontier.claim_op(batch.peek, then_wait=True)
+                before.append(_Step(claim, _setter(res, "peeked")))
+            before.append(_Step(frontier.wait_op(batch.wait), _setter(res, "woken")))
         if batch.sent:
             before.append(_Step(frontier.sent_op(batch.sent), _ignore))
         if batch.freed or batch.taken:
@@ -309,7 +321,7 @@ class Runner:
                 reserved=batch.reserved,
             )
             after.append(_Step(lease, self._leased(res)))
-        if batch.peek:
+        if batch.peek and not batch.wait > 0:
             after.append(_Step(frontier.claim_op(batch.peek), _setter(res, "peeked")))
         if batch.beat and self.liveness is not None:
             after.append(_Step(frontier.alive_op(), self._beaten(res)))

@@ -380,6 +380,10 @@ def _parse_commit(res: Any) -> CommitResult:
     return CommitResult.of([int(x) for x in res[:-1]], [int(x) for x in res[-1]])
 
 
+def _is_not_none(reply: Any) -> bool:
+    return reply is not None
+
+
 def _parse_lease(res: Any) -> LeaseResult:
     items: list[Leased] = []
     bad: list[BadLease] = []
@@ -535,6 +539,7 @@ class Frontier:
             k.throttle_state,
             k.placeless,
             k.claimants,
+            k.wake,
         ]
         return Op("commit", keys, args, _parse_commit)
 
@@ -705,6 +710,12 @@ class Frontier:
         args = ["ids", 0, 0, *_pairs(refs)]
         return Op("requeue", self._requeue_keys(), args, _first_int)
 
+    def wait_op(self, seconds: float) -> Op[bool]:
+        """Wait up to ``seconds`` for a wake-up token (``FrontierKeys.wake``); True if one
+        came. Blocks the connection: only an idle worker's poll sends it."""
+        k = self.keys
+        return Op("", [], ["BLPOP", k.wake_of(self.tag), k.wake, f"{seconds:.3f}"], _is_not_none)
+
     def alive_op(self) -> Op[int]:
         """One liveness beat of this worker (alive.lua; see liveness.py), to ride with a
         batch; returns the server time written."""
@@ -872,10 +883,12 @@ class Frontier:
         lost) is handed out again first."""
         return self.run(self.claim_op(count))
 
-    def claim_op(self, count: int) -> Op[list[bytes]]:
+    def claim_op(self, count: int, *, then_wait: bool = False) -> Op[list[bytes]]:
+        """Claim up to ``count`` start_urls entries; ``then_wait``: a ``wait_op`` follows in
+        the same pipeline, which a claim then ends at once."""
         k = self.keys
-        keys = [k.start_urls, k.claims(self.tag), k.claimants]
-        return Op("claim", keys, [count, self.tag], list)
+        keys = [k.start_urls, k.claims(self.tag), k.claimants, k.wake_of(self.tag)]
+        return Op("claim", keys, [count, self.tag, "1" if then_wait else ""], list)
 
     def unclaim(self) -> int:
         """Give this worker's claimed entries back to ``start_urls``, to be taken next

@@ -61,6 +61,20 @@ class FrontierKeys:
         return self._key(f"claims:{tag}")
 
     @property
+    def wake(self) -> str:
+        """LIST of wake-up tokens (short-lived): a commit that queues requests pushes some,
+        and an idle worker waits for one (``BLPOP``) inside its lease poll, so that work
+        one worker discovers reaches an idle one at once, not at its next poll."""
+        return self._key("wake")
+
+    def wake_of(self, tag: str) -> str:
+        """LIST of wake-up tokens for worker ``tag`` alone (short-lived): its own claim of
+        start URLs ends the wait that follows it in the same batch (lua/claim.lua)."""
+        if not tag or any(c.isspace() for c in tag):
+            raise ValueError(f"invalid worker tag {tag!r}")
+        return self._key(f"wake:{tag}")
+
+    @property
     def claimants(self) -> str:
         """SET of the worker tags whose ``claims`` list may hold entries, so that the reaper
         and ``distcrawl reset`` find every claim list without scanning the keyspace."""
@@ -282,4 +296,5 @@ class FrontierKeys:
             self.meta,
             self.sweep,
             self.paused,
+            self.wake,
         )

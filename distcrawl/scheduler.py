@@ -205,6 +205,10 @@ class Scheduler(BaseScheduler):
         self._next_lease = self._next_peek = self._next_reclaim = now
         self._next_renew = now + config.lease_timeout / 3
         self._idle_delay = 0.0
+        #: how long the next lease poll waits in Redis for a wake-up token (_idle), and
+        #: whether the batch running is such a wait (it brings no work of this worker's)
+        self._wake_wait = 0.0
+        self._waiting = False
         self._retry_at = 0.0
         self._retry_delay = 0.0
         self._last_work = now
@@ -670,6 +674,7 @@ class Scheduler(BaseScheduler):
         if batch.empty():
             return
         self._busy = True
+        self._waiting = batch.wait > 0
         d = self.io.run(self._runner.run, batch)
         d.addCallback(self._apply, batch)
         d.addErrback(self._crashed, batch)
@@ -763,6 +768,10 @@ class Scheduler(BaseScheduler):
             batch.release += [ref for ref, _ in self._reserves.pop(slot)]
         self._inc("distcrawl/places/reserves_returned", len(batch.release))
         if lease:
+            if self._wake_wait and self._idle() and not batch.drain:
+                # the back-off spent in Redis, where a commit's wake-up token ends it
+                batch.wait = min(self._wake_wait, self.config.socket_timeout / 2)
+            self._wake_wait = 0.0
             batch.want = max(0, prefetch - len(self._ready) - self._reserve_count())
             batch.held = held
             batch.reserve = prefetch // 2
@@ -770,6 +779,25 @@ class Scheduler(BaseScheduler):
         if self._start_pending == 0 and now >= self._next_peek and not self._full():
             batch.peek = self.config.start_urls_batch
         return batch
+
+    def _idle(self) -> bool:
+        """Nothing here would need Redis soon: no request ready or downloading, nothing
+        to store or acknowledge, no start entry being stored, not pausing or closing. Only
+        then may a batch block the Redis thread in a wait for work."""
+        return not (
+            self._ready
+            or self._active
+            or self._reserves
+            or self._outgoing
+            or self._acks
+            or self._sent
+            or self._freed
+            or self._swapped
+            or self._commit is not None
+            or self._start_pending
+            or self._paused
+            or self._closing
+        )
 
     def _held_refs(self) -> list[LeaseRef]:
         """Every lease this worker holds: waiting, in progress, and done but not yet
@@ -835,7 +863,16 @@ class Scheduler(BaseScheduler):
                 wait = self._idle_delay
                 if res.lease.wait is not None:  # a slot's turn comes sooner: ask for it then
                     wait = min(wait, max(res.lease.wait, self.config.flush_interval))
-                self._next_lease = now + wait
+                    self._next_lease = now + wait
+                elif not res.lease.queue_size and self._idle():
+                    # nothing queued anywhere and nothing here: wait in Redis, woken as
+                    # soon as any worker's commit queues something
+                    self._wake_wait = wait
+                    self._next_lease = now
+                else:
+                    self._next_lease = now + wait
+        if res.woken:
+            self._inc("distcrawl/idle/woken")
         self._deliver(batch.riders, res.riders)
         if batch.peek and res.error is None:
             self._handle_peeked(res.peeked)
@@ -1166,7 +1203,7 @@ class Scheduler(BaseScheduler):
         timeout = self.config.idle_timeout
         if (
             timeout is None
-            or self._busy
+            or (self._busy and not self._waiting)
             or self._failing  # cannot tell whether the shared queue is empty
             or self._paused
             or self.has_pending_requests()

@@ -58,8 +58,8 @@ class ExitAfterClaim(Scheduler):
         done = 0
 
         # the Op, not Frontier.claim_start_urls: a batch pipelines its claim (batch.Runner)
-        def claim_op_then_exit(count: int) -> Any:
-            op = claim_op(count)
+        def claim_op_then_exit(count: int, **kwargs: Any) -> Any:
+            op = claim_op(count, **kwargs)
 
             def parse(reply: Any) -> Any:
                 nonlocal done

@@ -64,6 +64,12 @@ def assert_only_the_victims_leases_refetched(site: DemoSite, held: int, victim_a
     assert set(extra) <= by_victim, sorted(set(extra) - by_victim)
 
 
+def stat(worker: Any, name: str) -> int:
+    """A stat from the worker's final stats dump (0 when absent)."""
+    found = re.findall(rf"'{re.escape(name)}': (\d+)", worker.log())
+    return int(found[-1]) if found else 0
+
+
 # ------------------------------------------------------------ in-process crawls
 
 

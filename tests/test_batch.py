@@ -186,3 +186,32 @@ def test_a_reclaim_sweeps_finished_slots_in_the_same_round_trip(runner, redis_cl
     assert res.error is None and res.requeue is not None
     assert res.swept is not None and res.swept.forgotten == 1
     assert redis_client.hkeys("t:slots") == [b"busy.test"]
+
+
+def test_a_commit_that_queues_requests_wakes_an_idle_poll_which_leases_them(runner, redis_client):
+    """The wake-up list: a commit pushes one token per request it queues (at most 16, kept
+    about a second), duplicates and retries none; an idle worker's poll waits on it (BLPOP)
+    and leases in the same round trip once a token came."""
+    frontier = runner.frontier
+    frontier.commit([], [Entry("r", f"{i}".encode(), 0, b"x", b"", "t.test") for i in range(3)])
+    assert redis_client.llen("t:wake") == 3
+    assert 0 < redis_client.pttl("t:wake") <= 1000
+    frontier.commit([], [Entry("r", b"0", 0, b"x", b"", "t.test")])  # a duplicate
+    frontier.commit([], [Entry("l", b"", 0, b"retry", b"60000", "t.test")])  # a retry
+    assert redis_client.llen("t:wake") == 3
+    many = [Entry("r", f"m{i}".encode(), 0, b"x", b"", "t.test") for i in range(40)]
+    frontier.commit([], many)
+    assert redis_client.llen("t:wake") == 16
+    redis_client.delete("t:wake", "t:queue")
+
+    res = runner.run(Batch(want=4, wait=0.2))  # nothing queued, no token: the time runs out
+    assert not res.woken and res.leased == []
+    frontier.commit([], [Entry("r", b"new", 0, b"x", b"", "t.test")])
+    res = runner.run(Batch(want=4, wait=5.0))
+    assert res.woken and len(res.leased) == 1
+    assert redis_client.llen("t:wake") == 0
+    # a start URL pushed meanwhile: the poll's claim comes before its wait, and ends it
+    redis_client.lpush("t:start_urls", b"http://a.test/1")
+    res = runner.run(Batch(want=4, peek=10, wait=5.0))
+    assert res.peeked == [b"http://a.test/1"] and res.woken
+    assert redis_client.exists(f"t:wake:{frontier.tag}", "t:wake") == 0

@@ -21,7 +21,7 @@ from distcrawl.frontier import parse_entry
 from distcrawl.lua import script_source
 from distcrawl.serialize import RequestCodec
 from tests.hooks import EXIT_STATUS
-from tests.support import page_fetches, wait_until
+from tests.support import page_fetches, stat, wait_until
 
 FAST_DEATH = {"DISTCRAWL_WORKER_TIMEOUT": 3, "DISTCRAWL_HEARTBEAT_INTERVAL": 0.5}
 
@@ -33,12 +33,6 @@ def held_urls(redis_client, ns: str) -> set[str]:
     for record in redis_client.hvals(f"{ns}:requests"):
         out.add(codec.decode_dict(parse_entry(record[8:]).payload)["u"])
     return out
-
-
-def stat(worker, name: str) -> int:
-    """A stat from the worker's final stats dump (0 when absent)."""
-    found = re.findall(rf"'{re.escape(name)}': (\d+)", worker.log())
-    return int(found[-1]) if found else 0
 
 
 def worker_tag(worker) -> str:

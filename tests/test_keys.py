@@ -38,6 +38,8 @@ def test_key_names_are_pinned():
     assert k.settings == "site:settings"
     assert k.meta == "site:meta"
     assert k.sweep == "site:sweep"
+    assert k.wake == "site:wake"
+    assert k.wake_of("0a0b0c0d") == "site:wake:0a0b0c0d"
     assert k.robots_lock("a.test:8080") == "site:robotstxt:lock:a.test:8080"
     assert k.robots_txt("a.test:8080") == "site:robotstxt:a.test:8080"
     assert k.robots_txt_pattern == "site:robotstxt:*"
@@ -60,6 +62,7 @@ def test_key_names_are_pinned():
         "site:paused",
         "site:meta",
         "site:sweep",
+        "site:wake",
         "site:ready",
         "site:slots",
         "site:inflight",

@@ -41,7 +41,7 @@ NAMES = (
 SEEN_MODES = ("set", "bloom")
 
 #: how many KEYS commit.lua takes itself; the Bloom filter's keys follow them
-COMMIT_KEYS = 18
+COMMIT_KEYS = 19
 #: where each script's seen-set keys start in its KEYS, per seen-set: the SET is commit.lua's
 #: KEYS[3], the Bloom filter's keys are appended at the end
 SEEN_KEYS = {

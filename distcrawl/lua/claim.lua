@@ -9,9 +9,12 @@
 -- KEYS[1] start_urls LIST  raw entries pushed by producers
 -- KEYS[2] claims     LIST  this worker's claimed entries, newest at the head
 -- KEYS[3] claimants  SET   worker tags whose claim list may hold entries
+-- KEYS[4] wake       LIST  this worker's own wake-up tokens (keys.py ``wake_of``)
 --
 -- ARGV[1] how many entries the worker wants
 -- ARGV[2] the worker's tag (its member in claimants)
+-- ARGV[3] '1' when a wait for work follows in the same batch (an idle worker's poll): a
+--         claim then pushes a token to KEYS[4], which ends that wait at once
 --
 -- The worker claims only when every start entry it read before is stored, so whatever its
 -- claim list holds then is not being worked on: entries left there past the pending cap, or
@@ -44,5 +47,11 @@ if more > 0 then
     end
   end
 end
-if #out > 0 then redis.call('SADD', KEYS[3], ARGV[2]) end
+if #out > 0 then
+  redis.call('SADD', KEYS[3], ARGV[2])
+  if ARGV[3] == '1' then
+    redis.call('LPUSH', KEYS[4], '1')
+    redis.call('PEXPIRE', KEYS[4], 1000)
+  end
+end
 return out

@@ -24,7 +24,10 @@
 --                            already (places.lua)
 -- KEYS[18] claimants  SET    worker tags whose claim list may hold entries: the committing
 --                            worker's leaves it when its claim list empties
--- KEYS[19 ..]         the Bloom filter's keys with DISTCRAWL_SEEN = "bloom" (seen_bloom.lua)
+-- KEYS[19] wake       LIST   wake-up tokens: idle workers wait on it (BLPOP, batch.py); a
+--                            commit that queues requests pushes up to WAKE_MAX, kept
+--                            WAKE_TTL_MS, so a token nobody takes soon is gone
+-- KEYS[20 ..]         the Bloom filter's keys with DISTCRAWL_SEEN = "bloom" (seen_bloom.lua)
 --
 -- distcrawl/lua/__init__.py prepends the seen-set snippet (seen_set.lua or seen_bloom.lua),
 -- which defines seen_add(fp) and may end the script before anything is written.
@@ -164,6 +167,10 @@ local function new_entry(slot, prio, payload)
 end
 
 local pending = redis.call('ZCARD', KEYS[1])
+-- requests this commit put in the queue (not retries waiting in ``delayed``)
+local queued = 0
+-- wake-up tokens: at most this many wait, each for at most this long (ms)
+local WAKE_MAX, WAKE_TTL_MS = 16, 1000
 local claimed = false
 local enqueued, duplicates, dead, skipped, dropped, held = 0, 0, 0, 0, 0, 0
 local slot_dropped = 0
@@ -212,6 +219,7 @@ for i = 0, n - 1 do
         redis.call('ZADD', KEYS[1], 0, new_entry(slot, prio, payload))
         arm(KEYS[9], KEYS[10], slot, now, true)
         pending = pending + 1
+        queued = queued + 1
         if in_slot[slot] then in_slot[slot] = in_slot[slot] + 1 end
         enqueued = enqueued + 1
       else
@@ -318,6 +326,16 @@ for i = 0, records - 1 do
     redis.call('HDEL', KEYS[14], slot)
   elseif new ~= old then
     redis.call('HSET', KEYS[12], slot, new)
+  end
+end
+-- wake the idle workers: one token per request queued, up to WAKE_MAX waiting at a time
+if queued > 0 then
+  local room = WAKE_MAX - redis.call('LLEN', KEYS[19])
+  for _ = 1, math.min(queued, room) do
+    redis.call('LPUSH', KEYS[19], '1')
+  end
+  if room > 0 then
+    redis.call('PEXPIRE', KEYS[19], WAKE_TTL_MS)
   end
 end
 return {
