@@ -118,10 +118,11 @@ class Liveness:
             self.beats += 1
             self._last = time.monotonic()
 
-    def due(self) -> bool:
-        """Whether a batch should carry a beat: the last one is half an interval old. Never a
-        reason to run a batch: the thread beats when none does."""
-        return not self._closed and time.monotonic() - self._last >= self.interval / 2
+    def due(self, ahead: float = 0.0) -> bool:
+        """Whether a batch should carry a beat: the last one is half an interval old, or will
+        be by the time the beat reaches Redis (``ahead`` s: an idle poll's beat goes after its
+        wait for work). Never a reason to run a batch: the thread beats when none does."""
+        return not self._closed and time.monotonic() + ahead - self._last >= self.interval / 2
 
     def noted(self) -> None:
         """A beat that rode with a batch reached Redis (``Frontier.alive_op``)."""

@@ -729,7 +729,7 @@ class Scheduler(BaseScheduler):
             not batch.empty() or any(now - r.since >= r.wait for r in self._riders)
         ):
             batch.riders, self._riders = self._riders, []
-        if not batch.empty() and self._liveness is not None and self._liveness.due():
+        if not batch.empty() and self._liveness is not None and self._liveness.due(batch.wait):
             batch.beat = True
         return batch
 
