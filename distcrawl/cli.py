@@ -872,7 +872,17 @@ def build_parser() -> argparse.ArgumentParser:
     redrive.add_argument("--domain", metavar="HOST", help="only URLs on HOST or its subdomains")
     redrive.add_argument(
         "--source",
-        choices=("retry", "callback", "download", "enqueue", "start_urls", "queue"),
+        # every source a dead letter is written with (grep source= and lua/lib.lua)
+        choices=(
+            "retry",
+            "callback",
+            "download",
+            "enqueue",
+            "start_urls",
+            "queue",
+            "commit",
+            "doctor",
+        ),
         help="only records of this source",
     )
     redrive.add_argument(

@@ -150,7 +150,7 @@ def allowed_schemes(settings: BaseSettings) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class DistcrawlConfig:
-    """The parsed settings; see the README for what each one does."""
+    """The parsed settings; see docs/settings.md for what each one does."""
 
     redis_url: str = DEFAULT_REDIS_URL
     #: DISTCRAWL_REDIS_CLUSTER: whether REDIS_URL is a node of a Redis Cluster (None: auto)

@@ -1,4 +1,4 @@
-"""Settings of the bundled project (``scrapy crawl site``); see README for every setting.
+"""Settings of the bundled project (``scrapy crawl site``); every setting: docs/settings.md.
 
 Connection settings come from the environment so that no credential has to be written in a
 file or on a command line: ``REDIS_URL`` and ``MONGO_URI``.
