@@ -76,6 +76,7 @@ def fill(client, keys):
     client.hset(keys.meta, b"format", 1)
     client.hset(keys.sweep, keys.slots, b"0")
     client.hset(keys.settings, b"max_pending", 10)
+    client.lpush(keys.wake, b"1")
 
 
 # ---------------------------------------------------------------------- help and usage
