@@ -147,7 +147,8 @@ class EntryMaker:
                 schemes=config.allowed_schemes,
                 start_meta_keys=config.start_meta_keys,
             ).data
-            request = self.spider.make_request_from_data(data)  # type: ignore[attr-defined]
+            make = getattr(self.spider, "make_request_from_data", None)
+            request = make(data) if callable(make) else request_from_entry(data)
             if not isinstance(request, Request):
                 raise InvalidEntry(f"make_request_from_data returned {type(request).__name__}")
             why = refused_scheme(request.url, config.allowed_schemes)

@@ -34,7 +34,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import Enum
 from functools import partial
@@ -63,6 +63,9 @@ T = TypeVar("T")
 TARGETS = ("queue", "start_urls")
 #: how long a pending cap published by the workers (``<ns>:settings``) is trusted
 CAP_TTL = 5.0
+#: entries of the commits sent in one pipeline by push_many (in batches of
+#: DISTCRAWL_PUSH_BATCH_SIZE): one round trip each, without holding Redis for long at a time
+PIPELINE_ENTRIES = 4000
 #: entries per LPUSH inside the one start_urls pipeline
 LPUSH_CHUNK = 1000
 
@@ -125,12 +128,15 @@ def _settings(settings: BaseSettings | Mapping[str, Any] | None) -> Settings:
     return Settings(dict(settings))
 
 
-def _spider_class(settings: BaseSettings, name: str) -> type[Spider] | None:
-    """The spider class ``name`` of the settings' SPIDER_MODULES, or None."""
+def _spider_class(settings: BaseSettings, name: str) -> tuple[type[Spider] | None, str]:
+    """The spider class ``name`` of the settings' SPIDER_MODULES, or None and why not."""
+    modules = ", ".join(settings.getlist("SPIDER_MODULES")) or "none"
     try:
-        return get_spider_loader(settings).load(name)
+        return get_spider_loader(settings).load(name), ""
     except KeyError:
-        return None
+        return None, f"spider {name!r} is not in SPIDER_MODULES ({modules})"
+    except Exception as exc:  # a spider module that does not import here
+        return None, f"cannot load the spiders of SPIDER_MODULES ({modules}): {exc!r}"
 
 
 class Producer:
@@ -158,14 +164,16 @@ class Producer:
         self.target = target
         self.spider_name = spider
         base = _settings(settings)
-        self._spidercls = _spider_class(base, spider)
+        self._spidercls, why = _spider_class(base, spider)
         if self._spidercls is None and target == "queue":
             raise ProducerError(
-                f"spider {spider!r} is not in SPIDER_MODULES "
-                f"({', '.join(base.getlist('SPIDER_MODULES')) or 'none'}): the 'queue' target "
-                "makes requests with the spider's own code; set SCRAPY_SETTINGS_MODULE to the "
-                "project's settings, or push with target='start_urls'"
+                f"{why}: the 'queue' target makes requests with the spider's own code; set "
+                "SCRAPY_SETTINGS_MODULE to the project's settings, or push with "
+                "target='start_urls'"
             )
+        if self._spidercls is None:
+            # the workers apply the spider's custom_settings; this producer cannot
+            logger.debug("%s: pushing with the settings alone", why)
         self.settings = base.copy()
         if self._spidercls is not None:
             self._spidercls.update_settings(self.settings)
@@ -178,6 +186,7 @@ class Producer:
         self._frontier: Frontier | None = None
         self._maker: EntryMaker | None = None
         self._cap: tuple[float, int] | None = None
+        self._sending: ThreadPoolExecutor | None = None
         #: the room the pending cap left at the last push to start_urls (None: no cap)
         self.last_room: int | None = None
 
@@ -229,6 +238,9 @@ class Producer:
         return self._frontier
 
     def close(self) -> None:
+        if self._sending is not None:
+            self._sending.shutdown(wait=True)
+            self._sending = None
         if self._client is not None:
             self._client.close()
         self._client = self._frontier = None
@@ -283,29 +295,43 @@ class Producer:
         maker = self._entry_maker()
         results: list[PushResult | None] = []
         batch: list[tuple[int, str, Entry]] = []
-        depth = max(1, 16_000 // self.config.push_batch_size)
+        depth = max(1, PIPELINE_ENTRIES // self.config.push_batch_size)
         pending: list[list[tuple[int, str, Entry]]] = []
-        for item in entries:
-            at = len(results)
-            results.append(None)
-            try:
-                raw, callback = entry_bytes(item)
-                made = maker.make(raw, callback)
-            except Refused as exc:
-                results[at] = PushResult(Outcome.REFUSED, _url_of(item), str(exc))
-                continue
-            batch.append((at, made.url, made.entry))
-            if len(batch) >= self.config.push_batch_size:
-                pending.append(batch)
-                batch = []
-                if len(pending) >= depth:
-                    self._commit(pending, results)
-                    pending = []
+        sending: Future[None] | None = None
+        try:
+            for item in entries:
+                at = len(results)
+                results.append(None)
+                try:
+                    raw, callback = entry_bytes(item)
+                    made = maker.make(raw, callback)
+                except Refused as exc:
+                    results[at] = PushResult(Outcome.REFUSED, _url_of(item), str(exc))
+                    continue
+                batch.append((at, made.url, made.entry))
+                if len(batch) >= self.config.push_batch_size:
+                    pending.append(batch)
+                    batch = []
+                    if len(pending) >= depth:
+                        # Redis runs these scripts while this thread prepares the next ones
+                        if sending is not None:
+                            sending.result()
+                        sending = self._sender().submit(self._commit, pending, results)
+                        pending = []
+        finally:
+            if sending is not None:
+                sending.result()
         if batch:
             pending.append(batch)
         if pending:
             self._commit(pending, results)
         return [r for r in results if r is not None]
+
+    def _sender(self) -> ThreadPoolExecutor:
+        """The thread that sends a long push_many's pipelines (made on first need)."""
+        if self._sending is None:
+            self._sending = ThreadPoolExecutor(1, thread_name_prefix="distcrawl-push")
+        return self._sending
 
     def _entry_maker(self) -> EntryMaker:
         """The spider, fingerprinter and codec, made once; the layout checked once."""
