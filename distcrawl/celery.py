@@ -54,13 +54,14 @@ RETRY_FOR = (redis.ConnectionError, redis.TimeoutError)
 #: seconds before a push refused at the pending cap is tried again
 FULL_RETRY_DELAY = 30.0
 
-_producers: dict[tuple[int, str], Producer] = {}
+_producers: dict[tuple[int, str, int], Producer] = {}
 _lock = threading.Lock()
 
 
 def producer_for(app: Any, spider: str) -> Producer:
-    """The producer of ``spider`` for this Celery app, made on first use in each process."""
-    key = (id(app), spider)
+    """The producer of ``spider`` for this Celery app, made on first use in each process
+    and thread (a Producer keeps state between calls; the threads pool runs tasks at once)."""
+    key = (id(app), spider, threading.get_ident())
     with _lock:
         producer = _producers.get(key)
         if producer is None:
