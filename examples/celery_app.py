@@ -15,14 +15,19 @@ then, from any Python process with the same environment::
     push.delay("site", "https://example.com/", priority=9)   # one URL, frontier priority 9
     discover.delay(["https://a.example/", "https://b.example/"])
 
+With ``DISTCRAWL_CELERY_ITEM_TASK = "example.on_item"`` (and DISTCRAWL_CELERY_BROKER_URL) in
+the crawl's settings, ``on_item`` gets the key of every document the workers store.
+
 ``push`` retries with exponential backoff and jitter while the frontier's Redis is
 unreachable, and pushing a URL the crawl has seen is a no-op: see docs/producers.md.
 """
 
 from __future__ import annotations
 
+import json
 import os
 
+import redis
 from celery import Celery
 
 from distcrawl.celery import push
@@ -47,3 +52,16 @@ def discover(urls: list[str], priority: int = 0) -> int:
     for url in urls:
         push.delay("site", url, priority=priority)
     return len(urls)
+
+
+@app.task(name="example.on_item")
+def on_item(collection: str, _id: object, database: str | None = None) -> None:
+    """A downstream task of item notifications (DISTCRAWL_CELERY_ITEM_TASK =
+    "example.on_item"): it gets the key of a stored document, never the item; a real one
+    would read the document from MongoDB and index it. This one records the key in the
+    list ``example:notified`` of NOTIFIED_REDIS_URL (default: the broker's Redis)."""
+    client = redis.Redis.from_url(os.environ.get("NOTIFIED_REDIS_URL") or BROKER_URL)
+    try:
+        client.rpush("example:notified", json.dumps([database, collection, _id]))
+    finally:
+        client.close()

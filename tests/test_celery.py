@@ -230,3 +230,38 @@ def test_frontier_redis_paused_celery_retries_nothing_lost_no_page_twice(
     fetched = page_fetches(site)
     assert set(fetched) == {f"/page/{n}" for n in range(300)}
     assert max(fetched.values()) == 1
+
+
+def test_item_notifications_one_per_stored_document_none_for_dead_letters(
+    demo_site, mongo_workers, celery_worker, broker, redis_client, mongo_client
+):
+    from tests.notify_spider import refused
+
+    site = demo_site(pages=50, links=3)
+    celery_worker()
+    redis_client.lpush("notify:start_urls", site.url + "/")
+    worker = mongo_workers(
+        1,
+        spider="notify",
+        SPIDER_MODULES="distcrawl.spiders,tests.notify_spider",
+        DISTCRAWL_IDLE_TIMEOUT=2,
+        DISTCRAWL_CELERY_ITEM_TASK="example.on_item",
+        DISTCRAWL_CELERY_BROKER_URL=broker.url,
+    )
+    assert worker.wait(120) == 0, worker.log()[-3000:]
+    stored = {d["_id"] for d in mongo_client.distcrawl["notify"].find({}, {"_id": 1})}
+    dead = mongo_client.distcrawl["notify_dead"].count_documents({})
+    expected_dead = sum(1 for path in site.expected_pages() if refused(path))
+    assert len(stored) == len(site.expected_pages()) - expected_dead and dead == expected_dead
+    notified_key = broker.client()
+    try:
+        assert wait_until(lambda: notified_key.llen("example:notified") >= len(stored), 30)
+        time.sleep(0.5)  # a message too many would show now
+        messages = [json.loads(m) for m in notified_key.lrange("example:notified", 0, -1)]
+    finally:
+        notified_key.close()
+    print(f"{len(messages)} notifications for {len(stored)} documents, {dead} dead-lettered")
+    assert all(m[:2] == ["distcrawl", "notify"] for m in messages)
+    keys = [m[2] for m in messages]
+    assert sorted(keys) == sorted(stored)  # one per stored document, none for a dead letter
+    assert "'distcrawl/mongo/notifications/sent': " + str(len(stored)) in worker.log()
