@@ -3,7 +3,9 @@
 Operators otherwise do this with ``redis-cli`` and hand-typed key names, which pushes
 entries the workers will only dead-letter later and makes it easy to delete another
 crawl's keys. So this command validates every entry with the same :func:`parse_entry` the
-workers use *before* it reaches Redis, builds every key through :class:`FrontierKeys`
+workers use, with the project's settings, *before* it reaches Redis (push, status and the
+dead-letter commands are :class:`distcrawl.Producer`'s, which Python code calls too), builds
+every key through :class:`FrontierKeys`
 (``reset`` removes exactly one crawl's keys and nothing else), gets its client only from
 :func:`make_redis`, and only ever shows the Redis URL through :func:`redact_url`.
 
