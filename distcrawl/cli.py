@@ -5,9 +5,9 @@ entries the workers will only dead-letter later and makes it easy to delete anot
 crawl's keys. So this command validates every entry with the same :func:`parse_entry` the
 workers use, with the project's settings, *before* it reaches Redis (push, status and the
 dead-letter commands are :class:`distcrawl.Producer`'s, which Python code calls too), builds
-every key through :class:`FrontierKeys`
-(``reset`` removes exactly one crawl's keys and nothing else), gets its client only from
-:func:`make_redis`, and only ever shows the Redis URL through :func:`redact_url`.
+every key through :class:`FrontierKeys` (``reset`` removes exactly one crawl's keys and
+nothing else), gets its client only from :func:`make_redis`, and only ever shows the Redis
+URL through :func:`redact_url`.
 
 Exit codes: 0 success, 1 partial failure or refusal (some entries refused, confirmation
 declined, problems ``doctor`` found and did not repair, Redis refused the password, other
