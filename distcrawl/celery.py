@@ -51,6 +51,11 @@ from distcrawl.producer import Outcome, Producer
 
 #: what makes a push worth retrying: Redis unreachable, too slow, or still loading its data
 RETRY_FOR = (redis.ConnectionError, redis.TimeoutError)
+#: ConnectionErrors to redis-py that no retry mends: a refused password
+NOT_RETRIED = (
+    redis.exceptions.AuthenticationError,
+    redis.exceptions.AuthenticationWrongNumberOfArgsError,
+)
 #: seconds before a push refused at the pending cap is tried again
 FULL_RETRY_DELAY = 30.0
 
@@ -92,6 +97,7 @@ def reset() -> None:
     name="distcrawl.push",
     bind=True,
     autoretry_for=RETRY_FOR,
+    dont_autoretry_for=NOT_RETRIED,
     retry_backoff=True,
     retry_backoff_max=60,
     retry_jitter=True,
@@ -120,6 +126,7 @@ def push(
     name="distcrawl.push_many",
     bind=True,
     autoretry_for=RETRY_FOR,
+    dont_autoretry_for=NOT_RETRIED,
     retry_backoff=True,
     retry_backoff_max=60,
     retry_jitter=True,
