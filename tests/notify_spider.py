@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from itemadapter import ItemAdapter
 from scrapy.http import TextResponse
 
 from distcrawl.spiders.site import SiteSpider
@@ -25,5 +26,5 @@ class NotifySpider(SiteSpider):
         item = super().page_item(response, links)
         path = "/" + response.url.split("/", 3)[-1] if response.url.count("/") >= 3 else "/"
         if refused(path):
-            return {**dict(item), "$refused": 1}
+            return {**ItemAdapter(item).asdict(), "$refused": 1}
         return item
