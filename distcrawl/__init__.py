@@ -7,13 +7,21 @@ from typing import TYPE_CHECKING, Any
 from distcrawl.addon import Addon
 
 if TYPE_CHECKING:
-    from distcrawl.producer import AsyncProducer, Outcome, Producer, PushResult
+    from distcrawl.producer import AsyncProducer, Outcome, Producer, ProducerError, PushResult
 
-__all__ = ["Addon", "AsyncProducer", "Outcome", "Producer", "PushResult", "__version__"]
+__all__ = [
+    "Addon",
+    "AsyncProducer",
+    "Outcome",
+    "Producer",
+    "ProducerError",
+    "PushResult",
+    "__version__",
+]
 __version__ = "0.1.0"
 
 #: imported on first use: a worker (which imports distcrawl for the add-on) never needs them
-_PRODUCER_NAMES = ("AsyncProducer", "Outcome", "Producer", "PushResult")
+_PRODUCER_NAMES = ("AsyncProducer", "Outcome", "Producer", "ProducerError", "PushResult")
 
 
 def __getattr__(name: str) -> Any:

@@ -106,6 +106,14 @@ def test_push_many_in_pipelined_batches_and_the_pending_cap(redis_url, redis_cli
         assert p.push("http://cap.test/9").outcome is Outcome.QUEUED
 
 
+def test_results_for_tasks_and_logs_hide_a_password_in_the_url(producer):
+    result = producer.push("http://user:s3cret-pw@a.test/private")
+    assert result.outcome is Outcome.QUEUED
+    shown = result.as_dict()
+    assert "s3cret-pw" not in str(shown) and shown["outcome"] == "queued"
+    assert shown["url"].startswith("http://user:")
+
+
 def test_bloom_seen_set(redis_url, redis_client):
     with Producer.from_url(redis_url, "site", project_settings(DISTCRAWL_SEEN="bloom")) as p:
         first = p.push_many([f"http://a.test/{i}" for i in range(50)])
