@@ -3,9 +3,11 @@
 Operators otherwise do this with ``redis-cli`` and hand-typed key names, which pushes
 entries the workers will only dead-letter later and makes it easy to delete another
 crawl's keys. So this command validates every entry with the same :func:`parse_entry` the
-workers use *before* it reaches Redis, builds every key through :class:`FrontierKeys`
-(``reset`` removes exactly one crawl's keys and nothing else), gets its client only from
-:func:`make_redis`, and only ever shows the Redis URL through :func:`redact_url`.
+workers use, with the project's settings, *before* it reaches Redis (push, status and the
+dead-letter commands are :class:`distcrawl.Producer`'s, which Python code calls too), builds
+every key through :class:`FrontierKeys` (``reset`` removes exactly one crawl's keys and
+nothing else), gets its client only from :func:`make_redis`, and only ever shows the Redis
+URL through :func:`redact_url`.
 
 Exit codes: 0 success, 1 partial failure or refusal (some entries refused, confirmation
 declined, problems ``doctor`` found and did not repair, Redis refused the password, other
@@ -26,14 +28,15 @@ from typing import Any
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+from scrapy.settings import BaseSettings, Settings
 from scrapy.utils.project import get_project_settings
 
-from distcrawl.config import DEFAULT_REDIS_URL, ConfigError, DistcrawlConfig, cluster_mode
+from distcrawl.config import DEFAULT_REDIS_URL, ConfigError, cluster_mode
 from distcrawl.connection import auth_refusal, is_cluster, make_redis
 from distcrawl.frontier import Frontier
 from distcrawl.keys import FrontierKeys
+from distcrawl.producer import Outcome, Producer
 from distcrawl.redact import redact_text, redact_url, url_secrets
-from distcrawl.start_urls import InvalidEntry, parse_entry
 
 EXIT_OK = 0
 EXIT_PARTIAL = 1
@@ -43,8 +46,6 @@ EXIT_FULL = 4
 
 #: how much of an entry or dead-letter field a human-readable line shows
 SHOW_CHARS = 200
-#: URLs per LPUSH command inside the single push pipeline
-LPUSH_CHUNK = 1000
 
 
 class UsageError(Exception):
@@ -86,6 +87,23 @@ class Context:
 
     def frontier(self, keys: FrontierKeys) -> Frontier:
         return Frontier(self.client, self.keys(keys))
+
+    def producer(
+        self, keys: FrontierKeys, settings: BaseSettings | None = None, **kwargs: Any
+    ) -> Producer:
+        """The :class:`Producer` of crawl ``keys`` on this run's client: the commands that
+        push, show the status or handle dead letters share its code with Python callers.
+        Without ``settings``, Scrapy's defaults (no project is loaded)."""
+        try:
+            return Producer(
+                lambda: self.client,
+                keys.namespace,
+                settings if settings is not None else Settings(),
+                namespace=keys.namespace,
+                **kwargs,
+            )
+        except ConfigError as exc:
+            raise UsageError(str(exc)) from None
 
     def scrub(self, text: str) -> str:
         """``text`` without the URL's secrets, should an error message quote them."""
@@ -223,7 +241,7 @@ def _wrap(raw: bytes, priority: int | None, meta: dict[str, Any] | None) -> byte
     return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
-def _project_config(overrides: list[str]) -> DistcrawlConfig:
+def _project_settings(overrides: list[str]) -> BaseSettings:
     """The settings the project's workers run with (scrapy.cfg or SCRAPY_SETTINGS_MODULE, then
     ``-s NAME=VALUE`` as on ``scrapy crawl``), so that push accepts what they accept."""
     try:
@@ -235,55 +253,40 @@ def _project_config(overrides: list[str]) -> DistcrawlConfig:
         if not sep or not name.strip():
             raise UsageError("-s expects NAME=VALUE")  # the text itself may be a secret
         settings.set(name.strip(), value, priority="cmdline")
-    try:
-        return DistcrawlConfig.from_settings(settings)
-    except ConfigError as exc:
-        raise UsageError(str(exc)) from None
+    return settings
 
 
 def cmd_push(args: argparse.Namespace, ctx: Context) -> int:
     if not args.urls and not args.files:
         raise UsageError("nothing to push: give URLs and/or --file PATH (- for stdin)")
-    config = _project_config(args.set or [])
+    # workers validate what they read with the spider's settings: the producer applies them
+    producer = ctx.producer(args.spider, _project_settings(args.set or []), target="start_urls")
     given = (u.encode("utf-8", errors="surrogateescape") for u in args.urls)
-    valid: list[bytes] = []
+    raws = [*given, *_input_lines(args.files or ())]
+    results = producer.push_many(
+        (_wrap(raw, args.priority, args.meta) for raw in raws), atomic=True
+    )
     refused = 0
-    for raw in (*given, *_input_lines(args.files or ())):
-        entry = _wrap(raw, args.priority, args.meta)
-        try:
-            parse_entry(
-                entry,
-                max_bytes=config.start_url_max_bytes,
-                schemes=config.allowed_schemes,
-                start_meta_keys=config.start_meta_keys,
-            )
-        except InvalidEntry as exc:
+    for raw, result in zip(raws, results, strict=True):
+        if result.outcome is Outcome.REFUSED:
             refused += 1
-            print(f"refused: {_show_entry(raw)} ({exc})", file=sys.stderr)
-            continue
-        valid.append(entry)
-    room = ctx.frontier(args.spider).pending_room() if valid else None
-    if room is not None and len(valid) > room:
+            print(f"refused: {_show_entry(raw)} ({result.reason})", file=sys.stderr)
+    full = sum(1 for r in results if r.outcome is Outcome.FULL)
+    if full:
+        room = producer.last_room
         print(
             f"refused: the crawl is at its pending cap (DISTCRAWL_MAX_PENDING); room for "
-            f"{room} more entries, {len(valid)} given; nothing pushed",
+            f"{room} more entries, {full} given; nothing pushed",
             file=sys.stderr,
         )
         if ctx.as_json:
-            _emit_json({"pushed": 0, "refused": refused + len(valid), "room": room})
+            _emit_json({"pushed": 0, "refused": refused + full, "room": room})
         return EXIT_FULL
-    if valid:
-        key = args.spider.start_urls
-        # LPUSH in input order: workers take the oldest (tail) first, so the first line
-        # is crawled first. MULTI/EXEC: either every valid entry is pushed or none.
-        pipe = ctx.client.pipeline(transaction=True)
-        for i in range(0, len(valid), LPUSH_CHUNK):
-            pipe.lpush(key, *valid[i : i + LPUSH_CHUNK])
-        pipe.execute()
+    pushed = len(results) - refused
     if ctx.as_json:
-        _emit_json({"pushed": len(valid), "refused": refused})
+        _emit_json({"pushed": pushed, "refused": refused})
     else:
-        print(f"pushed {len(valid)}, refused {refused}")
+        print(f"pushed {pushed}, refused {refused}")
     return EXIT_PARTIAL if refused else EXIT_OK
 
 
@@ -340,7 +343,7 @@ def cmd_limit(args: argparse.Namespace, ctx: Context) -> int:
 def cmd_status(args: argparse.Namespace, ctx: Context) -> int:
     from distcrawl import dashboard
 
-    snap = dashboard.snapshot(ctx.frontier(args.spider), args.stale_after)
+    snap = ctx.producer(args.spider, target="start_urls").status(args.stale_after)
     if ctx.as_json:
         _emit_json(snap)
     else:
@@ -351,12 +354,12 @@ def cmd_status(args: argparse.Namespace, ctx: Context) -> int:
 def cmd_watch(args: argparse.Namespace, ctx: Context) -> int:
     from distcrawl import dashboard
 
-    frontier = ctx.frontier(args.spider)
+    producer = ctx.producer(args.spider, target="start_urls")
     watch = dashboard.Watch()
     deadline = time.monotonic() + args.duration if args.duration else None
     try:
         while deadline is None or time.monotonic() < deadline:
-            snap = dashboard.snapshot(frontier, args.stale_after)
+            snap = producer.status(args.stale_after)
             watch.add(snap)
             if ctx.as_json:
                 print(
@@ -481,18 +484,6 @@ def _iso(timestamp: Any) -> str:
     return moment.isoformat(timespec="seconds")
 
 
-def _dead_record(raw: bytes) -> dict[str, Any]:
-    """The stored record, or (for something else LPUSHed there) its text as ``raw``."""
-    text = raw.decode("utf-8", errors="backslashreplace")
-    try:
-        record = json.loads(text)
-    except json.JSONDecodeError:
-        record = None
-    if not isinstance(record, dict):
-        return {"reason": "not a dead-letter record", "source": None, "raw": text}
-    return record
-
-
 def _dead_line(record: dict[str, Any]) -> str:
     subject = record.get("url") or record.get("raw") or "-"
     fields = (
@@ -505,24 +496,21 @@ def _dead_line(record: dict[str, Any]) -> str:
 
 
 def cmd_dead_list(args: argparse.Namespace, ctx: Context) -> int:
-    key = ctx.keys(args.spider).dead
-    pipe = ctx.client.pipeline(transaction=False)
-    pipe.lrange(key, 0, args.limit - 1 if args.limit else -1)
-    pipe.llen(key)
-    raws, total = pipe.execute()
-    records = [_dead_record(raw) for raw in raws]
+    producer = ctx.producer(args.spider, target="start_urls")
+    records = producer.dead_letters(args.limit)
     if ctx.as_json:
         _emit_json(records)
         return EXIT_OK
     for record in records:
         print(_dead_line(record))
+    total = producer.dead_count()
     if total > len(records):
         print(f"(newest {len(records)} of {total}; see --limit)", file=sys.stderr)
     return EXIT_OK
 
 
 def cmd_dead_count(args: argparse.Namespace, ctx: Context) -> int:
-    count = int(ctx.client.llen(ctx.keys(args.spider).dead))
+    count = ctx.producer(args.spider, target="start_urls").dead_count()
     if ctx.as_json:
         _emit_json({"dead": count})
     else:
@@ -552,16 +540,10 @@ def cmd_dead_purge(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def cmd_dead_redrive(args: argparse.Namespace, ctx: Context) -> int:
-    from distcrawl import deadletter
-    from distcrawl.serialize import RequestCodec
-
-    moved, unusable = deadletter.redrive(
-        ctx.frontier(args.spider),
-        RequestCodec(args.serializer),
-        error=args.error,
-        domain=args.domain,
-        source=args.source,
+    result = ctx.producer(args.spider, target="start_urls").redrive(
+        error=args.error, domain=args.domain, source=args.source, serializer=args.serializer
     )
+    moved, unusable = result.redriven, result.not_redrivable
     if ctx.as_json:
         _emit_json({"redriven": moved, "not_redrivable": unusable})
     else:

@@ -48,6 +48,7 @@ from distcrawl.mongo import (
     key_from_fields,
 )
 from distcrawl.mongo import auth_refusal as mongo_auth_refusal
+from distcrawl.notify import Notifier, NotifyConfig
 from distcrawl.redact import redact_text, redacted_exc_info, url_secrets
 
 if TYPE_CHECKING:
@@ -92,9 +93,13 @@ class _Pending:
 class MongoPipeline:
     """Item pipeline (enabled by the add-on when MONGO_URI is set); see the module docstring."""
 
-    def __init__(self, crawler: Crawler, config: MongoConfig) -> None:
+    def __init__(
+        self, crawler: Crawler, config: MongoConfig, notify: NotifyConfig | None = None
+    ) -> None:
         self.crawler = crawler
         self.config = config
+        self.notify = notify or NotifyConfig()
+        self._notifier: Notifier | None = None
         self._io = MongoIO()
         self._writer: MongoWriter | None = None
         self._spill: SpillFile | None = None
@@ -117,7 +122,7 @@ class MongoPipeline:
         config = MongoConfig.from_settings(crawler.settings)
         if not config.enabled:
             raise NotConfigured("MONGO_URI is not set")
-        return cls(crawler, config)
+        return cls(crawler, config, NotifyConfig.from_settings(crawler.settings))
 
     # ------------------------------------------------------------------ Scrapy API
 
@@ -136,6 +141,12 @@ class MongoPipeline:
             key_fields=self.config.key_fields,
             timeout=self.config.timeout,
         )
+        if self.notify.task is not None:
+            path = Path(self.config.spill_dir) / f"{name}-notify-{stamp}-{os.getpid()}.jsonl"
+            self._notifier = Notifier(self.notify, self.config.database, path)
+            logger.info(
+                "Item notifications: %s via %s", self.notify.task, self._notifier.shown_broker
+            )
         self._io.start()
         logger.info(
             "MongoDB: items go to %s.%s at %s (batches of up to %d, every %.2fs at most)",
@@ -181,6 +192,8 @@ class MongoPipeline:
         if self._writer is not None:
             try:
                 await maybe_deferred_to_future(self._io.run(self._writer.close))
+                if self._notifier is not None:
+                    await maybe_deferred_to_future(self._io.run(self._notifier.close))
             finally:
                 self._io.stop()
         counts = self._counts
@@ -312,7 +325,35 @@ class MongoPipeline:
                 DEAD_SUFFIX,
                 reason,
             )
-        self._finish(batch, result.outcomes)
+        self._notify(batch, result.outcomes)
+
+    def _notify(self, batch: list[_Pending], outcomes: list[str]) -> None:
+        """Send the keys of the stored documents (DISTCRAWL_CELERY_ITEM_TASK), then let
+        their items go: a request is acknowledged only once its items' notifications are
+        sent (or spilled at close), so each is sent at least once."""
+        stored = [
+            (p.doc.collection, p.doc.key)
+            for p, outcome in zip(batch, outcomes, strict=True)
+            if outcome in ("upserted", "updated")
+        ]
+        if self._notifier is None or not stored:
+            self._finish(batch, outcomes)
+            return
+        d = self._io.run(
+            self._notifier.deliver,
+            stored,
+            lambda: self._closing_since is not None or self._engine_closing(),
+            self.config.close_timeout,
+        )
+
+        def done(outcome: Any) -> None:
+            if isinstance(outcome, str):
+                self._inc(f"notifications/{outcome}", len(stored))
+            else:
+                logger.error("Item notifications not sent: %s", outcome.getErrorMessage())
+            self._finish(batch, outcomes)
+
+        d.addBoth(done)
 
     def _on_failed(self, failure: Failure, batch: list[_Pending]) -> None:
         self._in_flight = []

@@ -1,0 +1,197 @@
+"""A producer's entries checked exactly as a worker checks a ``start_urls`` entry.
+
+The worker's boundary is ``Scheduler._start_entry``: :func:`parse_entry` with the crawl's
+settings, then the spider's ``make_request_from_data``, the scheme check, the fingerprint,
+the politeness slot and the codec. :class:`EntryMaker` runs the same steps with the same
+settings in the producer's process, so that an entry a worker would dead-letter is refused
+at the producer with the reason the dead letter would carry, and one it would store is
+stored by the producer as the worker would have stored it. Nothing here touches Redis.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from scrapy import Request, Spider
+from scrapy.crawler import Crawler
+from scrapy.dupefilters import BaseDupeFilter
+from scrapy.settings import Settings
+from scrapy.utils.misc import build_from_crawler, load_object
+
+from distcrawl.batch import refused_scheme
+from distcrawl.config import DistcrawlConfig
+from distcrawl.dupefilter import FINGERPRINT_BYTES
+from distcrawl.frontier import Entry, bad_slot
+from distcrawl.layout import Layout, class_path
+from distcrawl.politeness import slot_of
+from distcrawl.serialize import RequestCodec, SerializationError, callback_refusal
+from distcrawl.start_urls import InvalidEntry, parse_entry, request_from_entry
+
+#: what push_many accepts per entry: the text of a start_urls entry (a URL or a JSON
+#: object), its bytes, or its fields as a mapping (``callback`` included)
+EntryLike = str | bytes | Mapping[str, Any]
+
+
+class Refused(ValueError):
+    """The entry cannot become a request; the message is the reason a worker's dead letter
+    would give (or, for what only a producer can ask, such as a callback, its own)."""
+
+
+@dataclass(frozen=True)
+class Made:
+    """An entry turned into what a commit stores (``entry``), and the URL it fetches."""
+
+    url: str
+    entry: Entry
+
+
+def entry_bytes(item: EntryLike) -> tuple[bytes, str | None]:
+    """The raw start_urls entry for ``item`` and the callback name it asks for.
+
+    A mapping becomes the JSON object a producer would LPUSH; ``callback`` is taken out first,
+    since an entry in ``start_urls`` cannot name one (it is a producer-only field)."""
+    if isinstance(item, bytes):
+        return item, None
+    if isinstance(item, str):
+        return item.encode("utf-8", "surrogatepass"), None
+    if not isinstance(item, Mapping):
+        raise Refused(f"an entry must be a str, bytes or a mapping, not {type(item).__name__}")
+    fields = dict(item)
+    callback = fields.pop("callback", None)
+    if callback is not None and not isinstance(callback, str):
+        raise Refused("'callback' must be the name of a spider method (str)")
+    try:
+        text = json.dumps(fields, separators=(",", ":"), ensure_ascii=False)
+    except (TypeError, ValueError) as exc:
+        raise Refused(f"entry is not JSON data: {exc}") from None
+    return text.encode("utf-8", "surrogatepass"), callback
+
+
+def fields_of(
+    url: Any,
+    *,
+    priority: int = 0,
+    meta: Mapping[str, Any] | None = None,
+    callback: str | None = None,
+    method: str | None = None,
+    headers: Mapping[str, Any] | None = None,
+    body: str | None = None,
+    dont_filter: bool = False,
+) -> EntryLike:
+    """``push()``'s arguments as an entry: a plain URL when only the URL is given (exactly
+    what ``redis-cli lpush`` would send), else the JSON object's fields."""
+    extra: dict[str, Any] = {
+        "priority": priority or None,
+        "meta": meta,
+        "method": method,
+        "headers": headers,
+        "body": body,
+        "dont_filter": dont_filter or None,
+        "callback": callback,
+    }
+    extra = {k: v for k, v in extra.items() if v is not None}
+    if not extra and isinstance(url, str) and not url.lstrip().startswith("{"):
+        return url
+    return {"url": url, **extra}
+
+
+class EntryMaker:
+    """Turns entries into commit entries with the spider's own hook, fingerprinter and codec.
+
+    ``settings`` are the crawler's settings (the spider's ``custom_settings`` applied), so
+    the spider is made as ``scrapy crawl`` makes it, without starting a crawl: its
+    ``make_request_from_data`` may add meta or a callback, as it would on a worker."""
+
+    def __init__(
+        self,
+        spidercls: type[Spider],
+        settings: Settings,
+        config: DistcrawlConfig,
+        spider_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.config = config
+        self.crawler = Crawler(spidercls, settings)
+        self.spider = spidercls.from_crawler(self.crawler, **dict(spider_kwargs or {}))
+        cls = load_object(self.crawler.settings["REQUEST_FINGERPRINTER_CLASS"])
+        self.fingerprinter = build_from_crawler(cls, self.crawler)
+        # as the scheduler's _dupefilter: only BaseDupeFilter turns filtering off
+        dupefilter = load_object(self.crawler.settings["DUPEFILTER_CLASS"])
+        self.filtering = dupefilter is not BaseDupeFilter
+        self.codec = RequestCodec(
+            config.serializer, self.spider, allowed_callbacks=config.allowed_callbacks
+        )
+
+    def layout(self) -> Layout:
+        """The layout this producer writes in (layout.py): a worker's, field for field."""
+        return Layout(
+            shards=1,
+            seen=self.config.seen,
+            serializer=self.config.serializer,
+            fingerprinter=class_path(self.fingerprinter),
+        )
+
+    def make(self, raw: bytes, callback: str | None = None) -> Made:
+        """The commit entry for one raw entry; :class:`Refused` with the reason otherwise.
+
+        Kind ``r`` with the fingerprint: Redis queues it only if it was never seen, so a
+        push sent again (a retried task) stores nothing twice. Start URLs are not held at
+        the per-slot cap (the producer's commits carry none), only at the pending cap."""
+        config = self.config
+        try:
+            data = parse_entry(
+                raw,
+                max_bytes=config.start_url_max_bytes,
+                schemes=config.allowed_schemes,
+                start_meta_keys=config.start_meta_keys,
+            ).data
+            make = getattr(self.spider, "make_request_from_data", None)
+            request = make(data) if callable(make) else request_from_entry(data)
+            if not isinstance(request, Request):
+                raise InvalidEntry(f"make_request_from_data returned {type(request).__name__}")
+            why = refused_scheme(request.url, config.allowed_schemes)
+            if why is not None:
+                raise InvalidEntry(why)
+            if callback is not None:
+                request = request.replace(callback=self._callback(callback))
+            fp = b""
+            if self.filtering and not request.dont_filter:
+                fp = self.fingerprinter.fingerprint(request)[:FINGERPRINT_BYTES]
+            slot = slot_of(request, by_ip=config.slots_by_ip)
+            why = bad_slot(slot)
+            if why is not None:
+                raise InvalidEntry(f"invalid download slot: {why}")
+            payload = self.codec.encode(request)
+        except (InvalidEntry, SerializationError) as exc:
+            raise Refused(str(exc)) from None
+        except Refused:
+            raise
+        except Exception as exc:  # the spider's hook failing on one entry, as in the worker
+            raise Refused(f"{type(exc).__name__}: {exc}") from None
+        return Made(request.url, Entry("r", fp, request.priority, payload, b"", slot))
+
+    def _callback(self, name: str) -> Any:
+        """The spider's bound method ``name``, if a request read from Redis may name it."""
+        why = callback_refusal(type(self.spider), name, self.config.allowed_callbacks)
+        if why is not None:
+            raise Refused(f"callback refused: {why}")
+        return getattr(self.spider, name)
+
+
+def check_raw(raw: bytes, config: DistcrawlConfig) -> str:
+    """The URL of an entry valid for ``start_urls`` (parse_entry with the crawl's settings);
+    :class:`Refused` otherwise. The spider's hook runs later, on the worker."""
+    try:
+        data = parse_entry(
+            raw,
+            max_bytes=config.start_url_max_bytes,
+            schemes=config.allowed_schemes,
+            start_meta_keys=config.start_meta_keys,
+        ).data
+        # what request_from_entry would refuse (a bad method, say) would be a dead letter too
+        request_from_entry(data)
+    except InvalidEntry as exc:
+        raise Refused(str(exc)) from None
+    return str(data["url"])

@@ -1,0 +1,621 @@
+"""Feed and watch a crawl from Python: :class:`Producer` and :class:`AsyncProducer`.
+
+Without this, a web app or a task queue feeds a crawl with ``r.lpush("site:start_urls", url)``
+and learns only later, from the dead letters, that an entry was bad or that the crawl was
+full. A Producer checks each entry exactly as a worker does (the same functions, with the
+crawl's settings and the spider's own ``make_request_from_data``) and tells the caller, per
+entry, what happened: :class:`Outcome`.
+
+Two targets:
+
+``"queue"`` (default)
+    The producer stores the request itself, through the frontier's commit script, as a worker
+    stores the request it makes of a ``start_urls`` entry: the seen-set check is atomic with
+    the push, so pushing the same URL again (a task retried after a lost reply) is a no-op
+    that reports :attr:`Outcome.SEEN`, and an entry over ``DISTCRAWL_MAX_PENDING`` is
+    reported :attr:`Outcome.FULL` instead of waiting unseen. The spider class must be
+    importable (``SPIDER_MODULES`` of the settings), its requests are encoded with the
+    crawl's serializer and fingerprinter, and the frontier's layout record (layout.py) is
+    checked first. It needs the worker's Redis permissions (``distcrawl acl``).
+``"start_urls"``
+    The producer LPUSHes each valid entry to ``<ns>:start_urls``, like ``distcrawl push``: no
+    spider code needed, only the producer's ACL user, and the workers make the request (and
+    drop a duplicate); the outcome is :attr:`Outcome.ACCEPTED`, never ``SEEN``.
+
+Settings are Scrapy settings: ``get_project_settings()`` (``scrapy.cfg`` or
+``SCRAPY_SETTINGS_MODULE``) unless given, with the spider's ``custom_settings`` applied as
+``scrapy crawl`` applies them, parsed once into a :class:`~distcrawl.config.DistcrawlConfig`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from enum import Enum
+from functools import partial
+from typing import Any, TypeVar
+
+import redis
+from scrapy import Spider
+from scrapy.settings import BaseSettings, Settings
+from scrapy.spiderloader import get_spider_loader
+from scrapy.utils.project import get_project_settings
+
+from distcrawl import dashboard, deadletter
+from distcrawl.config import ConfigError, DistcrawlConfig
+from distcrawl.connection import is_cluster, make_redis
+from distcrawl.entries import EntryLike, EntryMaker, Refused, check_raw, entry_bytes, fields_of
+from distcrawl.frontier import Entry, Frontier, Politeness
+from distcrawl.keys import FrontierKeys
+from distcrawl.politeness import politeness
+from distcrawl.redact import redact_url
+from distcrawl.serialize import RequestCodec
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+TARGETS = ("queue", "start_urls")
+#: how long a pending cap published by the workers (``<ns>:settings``) is trusted
+CAP_TTL = 5.0
+#: entries of the commits sent in one pipeline by push_many (in batches of
+#: DISTCRAWL_PUSH_BATCH_SIZE): one round trip each, without holding Redis for long at a time
+PIPELINE_ENTRIES = 4000
+#: entries per LPUSH inside the one start_urls pipeline
+LPUSH_CHUNK = 1000
+
+
+class Outcome(str, Enum):
+    """What happened to one pushed entry."""
+
+    #: stored in the frontier's queue (target "queue")
+    QUEUED = "queued"
+    #: pushed to ``<ns>:start_urls`` (target "start_urls"); a worker makes the request
+    ACCEPTED = "accepted"
+    #: the URL's fingerprint is in the seen-set: nothing stored (a re-sent push is a no-op)
+    SEEN = "seen"
+    #: the entry can never become a request; ``reason`` says why, as a dead letter would
+    REFUSED = "refused"
+    #: the crawl is at DISTCRAWL_MAX_PENDING: nothing stored, push again later
+    FULL = "full"
+
+
+@dataclass(frozen=True)
+class PushResult:
+    outcome: Outcome
+    #: the URL of the request (None when the entry did not parse)
+    url: str | None = None
+    reason: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Whether the URL is, or already was, in the crawl's hands."""
+        return self.outcome in (Outcome.QUEUED, Outcome.ACCEPTED, Outcome.SEEN)
+
+    def as_dict(self) -> dict[str, Any]:
+        """For JSON and task results: the URL redacted (a URL may carry a password)."""
+        url = None if self.url is None else redact_url(self.url)
+        return {"outcome": self.outcome.value, "url": url, "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class RedriveResult:
+    redriven: int
+    #: matching records that hold no request to re-drive
+    not_redrivable: int
+
+
+class ProducerError(RuntimeError):
+    """The producer cannot push for this crawl (spider not found, layout disagreement)."""
+
+
+def _settings(settings: BaseSettings | Mapping[str, Any] | None) -> Settings:
+    """The project's settings, or those given: a mapping goes over Scrapy's defaults (not
+    the project's), a BaseSettings keeps its values and their priorities."""
+    if settings is None:
+        return get_project_settings()
+    if isinstance(settings, Settings):
+        return settings
+    if isinstance(settings, BaseSettings):
+        out = Settings()
+        out.update(settings)
+        return out
+    return Settings(dict(settings))
+
+
+def _spider_class(settings: BaseSettings, name: str) -> tuple[type[Spider] | None, str]:
+    """The spider class ``name`` of the settings' SPIDER_MODULES, or None and why not."""
+    modules = ", ".join(settings.getlist("SPIDER_MODULES")) or "none"
+    try:
+        return get_spider_loader(settings).load(name), ""
+    except KeyError:
+        return None, f"spider {name!r} is not in SPIDER_MODULES ({modules})"
+    except Exception as exc:  # a spider module that does not import here
+        return None, f"cannot load the spiders of SPIDER_MODULES ({modules}): {exc!r}"
+
+
+class Producer:
+    """Push entries to one crawl and watch it; synchronous (see :class:`AsyncProducer`).
+
+    ``client`` is a redis-py client, or a function that makes one on first use (no I/O
+    happens here). ``spider`` names the spider (its ``custom_settings`` apply and, for the
+    "queue" target, its ``make_request_from_data`` runs); ``namespace`` overrides
+    DISTCRAWL_NAMESPACE, which defaults to the spider name. ``spider_kwargs`` are the
+    spider's arguments (``scrapy crawl -a``), when its hook depends on them.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis | Callable[[], redis.Redis],
+        spider: str = "site",
+        settings: BaseSettings | Mapping[str, Any] | None = None,
+        *,
+        target: str = "queue",
+        namespace: str | None = None,
+        spider_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        if target not in TARGETS:
+            raise ValueError(f"target={target!r}: expected one of {', '.join(TARGETS)}")
+        self.target = target
+        self.spider_name = spider
+        base = _settings(settings)
+        self._spidercls, why = _spider_class(base, spider)
+        if self._spidercls is None and target == "queue":
+            raise ProducerError(
+                f"{why}: the 'queue' target makes requests with the spider's own code; set "
+                "SCRAPY_SETTINGS_MODULE to the project's settings, or push with "
+                "target='start_urls'"
+            )
+        if self._spidercls is None:
+            # the workers apply the spider's custom_settings; this producer cannot
+            logger.debug("%s: pushing with the settings alone", why)
+        self.settings = base.copy()
+        if self._spidercls is not None:
+            self._spidercls.update_settings(self.settings)
+        #: the crawl's settings, parsed once (ConfigError names a bad setting)
+        self.config = DistcrawlConfig.from_settings(self.settings)
+        self.keys = FrontierKeys(namespace or self.config.namespace or spider)
+        self._spider_kwargs = dict(spider_kwargs or {})
+        self._connect = client if callable(client) else (lambda: client)
+        self._client: redis.Redis | None = None
+        self._frontier: Frontier | None = None
+        self._maker: EntryMaker | None = None
+        self._cap: tuple[float, int] | None = None
+        self._sending: ThreadPoolExecutor | None = None
+        #: the room the pending cap left at the last push to start_urls (None: no cap)
+        self.last_room: int | None = None
+
+    @classmethod
+    def from_url(
+        cls,
+        redis_url: str | None = None,
+        spider: str = "site",
+        settings: BaseSettings | Mapping[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> Producer:
+        """A producer with its own client for ``redis_url`` (default: the REDIS_URL
+        setting), made on first use with DISTCRAWL_SOCKET_TIMEOUT and
+        DISTCRAWL_REDIS_CLUSTER as a worker makes it."""
+        holder: list[Producer] = []
+
+        def connect() -> redis.Redis:
+            config = holder[0].config
+            return make_redis(
+                redis_url or config.redis_url,
+                socket_timeout=config.socket_timeout,
+                cluster=config.redis_cluster,
+            )
+
+        producer = cls(connect, spider, settings, **kwargs)
+        holder.append(producer)
+        return producer
+
+    # -- connection ------------------------------------------------------------------
+
+    @property
+    def client(self) -> redis.Redis:
+        if self._client is None:
+            self._client = self._connect()
+        return self._client
+
+    @property
+    def frontier(self) -> Frontier:
+        if self._frontier is None:
+            client = self.client
+            keys = self.keys.on_cluster(is_cluster(client))
+            self._frontier = Frontier(
+                client,
+                keys,
+                seen=self.config.seen,
+                bloom_capacity=self.config.bloom_capacity,
+                bloom_error_rate=self.config.bloom_error_rate,
+            )
+        return self._frontier
+
+    def close(self) -> None:
+        if self._sending is not None:
+            self._sending.shutdown(wait=True)
+            self._sending = None
+        if self._client is not None:
+            self._client.close()
+        self._client = self._frontier = None
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- pushing ---------------------------------------------------------------------
+
+    def push(
+        self,
+        url: str,
+        priority: int = 0,
+        meta: Mapping[str, Any] | None = None,
+        callback: str | None = None,
+        *,
+        method: str | None = None,
+        headers: Mapping[str, Any] | None = None,
+        body: str | None = None,
+        dont_filter: bool = False,
+    ) -> PushResult:
+        """Push one URL; ``priority`` is the request's (higher first, as in Scrapy),
+        ``callback`` the name of a spider method (target "queue" only). Raises
+        ``redis.RedisError`` when Redis cannot be reached: pushing again is safe."""
+        fields = fields_of(
+            url,
+            priority=priority,
+            meta=meta,
+            callback=callback,
+            method=method,
+            headers=headers,
+            body=body,
+            dont_filter=dont_filter,
+        )
+        return self.push_many([fields])[0]
+
+    def push_many(self, entries: Iterable[EntryLike], *, atomic: bool = False) -> list[PushResult]:
+        """Push entries (each a start_urls entry's text or bytes, or its fields as a mapping),
+        in batches of DISTCRAWL_PUSH_BATCH_SIZE sent in one pipeline; a result per entry, in
+        order. A ``redis.RedisError`` leaves earlier batches stored: pushing everything again
+        stores nothing twice (but a ``dont_filter`` entry, which has no fingerprint).
+
+        ``atomic`` (target "start_urls" only): either every valid entry is pushed or, when
+        the pending cap leaves too little room for all of them, none (``distcrawl push``)."""
+        if atomic and self.target != "start_urls":
+            raise ValueError("atomic=True is for the 'start_urls' target")
+        if self.target == "start_urls":
+            return self._push_start_urls(entries, atomic)
+        maker = self._entry_maker()
+        results: list[PushResult | None] = []
+        batch: list[tuple[int, str, Entry]] = []
+        depth = max(1, PIPELINE_ENTRIES // self.config.push_batch_size)
+        pending: list[list[tuple[int, str, Entry]]] = []
+        sending: Future[None] | None = None
+        try:
+            for item in entries:
+                at = len(results)
+                results.append(None)
+                try:
+                    raw, callback = entry_bytes(item)
+                    made = maker.make(raw, callback)
+                except Refused as exc:
+                    results[at] = PushResult(Outcome.REFUSED, _url_of(item), str(exc))
+                    continue
+                batch.append((at, made.url, made.entry))
+                if len(batch) >= self.config.push_batch_size:
+                    pending.append(batch)
+                    batch = []
+                    if len(pending) >= depth:
+                        # Redis runs these scripts while this thread prepares the next ones
+                        if sending is not None:
+                            sending.result()
+                        sending = self._sender().submit(self._commit, pending, results)
+                        pending = []
+        finally:
+            if sending is not None:
+                sending.result()
+        if batch:
+            pending.append(batch)
+        if pending:
+            self._commit(pending, results)
+        return [r for r in results if r is not None]
+
+    def _sender(self) -> ThreadPoolExecutor:
+        """The thread that sends a long push_many's pipelines (made on first need)."""
+        if self._sending is None:
+            self._sending = ThreadPoolExecutor(1, thread_name_prefix="distcrawl-push")
+        return self._sending
+
+    def _entry_maker(self) -> EntryMaker:
+        """The spider, fingerprinter and codec, made once; the layout checked once."""
+        if self._maker is None:
+            assert self._spidercls is not None
+            maker = EntryMaker(self._spidercls, self.settings, self.config, self._spider_kwargs)
+            frontier = self.frontier
+            mine = maker.layout()
+            differences = mine.differences(frontier.record_layout(mine.fields()))
+            if differences:
+                raise ProducerError(
+                    f"this producer's settings disagree with the frontier "
+                    f"{frontier.keys.namespace!r}: {'; '.join(differences)}. Give it the "
+                    "crawl's settings (SCRAPY_SETTINGS_MODULE, or settings=...)"
+                )
+            self._maker = maker
+        return self._maker
+
+    def _politeness(self) -> Politeness:
+        """The caps of the producer's commits: the crawl's pending cap (the setting, else
+        what the workers published) and no per-slot cap (start URLs are not held there)."""
+        cap = self.config.max_pending
+        if cap is None:
+            now = time.monotonic()
+            if self._cap is None or now - self._cap[0] > CAP_TTL:
+                published = self.frontier.client.hget(self.frontier.keys.settings, "max_pending")
+                self._cap = (now, int(published or 0))
+            cap = self._cap[1]
+        return Politeness(
+            max_pending=cap or 0,
+            max_pending_per_slot=0,
+            keep_priority=politeness(self.config).keep_priority,
+        )
+
+    def _commit(
+        self, batches: Sequence[Sequence[tuple[int, str, Entry]]], results: list[PushResult | None]
+    ) -> None:
+        frontier = self.frontier
+        frontier.politeness = self._politeness()
+        if frontier.bloom is not None:
+            # the Bloom filter may have to read or grow its state around each commit
+            replies = [frontier.commit([], [e for _, _, e in b], positions=True) for b in batches]
+        else:
+            replies = self._pipelined(
+                [frontier.commit_op([], [e for _, _, e in b], positions=True) for b in batches]
+            )
+        for batch, reply in zip(batches, replies, strict=True):
+            dropped = {p for p in reply.not_stored}
+            for i, (at, url, _) in enumerate(batch):
+                if i in dropped:
+                    results[at] = PushResult(Outcome.SEEN, url)
+                elif -i - 1 in dropped:
+                    results[at] = PushResult(Outcome.FULL, url, "DISTCRAWL_MAX_PENDING reached")
+                else:
+                    results[at] = PushResult(Outcome.QUEUED, url)
+
+    def _pipelined(self, ops: list[Any]) -> list[Any]:
+        """Commit ops as EVALSHA in one pipeline (as the workers' batch runner sends them),
+        loading the scripts and sending again what a restarted server refused (NOSCRIPT)."""
+        frontier = self.frontier
+        sha = frontier.scripts.commit.sha
+        replies: list[Any] = [None] * len(ops)
+        todo = list(range(len(ops)))
+        for attempt in range(2):
+            pipe = frontier.client.pipeline(transaction=False)
+            for i in todo:
+                op = ops[i]
+                pipe.execute_command("EVALSHA", sha, len(op.keys), *op.keys, *op.args)
+            again = []
+            for i, reply in zip(todo, pipe.execute(raise_on_error=False), strict=True):
+                if isinstance(reply, redis.exceptions.NoScriptError) and attempt == 0:
+                    again.append(i)
+                elif isinstance(reply, Exception):
+                    raise reply
+                else:
+                    replies[i] = ops[i].parse(reply)
+            if not again:
+                break
+            frontier.scripts.load(frontier.client)
+            todo = again
+        return replies
+
+    def _push_start_urls(self, entries: Iterable[EntryLike], atomic: bool) -> list[PushResult]:
+        results: list[PushResult] = []
+        valid: list[tuple[int, bytes]] = []
+        for item in entries:
+            try:
+                raw, callback = entry_bytes(item)
+                if callback is not None:
+                    raise Refused("a start_urls entry cannot name a callback (use target 'queue')")
+                url = check_raw(raw, self.config)
+            except Refused as exc:
+                results.append(PushResult(Outcome.REFUSED, _url_of(item), str(exc)))
+                continue
+            valid.append((len(results), raw))
+            results.append(PushResult(Outcome.ACCEPTED, url))
+        if not valid:
+            return results
+        room = self.last_room = self.frontier.pending_room()
+        take = len(valid) if room is None else min(room, len(valid))
+        if atomic and take < len(valid):
+            take = 0
+        for at, _ in valid[take:]:
+            results[at] = PushResult(Outcome.FULL, results[at].url, "DISTCRAWL_MAX_PENDING reached")
+        raws = [raw for _, raw in valid[:take]]
+        if raws:
+            # LPUSH in input order: workers take the oldest (tail) first. MULTI/EXEC: either
+            # every entry is pushed or none.
+            pipe = self.frontier.client.pipeline(transaction=True)
+            for i in range(0, len(raws), LPUSH_CHUNK):
+                pipe.lpush(self.frontier.keys.start_urls, *raws[i : i + LPUSH_CHUNK])
+            pipe.execute()
+        return results
+
+    def pending_room(self) -> int | None:
+        """How many more entries the pending cap allows (None: no cap published)."""
+        return self.frontier.pending_room()
+
+    # -- watching --------------------------------------------------------------------
+
+    def status(self, stale_after: float = dashboard.STALE_AFTER) -> dict[str, Any]:
+        """The data of ``distcrawl status --json``: sizes, totals, workers, domains."""
+        return dashboard.snapshot(self.frontier, stale_after)
+
+    def idle(self) -> bool:
+        """No start URL waiting or claimed, nothing queued, leased or waiting to be retried:
+        every worker is idle (a worker holds the leases of what it works on until everything
+        it produced is stored). One transaction, so its reads agree."""
+        d = self.frontier.drained()
+        waiting = d.next_retry_ms is not None  # a retry waits in ``delayed``, due or not
+        return not (d.start_urls or d.claimants or d.queued or d.leased or waiting)
+
+    def wait_until_idle(self, timeout: float, poll: float = 0.25) -> None:
+        """Return once the crawl is idle (:meth:`idle`) in two looks ``poll`` apart;
+        TimeoutError after ``timeout`` seconds, the sizes in its message."""
+        deadline = time.monotonic() + timeout
+        before = False
+        while True:
+            now = self.idle()
+            if now and before:
+                return
+            before = now
+            left = deadline - time.monotonic()
+            if left <= 0:
+                sizes = self.frontier.sizes()
+                raise TimeoutError(
+                    f"crawl {self.keys.namespace!r} not idle after {timeout}s: {sizes}"
+                )
+            time.sleep(min(poll, left))
+
+    def dead_letters(self, limit: int = 20) -> list[dict[str, Any]]:
+        """Dead-letter records, newest first (``limit`` 0: all), as ``distcrawl dead list
+        --json`` shows them; what is not a record comes back as ``{"raw": text, ...}``."""
+        key = self.frontier.keys.dead
+        raws: list[bytes] = self.frontier.client.lrange(key, 0, limit - 1 if limit else -1)  # type: ignore[assignment]
+        return [dead_record(raw) for raw in raws]
+
+    def dead_count(self) -> int:
+        return int(self.frontier.client.llen(self.frontier.keys.dead))
+
+    def redrive(
+        self,
+        *,
+        error: str | None = None,
+        domain: str | None = None,
+        source: str | None = None,
+        serializer: str | None = None,
+    ) -> RedriveResult:
+        """Put the matching dead letters back to work (deadletter.py); ``serializer``
+        defaults to DISTCRAWL_SERIALIZER."""
+        codec = RequestCodec(serializer or self.config.serializer)
+        moved, unusable = deadletter.redrive(
+            self.frontier, codec, error=error, domain=domain, source=source
+        )
+        return RedriveResult(moved, unusable)
+
+
+def dead_record(raw: bytes) -> dict[str, Any]:
+    """The stored record, or (for something else LPUSHed there) its text as ``raw``."""
+    text = raw.decode("utf-8", errors="backslashreplace")
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError:
+        record = None
+    if not isinstance(record, dict):
+        return {"reason": "not a dead-letter record", "source": None, "raw": text}
+    return record
+
+
+def _url_of(item: Any) -> str | None:
+    if isinstance(item, Mapping):
+        url = item.get("url")
+        return url if isinstance(url, str) else None
+    if isinstance(item, str) and not item.lstrip().startswith("{"):
+        return item.strip()
+    return None
+
+
+class AsyncProducer:
+    """A :class:`Producer` for asyncio apps (FastAPI, aiohttp): every Redis call runs on the
+    producer's own thread, never on the event loop, one at a time (the Producer keeps state
+    between calls); waits happen on the loop. Same arguments as :class:`Producer`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._init(Producer(*args, **kwargs))
+
+    def _init(self, producer: Producer) -> None:
+        self.producer = producer
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="distcrawl")
+
+    @classmethod
+    def from_url(
+        cls, redis_url: str | None = None, spider: str = "site", settings: Any = None, **kwargs: Any
+    ) -> AsyncProducer:
+        self = cls.__new__(cls)
+        self._init(Producer.from_url(redis_url, spider, settings, **kwargs))
+        return self
+
+    async def _run(self, func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, partial(func, *args, **kwargs))
+
+    async def push(
+        self,
+        url: str,
+        priority: int = 0,
+        meta: Mapping[str, Any] | None = None,
+        callback: str | None = None,
+        **kwargs: Any,
+    ) -> PushResult:
+        return await self._run(self.producer.push, url, priority, meta, callback, **kwargs)
+
+    async def push_many(self, entries: Iterable[EntryLike], **kwargs: Any) -> list[PushResult]:
+        items = list(entries)  # iterated here, not on the thread
+        return await self._run(self.producer.push_many, items, **kwargs)
+
+    async def status(self, stale_after: float = dashboard.STALE_AFTER) -> dict[str, Any]:
+        return await self._run(self.producer.status, stale_after)
+
+    async def idle(self) -> bool:
+        return await self._run(self.producer.idle)
+
+    async def wait_until_idle(self, timeout: float, poll: float = 0.25) -> None:
+        """As :meth:`Producer.wait_until_idle`; the event loop runs while it waits."""
+        deadline = time.monotonic() + timeout
+        before = False
+        while True:
+            now = await self.idle()
+            if now and before:
+                return
+            before = now
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(
+                    f"crawl {self.producer.keys.namespace!r} not idle after {timeout}s"
+                )
+            await asyncio.sleep(min(poll, left))
+
+    async def dead_letters(self, limit: int = 20) -> list[dict[str, Any]]:
+        return await self._run(self.producer.dead_letters, limit)
+
+    async def dead_count(self) -> int:
+        return await self._run(self.producer.dead_count)
+
+    async def redrive(self, **kwargs: Any) -> RedriveResult:
+        return await self._run(self.producer.redrive, **kwargs)
+
+    async def aclose(self) -> None:
+        await self._run(self.producer.close)
+        self._executor.shutdown(wait=False)
+
+    async def __aenter__(self) -> AsyncProducer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+__all__ = [
+    "AsyncProducer",
+    "ConfigError",
+    "Outcome",
+    "Producer",
+    "ProducerError",
+    "PushResult",
+    "RedriveResult",
+]

@@ -1,0 +1,272 @@
+"""distcrawl.celery with real processes: a Celery worker of examples/celery_app.py (its broker
+on a redis-server of its own), a producer process calling ``push.delay()``, and ``scrapy
+crawl site`` workers on the frontier's redis-server. Counts come from the demo site's log."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from distcrawl.demo.redis_server import RedisServer
+from distcrawl.frontier import parse_entry
+from distcrawl.keys import FrontierKeys
+from distcrawl.serialize import RequestCodec
+from tests.support import page_fetches, wait_until
+
+pytest.importorskip("celery")
+
+ROOT = Path(__file__).resolve().parents[1]
+SITE = FrontierKeys("site")
+
+
+class CeleryWorker:
+    """``celery -A examples.celery_app worker`` (solo pool), started and stopped by PID."""
+
+    def __init__(self, env: dict[str, str], log_path: Path) -> None:
+        self.env = env
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> CeleryWorker:
+        cmd = [sys.executable, "-m", "celery", "-A", "examples.celery_app", "worker"]
+        cmd += ["--pool=solo", "--loglevel=INFO", f"--logfile={self.log_path}"]
+        cmd += ["--without-gossip", "--without-mingle", "--without-heartbeat"]
+        cmd += ["-n", f"distcrawl-test-{os.getpid()}@localhost"]
+        stderr = open(self.log_path.with_suffix(".stderr"), "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            cmd, cwd=str(ROOT), env=self.env, stdout=subprocess.DEVNULL, stderr=stderr
+        )
+        stderr.close()
+        assert wait_until(lambda: "ready." in self.log() or self.proc.poll() is not None, 60)
+        assert self.proc.poll() is None, self.log() + self.stderr()
+        return self
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def stderr(self) -> str:
+        return self.log_path.with_suffix(".stderr").read_text(errors="replace")
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """SIGTERM (Celery's warm shutdown), then SIGKILL, by PID."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.kill(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[RedisServer]:
+    """Celery's broker and result backend: a redis-server apart from the frontier's."""
+    server = RedisServer(directory=tmp_path / "broker").start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _env(broker: RedisServer, redis_url: str, pythonpath: list[Path]) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        {
+            "CELERY_BROKER_URL": broker.url,
+            "REDIS_URL": redis_url,
+            "SCRAPY_SETTINGS_MODULE": "distcrawl.settings",
+            "TLDEXTRACT_PUBLIC_SUFFIX_LIST_URLS": "",
+            "PYTHONPATH": os.pathsep.join(str(p) for p in [*pythonpath, ROOT]),
+        }
+    )
+    return env
+
+
+@pytest.fixture
+def celery_worker(
+    tmp_path: Path, broker: RedisServer, redis_url: str
+) -> Iterator[Callable[..., CeleryWorker]]:
+    """Factory of Celery worker processes; keyword arguments become Scrapy settings of the
+    worker's project (a settings module over distcrawl.settings)."""
+    started: list[CeleryWorker] = []
+
+    def factory(**settings: Any) -> CeleryWorker:
+        home = tmp_path / f"celery-{len(started)}"
+        home.mkdir()
+        lines = ["from distcrawl.settings import *  # noqa: F403"]
+        lines += [f"{name} = {value!r}" for name, value in settings.items()]
+        (home / "celery_project_settings.py").write_text("\n".join(lines) + "\n")
+        env = _env(broker, redis_url, [home])
+        env["SCRAPY_SETTINGS_MODULE"] = "celery_project_settings"
+        worker = CeleryWorker(env, home / "celery.log")
+        started.append(worker)
+        return worker.start()
+
+    try:
+        yield factory
+    finally:
+        for worker in started:
+            worker.stop()
+
+
+def producer_process(
+    broker: RedisServer, redis_url: str, tmp_path: Path, urls: list[str], priority: int, wait: float
+) -> subprocess.Popen[str]:
+    """``python -m tests.celery_producer``: push.delay() for each URL, from its own process."""
+    path = tmp_path / f"urls-{priority}-{len(urls)}.txt"
+    path.write_text("\n".join(urls) + "\n")
+    cmd = [sys.executable, "-m", "tests.celery_producer", "site", str(priority), str(path)]
+    return subprocess.Popen(
+        [*cmd, str(wait)],
+        cwd=str(ROOT),
+        env=_env(broker, redis_url, []),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def results_of(proc: subprocess.Popen[str], timeout: float) -> list[dict[str, Any]]:
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, err[-3000:]
+    lines = out.splitlines()
+    return json.loads(lines[-1]) if len(lines) > 1 else []
+
+
+def stored_urls(redis_client) -> list[str]:
+    codec = RequestCodec("msgpack")
+    return [
+        codec.decode_dict(parse_entry(raw).payload)["u"]
+        for raw in redis_client.zrange(SITE.queue, 0, -1)
+    ]
+
+
+def test_thousand_delays_two_workers_every_page_once_priority_nine_first(
+    demo_site, workers, celery_worker, broker, redis_url, redis_client, tmp_path
+):
+    site = demo_site(pages=1000, links=2)
+    celery = celery_worker()
+    low = [site.url_for(f"/page/{n}") for n in range(50, 1000)]
+    high = [site.url_for(f"/page/{n}") for n in range(50)]
+    started = time.monotonic()
+    first = producer_process(broker, redis_url, tmp_path, low, 0, wait=0)
+    assert results_of(first, 60) == []
+    assert wait_until(lambda: redis_client.zcard(SITE.queue) == 950, timeout=90)
+    # priority 9 while the queue holds 950 requests of priority 0
+    second = producer_process(broker, redis_url, tmp_path, high, 9, wait=60)
+    outcomes = results_of(second, 90)
+    pushed_in = time.monotonic() - started
+    assert [r["outcome"] for r in outcomes] == ["queued"] * 50, outcomes[:3]
+    assert redis_client.zcard(SITE.queue) == 1000
+    assert sorted(stored_urls(redis_client)) == sorted(low + high)
+
+    pool = [workers(i, DISTCRAWL_IDLE_TIMEOUT=3) for i in (1, 2)]
+    for w in pool:
+        assert w.wait(240) == 0, w.log()[-3000:]
+    pages = {f"/page/{n}" for n in range(1000)}
+    fetched = page_fetches(site)
+    assert set(fetched) == pages  # none missing
+    assert max(fetched.values()) == 1  # none twice
+    order = [
+        line.path
+        for line in sorted(site.read_log(), key=lambda line: line.arrived)
+        if line.path in pages and line.status == 200
+    ]
+    ranks = sorted(order.index(f"/page/{n}") for n in range(50))
+    print(
+        f"1000 push.delay() stored in {pushed_in:.1f}s; the 50 priority-9 pages were fetches "
+        f"{ranks[0]}..{ranks[-1]} of 1000 (median {ranks[25]})"
+    )
+    # by chance about 5% of them would be among the first 100
+    assert ranks[-1] < 100, ranks
+    assert "ERROR" not in celery.log()
+
+
+def test_frontier_redis_paused_celery_retries_nothing_lost_no_page_twice(
+    demo_site, workers, celery_worker, broker, redis_server, redis_url, redis_client, tmp_path
+):
+    site = demo_site(pages=300, links=2)
+    # a push waits for the frontier's Redis at most 1s, then Celery retries it later
+    celery = celery_worker(DISTCRAWL_SOCKET_TIMEOUT=1)
+    urls = [site.url_for(f"/page/{n}") for n in range(300)]
+    proc = producer_process(broker, redis_url, tmp_path, urls, 0, wait=150)
+    try:
+        assert wait_until(lambda: redis_client.zcard(SITE.queue) >= 20, timeout=60)
+        os.kill(redis_server.pid, signal.SIGSTOP)
+        try:
+            time.sleep(5)  # this process sends nothing to the stopped server meanwhile
+        finally:
+            os.kill(redis_server.pid, signal.SIGCONT)
+        outcomes = results_of(proc, 180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    counts = Counter(r.get("outcome", repr(r)) for r in outcomes)
+    print(f"outcomes after a 5s pause of the frontier's Redis: {dict(counts)}")
+    assert set(counts) <= {"queued", "seen"} and sum(counts.values()) == 300, counts
+    retries = celery.log().count("retry: Retry in")
+    print(f"Celery retried {retries} pushes")
+    assert retries >= 1, celery.log()[-3000:]
+    stored = stored_urls(redis_client)
+    assert len(stored) == 300 and set(stored) == set(urls)  # nothing lost, nothing twice
+
+    worker = workers(1, DISTCRAWL_IDLE_TIMEOUT=2)
+    assert worker.wait(180) == 0, worker.log()[-3000:]
+    fetched = page_fetches(site)
+    assert set(fetched) == {f"/page/{n}" for n in range(300)}
+    assert max(fetched.values()) == 1
+
+
+def test_item_notifications_one_per_stored_document_none_for_dead_letters(
+    demo_site, mongo_workers, celery_worker, broker, redis_client, mongo_client
+):
+    from tests.notify_spider import refused
+
+    site = demo_site(pages=50, links=3)
+    celery_worker()
+    redis_client.lpush("notify:start_urls", site.url + "/")
+    worker = mongo_workers(
+        1,
+        spider="notify",
+        SPIDER_MODULES="distcrawl.spiders,tests.notify_spider",
+        DISTCRAWL_IDLE_TIMEOUT=2,
+        DISTCRAWL_CELERY_ITEM_TASK="example.on_item",
+        DISTCRAWL_CELERY_BROKER_URL=broker.url,
+    )
+    assert worker.wait(120) == 0, worker.log()[-3000:]
+    docs = list(mongo_client.distcrawl["notify"].find({}, {"_id": 1, "url": 1}))
+    stored = {d["_id"] for d in docs}
+    dead = mongo_client.distcrawl["notify_dead"].count_documents({})
+    expected_dead = sum(1 for path in site.expected_pages() if refused(path))
+    urls = {d["url"] for d in docs}
+    missing = {p for p in site.expected_pages() if not refused(p)} - {
+        "/" + u.split("/", 3)[-1] for u in urls
+    }
+    assert not missing and dead == expected_dead, (missing, dead, worker.log()[-3000:])
+    notified_key = broker.client()
+    try:
+        assert wait_until(lambda: notified_key.llen("example:notified") >= len(stored), 30)
+        time.sleep(0.5)  # a message too many would show now
+        messages = [json.loads(m) for m in notified_key.lrange("example:notified", 0, -1)]
+    finally:
+        notified_key.close()
+    print(f"{len(messages)} notifications for {len(stored)} documents, {dead} dead-lettered")
+    assert all(m[:2] == ["distcrawl", "notify"] for m in messages)
+    keys = [m[2] for m in messages]
+    assert sorted(keys) == sorted(stored)  # one per stored document, none for a dead letter
+    assert "'distcrawl/mongo/notifications/sent': " + str(len(stored)) in worker.log()

@@ -1,0 +1,266 @@
+"""distcrawl.Producer and AsyncProducer against a real redis-server (and real workers)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+from scrapy.settings import Settings
+
+from distcrawl import AsyncProducer, Outcome, Producer
+from distcrawl.frontier import Frontier, dead_letter, parse_entry
+from distcrawl.keys import FrontierKeys
+from distcrawl.producer import ProducerError, RedriveResult
+from distcrawl.serialize import RequestCodec
+from tests.support import page_fetches
+
+SITE = FrontierKeys("site")
+
+
+def project_settings(**overrides: Any) -> Settings:
+    """The bundled project's settings with ``-s``-like overrides, as the workers get them."""
+    settings = Settings()
+    settings.setmodule("distcrawl.settings", priority="project")
+    for name, value in overrides.items():
+        settings.set(name, value, priority="cmdline")
+    return settings
+
+
+def queued(redis_client) -> list[dict[str, Any]]:
+    """The requests in the queue, decoded (url, priority, meta, callback)."""
+    codec = RequestCodec("msgpack")
+    out = []
+    for raw in redis_client.zrange(SITE.queue, 0, -1):
+        data = codec.decode_dict(parse_entry(raw).payload)
+        out.append(data | {"slot": parse_entry(raw).slot})
+    return out
+
+
+@pytest.fixture
+def producer(redis_url):
+    with Producer.from_url(redis_url, "site", project_settings()) as p:
+        yield p
+
+
+def test_push_outcomes_and_the_spiders_hook(producer, redis_client):
+    first = producer.push("http://a.test/x", priority=3, meta={"k": 1})
+    assert (first.outcome, first.url, first.reason) == (Outcome.QUEUED, "http://a.test/x", None)
+    # a re-sent push (a retried task) stores nothing twice
+    again = producer.push("http://a.test/x", priority=3, meta={"k": 1})
+    assert again.outcome is Outcome.SEEN and again.ok
+    [stored] = queued(redis_client)
+    assert stored["u"] == "http://a.test/x" and stored["p"] == 3 and stored["slot"] == "a.test"
+    # SiteSpider.make_request_from_data ran, as on a worker: the start URL's scope
+    assert stored["M"] == {"k": 1, "site_scope": "a.test"}
+    # the layout is recorded as a worker records it
+    assert redis_client.hget(SITE.meta, "serializer") == b"msgpack"
+
+    refused = producer.push("ftp://a.test/file")
+    assert refused.outcome is Outcome.REFUSED and not refused.ok
+    assert "unsupported scheme 'ftp'" in refused.reason
+    reserved = producer.push("http://a.test/y", meta={"proxy": "http://evil.test:3128"})
+    assert "reserved key(s) in JSON entry: meta.proxy" in reserved.reason
+    assert "dont_filter" in producer.push("http://a.test/y", dont_filter=True).reason
+    assert producer.push(42).reason == "JSON field 'url' must be str"  # type: ignore[arg-type]
+    assert "not JSON data" in producer.push("http://a.test/y", meta={"b": b"x"}).reason
+
+    # a callback only if a request read from Redis may name it (SiteSpider allows parse)
+    why = producer.push("http://a.test/cb", callback="page_item").reason
+    assert why == "callback refused: 'page_item' is not in DISTCRAWL_ALLOWED_CALLBACKS"
+    assert "lifecycle" in producer.push("http://a.test/cb", callback="closed").reason
+    assert producer.push("http://a.test/cb", callback="parse").outcome is Outcome.QUEUED
+    by_url = {d["u"]: d for d in queued(redis_client)}
+    assert by_url["http://a.test/cb"]["cb"] == "parse"
+    assert len(by_url) == 2
+
+
+def test_push_many_in_pipelined_batches_and_the_pending_cap(redis_url, redis_client):
+    urls = [f"http://h{i % 7}.test/p/{i}" for i in range(1000)]
+    entries: list[Any] = [*urls, *urls[:100]]  # 100 duplicates within the call
+    entries += [{"url": "http://a.test/j", "priority": 2}, b"http://a.test/b", "nope"]
+    with Producer.from_url(redis_url, "site", project_settings(DISTCRAWL_PUSH_BATCH_SIZE=64)) as p:
+        started = time.perf_counter()
+        results = p.push_many(entries)
+        print(f"push_many: {len(entries)} entries in {time.perf_counter() - started:.3f}s")
+    assert len(results) == len(entries)
+    outcomes = Counter(r.outcome for r in results)
+    assert outcomes == {Outcome.QUEUED: 1002, Outcome.SEEN: 100, Outcome.REFUSED: 1}
+    assert [r.url for r in results[:1000]] == urls  # in order
+    assert results[-1].reason == "not a URL (no scheme): 'nope'"
+    assert redis_client.zcard(SITE.queue) == 1002
+
+    # the cap the workers publish (DISTCRAWL_MAX_PENDING): room for 3 more
+    Frontier(redis_client, SITE).publish_settings(max_pending=1005)
+    with Producer.from_url(redis_url, "site", project_settings()) as p:
+        results = p.push_many(f"http://cap.test/{i}" for i in range(5))
+    assert [r.outcome for r in results] == [Outcome.QUEUED] * 3 + [Outcome.FULL] * 2
+    assert results[-1].reason == "DISTCRAWL_MAX_PENDING reached"
+    # the producer's own setting wins over the published one
+    settings = project_settings(DISTCRAWL_MAX_PENDING=2000)
+    with Producer.from_url(redis_url, "site", settings) as p:
+        assert p.push("http://cap.test/9").outcome is Outcome.QUEUED
+
+
+def test_results_for_tasks_and_logs_hide_a_password_in_the_url(producer):
+    result = producer.push("http://user:s3cret-pw@a.test/private")
+    assert result.outcome is Outcome.QUEUED
+    shown = result.as_dict()
+    assert "s3cret-pw" not in str(shown) and shown["outcome"] == "queued"
+    assert shown["url"].startswith("http://user:")
+
+
+def test_bloom_seen_set(redis_url, redis_client):
+    with Producer.from_url(redis_url, "site", project_settings(DISTCRAWL_SEEN="bloom")) as p:
+        first = p.push_many([f"http://a.test/{i}" for i in range(50)])
+        again = p.push_many([f"http://a.test/{i}" for i in range(60)])
+    assert {r.outcome for r in first} == {Outcome.QUEUED}
+    assert Counter(r.outcome for r in again) == {Outcome.SEEN: 50, Outcome.QUEUED: 10}
+    assert redis_client.zcard(SITE.queue) == 60
+
+
+def test_a_frontier_laid_out_otherwise_is_refused(producer, redis_client):
+    redis_client.hset(SITE.meta, mapping={"serializer": "json", "seen": "set"})
+    with pytest.raises(ProducerError) as caught:
+        producer.push("http://a.test/")
+    assert "DISTCRAWL_SERIALIZER: this worker 'msgpack', the frontier 'json'" in str(caught.value)
+    assert redis_client.zcard(SITE.queue) == 0
+
+
+def test_an_unknown_spider_needs_the_start_urls_target(redis_url, redis_client):
+    with pytest.raises(ProducerError, match="'nosuch' is not in SPIDER_MODULES"):
+        Producer.from_url(redis_url, "nosuch", project_settings())
+    with Producer.from_url(redis_url, "nosuch", project_settings(), target="start_urls") as p:
+        results = p.push_many(["http://a.test/", "mailto:x@a.test", "http://a.test/"])
+        assert p.push("http://a.test/c", callback="parse").outcome is Outcome.REFUSED
+    assert [r.outcome for r in results] == [Outcome.ACCEPTED, Outcome.REFUSED, Outcome.ACCEPTED]
+    # the workers drop the duplicate: the producer cannot know it without the seen check
+    assert redis_client.lrange("nosuch:start_urls", 0, -1) == [b"http://a.test/"] * 2
+
+
+def test_status_dead_letters_and_redrive(producer, redis_client):
+    producer.push("http://a.test/")
+    redis_client.lpush(SITE.dead, dead_letter("bad", raw=b"http://b.test/", source="start_urls"))
+    redis_client.lpush(SITE.dead, b"not a record")
+    status = producer.status()
+    assert (status["namespace"], status["queue"], status["dead"]) == ("site", 1, 2)
+    assert status["workers"] == []
+    letters = producer.dead_letters()
+    assert letters[0]["raw"] == "not a record" and letters[1]["url"] is None
+    assert producer.dead_letters(limit=1) == letters[:1]
+    assert producer.dead_count() == 2
+    assert producer.redrive(source="start_urls") == RedriveResult(1, 0)
+    assert redis_client.lrange(SITE.start_urls, 0, -1) == [b"http://b.test/"]
+    assert producer.dead_count() == 1
+    assert not producer.idle()  # a start URL waits
+
+
+#: entries a worker dead-letters, under DISTCRAWL_START_URL_MAX_BYTES=300 and
+#: DISTCRAWL_START_META_KEYS=download_slot (so that the slot check itself is reached)
+BAD_ENTRIES = [
+    b"not a url",
+    b"example.com/page",
+    b"ftp://example.com/file",
+    b"javascript:alert(1)",
+    b"http://",
+    b"http://example.com:99999999/",
+    b"   ",
+    b"\xff\xfehttp://a.test/",
+    b'{"url": "http://a.test/", ',
+    b'{"href": "http://a.test/"}',
+    b'["http://a.test/"]',
+    b'{"url": "http://a.test/", "priority": "high"}',
+    b'{"url": "http://a.test/", "headers": "x"}',
+    b'{"url": "http://a.test/", "meta": {"proxy": "http://evil.test:3128"}}',
+    b'{"url": "http://a.test/", "meta": {"distcrawl_anything": 1}}',
+    b'{"url": "http://a.test/", "dont_filter": true}',
+    b'{"url": "http://a.test/", "meta": {"download_slot": ""}}',
+    b"http://a.test/" + b"x" * 400,
+]
+
+
+def test_bad_entries_get_the_verdicts_a_worker_gives(redis_url, redis_client, workers):
+    """The same table through a worker's start_urls boundary (a real `scrapy crawl site`,
+    reasons read from its dead letters) and through Producer.push_many: same verdicts."""
+    limits = {"DISTCRAWL_START_URL_MAX_BYTES": 300, "DISTCRAWL_START_META_KEYS": "download_slot"}
+    redis_client.lpush(SITE.start_urls, *BAD_ENTRIES)
+    worker = workers(1, DISTCRAWL_IDLE_TIMEOUT=1, **limits)
+    assert worker.wait(90) == 0, worker.log()[-3000:]
+    records = Producer.from_url(redis_url, "site", project_settings()).dead_letters(limit=0)
+    by_worker = {r["raw_sha1"]: r["reason"] for r in records}
+    assert len(by_worker) == len(BAD_ENTRIES)
+
+    with Producer.from_url(redis_url, "site", project_settings(**limits)) as p:
+        results = p.push_many(BAD_ENTRIES)
+    by_producer = {
+        hashlib.sha1(raw).hexdigest(): r.reason for raw, r in zip(BAD_ENTRIES, results, strict=True)
+    }
+    assert {r.outcome for r in results} == {Outcome.REFUSED}
+    for raw in BAD_ENTRIES:
+        sha = hashlib.sha1(raw).hexdigest()
+        print(f"{raw[:60]!r:64} {by_producer[sha]}")
+        assert by_producer[sha] == by_worker[sha], raw
+    assert redis_client.zcard(SITE.queue) == 0
+
+
+def test_async_producer_in_a_running_asyncio_app(redis_url, demo_site, workers):
+    """Pushes, then waits for the crawl while the event loop keeps running: wait_until_idle
+    times out while the crawl runs and returns after it."""
+    site = demo_site(pages=40, links=3, delay=0.05)
+    pages = [site.url_for(f"/page/{n}") for n in range(40)]
+    report: dict[str, Any] = {}
+
+    async def app() -> None:
+        producer = AsyncProducer.from_url(redis_url, "site", project_settings())
+        async with producer:
+            results = await producer.push_many(pages)
+            report["outcomes"] = Counter(r.outcome for r in results)
+            ticks = 0
+            stop = asyncio.Event()
+
+            async def ticker() -> None:
+                nonlocal ticks
+                while not stop.is_set():
+                    ticks += 1
+                    await asyncio.sleep(0.01)
+
+            task = asyncio.create_task(ticker())
+            workers(1, DISTCRAWL_DOMAIN_CONCURRENCY=2)
+            started = time.monotonic()
+            try:
+                await producer.wait_until_idle(timeout=1.0)
+            except TimeoutError as exc:
+                report["timeout"] = str(exc)
+            await producer.wait_until_idle(timeout=90)
+            report["waited"] = time.monotonic() - started
+            stop.set()
+            await task
+            report["ticks"] = ticks
+            report["status"] = await producer.status()
+
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            asyncio.run(app())
+        except BaseException as exc:  # handed to the test's thread
+            failure.append(exc)
+
+    # its own thread: the test process's asyncio loop belongs to the Twisted reactor
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(150)
+    assert not thread.is_alive() and not failure, failure
+    assert report["outcomes"] == {Outcome.QUEUED: 40}
+    assert "not idle after 1.0s" in report["timeout"]
+    fetched = page_fetches(site)
+    assert {f"/page/{n}" for n in range(40)} <= set(fetched) and max(fetched.values()) == 1
+    status = report["status"]
+    assert (status["queue"], status["leased"], status["start_urls"]) == (0, 0, 0)
+    # the loop ran all along: a tick every ~10 ms, not one per blocking call
+    print(f"waited {report['waited']:.1f}s, {report['ticks']} ticks")
+    assert report["ticks"] >= report["waited"] / 0.01 * 0.5
