@@ -93,17 +93,21 @@ def reset() -> None:
         _producers.clear()
 
 
-@shared_task(
-    name="distcrawl.push",
-    bind=True,
-    autoretry_for=RETRY_FOR,
-    dont_autoretry_for=NOT_RETRIED,
-    retry_backoff=True,
-    retry_backoff_max=60,
-    retry_jitter=True,
-    max_retries=12,
-    acks_late=True,
-)
+#: both tasks: retried with exponential backoff and jitter while Redis cannot be reached (at
+#: most a minute apart, 12 times), acknowledged once done, so a worker lost mid-push re-runs it
+RETRYING: dict[str, Any] = {
+    "bind": True,
+    "autoretry_for": RETRY_FOR,
+    "dont_autoretry_for": NOT_RETRIED,
+    "retry_backoff": True,
+    "retry_backoff_max": 60,
+    "retry_jitter": True,
+    "max_retries": 12,
+    "acks_late": True,
+}
+
+
+@shared_task(name="distcrawl.push", **RETRYING)
 def push(
     self: Task,
     spider: str,
@@ -122,17 +126,7 @@ def push(
     return result.as_dict()
 
 
-@shared_task(
-    name="distcrawl.push_many",
-    bind=True,
-    autoretry_for=RETRY_FOR,
-    dont_autoretry_for=NOT_RETRIED,
-    retry_backoff=True,
-    retry_backoff_max=60,
-    retry_jitter=True,
-    max_retries=12,
-    acks_late=True,
-)
+@shared_task(name="distcrawl.push_many", **RETRYING)
 def push_many(self: Task, spider: str, entries: list[EntryLike]) -> list[dict[str, Any]]:
     """Push many entries in pipelined batches (each a URL or JSON entry's text, or its
     fields as a dict); entries over the pending cap are reported ``"full"``, not retried
