@@ -520,27 +520,7 @@ class Frontier:
         args.append(len(feedback))
         for f in feedback:
             args += list(f)
-        keys = [
-            k.queue,
-            k.requests,
-            k.seen,
-            k.seq,
-            k.leases,
-            k.claims(self.tag),
-            k.dead,
-            k.delayed,
-            k.ready,
-            k.slots,
-            k.inflight,
-            k.throttle,
-            k.robots,
-            k.throttle_raised,
-            k.commits,
-            k.throttle_state,
-            k.placeless,
-            k.claimants,
-            k.wake,
-        ]
+        keys = k.script_keys("commit", self.tag)
         return Op("commit", keys, args, _parse_commit)
 
     def add_seen(self, fingerprints: Sequence[bytes]) -> list[bool]:
@@ -581,25 +561,7 @@ class Frontier:
         mine = json.dumps(dict(held), separators=(",", ":")) if held else ""
         ahead = json.dumps(dict(reserved), separators=(",", ":")) if reserved else ""
         nonce = int.from_bytes(os.urandom(4), "big")
-        keys = [
-            k.queue,
-            k.requests,
-            k.leases,
-            k.delayed,
-            k.ready,
-            k.slots,
-            k.inflight,
-            k.throttle,
-            k.limits,
-            k.robots,
-            k.hungry,
-            k.seq,
-            k.dead,
-            k.stats,
-            k.throttle_state,
-            k.alive,
-            k.placeless,
-        ]
+        keys = k.script_keys("lease")
         args = [
             *(count, lease_ms, promote, p.scan, p.delay_ms, p.concurrency),
             *(p.overrides, p.robots, mine, self._tag_bytes, nonce, worker_timeout_ms),
@@ -619,7 +581,7 @@ class Frontier:
 
     def sent_op(self, paced: Sequence[tuple[str, int]]) -> Op[int]:
         args = [x for slot, leased_at in paced for x in (slot, leased_at)]
-        return Op("sent", [self.keys.slots, self.keys.ready], args, int)
+        return Op("sent", self.keys.script_keys("sent"), args, int)
 
     def delay_ms(self, slot: str) -> int:
         """The slot's delay from the settings (DOWNLOAD_SLOTS, else the default)."""
@@ -633,7 +595,7 @@ class Frontier:
         waited for robots.txt must still wait, when this worker downloaded it."""
         k = self.keys
         wait = self.scripts.robots(
-            keys=[k.robots, k.slots, k.ready, k.limits, k.throttle],
+            keys=k.script_keys("robots"),
             args=[slot, delay_ms, "fetched" if fetched else "known", self.delay_ms(slot)],
         )
         return int(wait) / 1000
@@ -647,7 +609,7 @@ class Frontier:
         args: list[Any] = []
         for move in moves:
             args += [move.at, move.record, move.kind, move.slot, move.priority, move.payload]
-        keys = [k.dead, k.queue, k.seq, k.start_urls, k.ready, k.slots]
+        keys = k.script_keys("redrive")
         return int(self.scripts.redrive(keys=keys, args=args))
 
     def places(self, freed: Sequence[LeaseRef], taken: Sequence[LeaseRef] = ()) -> tuple[int, int]:
@@ -663,7 +625,7 @@ class Frontier:
         self, freed: Sequence[LeaseRef], taken: Sequence[LeaseRef] = ()
     ) -> Op[tuple[int, int]]:
         k = self.keys
-        keys = [k.requests, k.leases, k.inflight, k.robots, k.ready, k.slots, k.placeless]
+        keys = k.script_keys("places")
         args = [len(freed), *_pairs(freed), *_pairs(taken)]
         return Op("places", keys, args, _parse_places)
 
@@ -676,14 +638,10 @@ class Frontier:
 
     def renew_op(self, refs: Iterable[LeaseRef], lease_ms: int) -> Op[int]:
         k = self.keys
-        return Op("renew", [k.leases, k.requests], [lease_ms, *_pairs(refs)], int)
+        return Op("renew", k.script_keys("renew"), [lease_ms, *_pairs(refs)], int)
 
     def _requeue_keys(self) -> list[str]:
-        k = self.keys
-        return [
-            *(k.leases, k.queue, k.requests, k.ready, k.slots, k.inflight, k.robots),
-            *(k.alive, k.commits, k.placeless, k.claimants),
-        ]
+        return self.keys.script_keys("requeue")
 
     def requeue_expired(self, limit: int = 1000, worker_timeout_ms: int = 10_000) -> RequeueResult:
         """Requeue expired leases, then the leases of workers whose liveness beats are older
@@ -719,7 +677,7 @@ class Frontier:
     def alive_op(self) -> Op[int]:
         """One liveness beat of this worker (alive.lua; see liveness.py), to ride with a
         batch; returns the server time written."""
-        return Op("alive", [self.keys.alive], [self.tag], int)
+        return Op("alive", self.keys.script_keys("alive"), [self.tag], int)
 
     def drained(self) -> Drained:
         """Whether the crawl is out of work, for idle close: start URLs waiting, requests
@@ -761,7 +719,7 @@ class Frontier:
         """Share a downloaded robots.txt for ``ttl_ms``, stamped with the server's TIME
         (robots_store.lua), and free the download lock."""
         self.scripts.robots_store(
-            keys=[self.keys.robots_txt(netloc), self.keys.robots_lock(netloc)],
+            keys=self.keys.script_keys("robots_store", netloc),
             args=[ttl_ms, status, body],
         )
 
@@ -842,10 +800,7 @@ class Frontier:
         return self.run(self.sweep_op(grace_ms, count))
 
     def sweep_op(self, grace_ms: int = 60_000, count: int = 100) -> Op[SweepResult]:
-        k = self.keys
-        keys = [k.slots, k.throttle_state, k.robots, k.ready, k.inflight, k.throttle]
-        keys += [k.throttle_raised, k.hungry, k.sweep]
-        return Op("sweep", keys, [count, grace_ms], _parse_sweep)
+        return Op("sweep", self.keys.script_keys("sweep"), [count, grace_ms], _parse_sweep)
 
     def slot_count(self) -> int:
         """Slots with requests queued plus slots with requests in flight (a slot with both
@@ -887,7 +842,7 @@ class Frontier:
         """Claim up to ``count`` start_urls entries; ``then_wait``: a ``wait_op`` follows in
         the same pipeline, which a claim then ends at once."""
         k = self.keys
-        keys = [k.start_urls, k.claims(self.tag), k.claimants, k.wake_of(self.tag)]
+        keys = k.script_keys("claim", self.tag)
         return Op("claim", keys, [count, self.tag, "1" if then_wait else ""], list)
 
     def unclaim(self) -> int:
@@ -903,7 +858,7 @@ class Frontier:
 
     def unclaim_op(self, mode: str, tags: Sequence[str]) -> Op[int]:
         k = self.keys
-        keys = [k.start_urls, k.claimants, k.alive, *(k.claims(tag) for tag in tags)]
+        keys = [*k.script_keys("unclaim"), *(k.claims(tag) for tag in tags)]
         return Op("unclaim", keys, [mode, *tags], int)
 
     def claim_keys(self) -> list[str]:

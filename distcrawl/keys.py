@@ -17,6 +17,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from distcrawl import lua
+
 
 @dataclass(frozen=True)
 class FrontierKeys:
@@ -298,3 +300,18 @@ class FrontierKeys:
             self.paused,
             self.wake,
         )
+
+    def script_keys(self, script: str, of: str | None = None) -> list[str]:
+        """The KEYS of Lua script ``script`` (``distcrawl.lua.KEYS``) in the order its header
+        gives, so that no caller lists them by hand. ``of``: the worker tag or netloc of the
+        keys that are per worker or per host (``claims``, ``wake_of``, ``robots_txt``...)."""
+        out: list[str] = []
+        for name in lua.KEYS[script]:
+            member = getattr(type(self), name)
+            if isinstance(member, property):
+                out.append(getattr(self, name))
+            elif of is None:
+                raise ValueError(f"{script}.lua's key {name!r} needs a worker tag or netloc")
+            else:
+                out.append(getattr(self, name)(of))
+        return out

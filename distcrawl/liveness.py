@@ -114,7 +114,7 @@ class Liveness:
                 return
             if self._script is None:
                 self._script = self._redis().register_script(script_source("alive"))
-            self._script(keys=[self.keys.alive], args=[self.tag])
+            self._script(keys=self.keys.script_keys("alive"), args=[self.tag])
             self.beats += 1
             self._last = time.monotonic()
 

@@ -223,7 +223,7 @@ class BloomFilter:
         size = nth_layer(index, base_capacity, base_error, self.max_part_bits)
         parts = [self.keys.bloom_part(index, j) for j in range(size.parts)]
         _, added = self.grow_script(
-            keys=[self.keys.bloom, *parts],
+            keys=[*self.keys.script_keys("bloom_grow"), *parts],
             args=[index, size.capacity, size.k, size.part_bits, base_capacity, base_error],
         )
         if added and index > 0:

@@ -40,8 +40,57 @@ NAMES = (
 )
 SEEN_MODES = ("set", "bloom")
 
+#: Each script's KEYS in order, named by the :class:`~distcrawl.keys.FrontierKeys` member
+#: that builds the key (a method takes the worker tag or netloc the call is for). The ``.lua``
+#: headers name the same members in the same order (tests/test_lua.py reads them), so a key
+#: added to a script is added here once and every caller passes it
+#: (``FrontierKeys.script_keys``). Keys a script takes beyond these (the Bloom filter's
+#: parts, the claim lists of several workers) are appended by their caller, as the headers'
+#: ``KEYS[n ..]`` lines say. ``ids`` (doctor_unrecorded.lua) is whichever ZSET the doctor
+#: checks, passed by the doctor itself.
+KEYS: dict[str, tuple[str, ...]] = {
+    "alive": ("alive",),
+    "bloom_grow": ("bloom",),
+    "claim": ("start_urls", "claims", "claimants", "wake_of"),
+    "commit": (
+        *("queue", "requests", "seen", "seq", "leases", "claims", "dead", "delayed", "ready"),
+        *("slots", "inflight", "throttle", "robots", "throttle_raised", "commits"),
+        *("throttle_state", "placeless", "claimants", "wake"),
+    ),
+    "doctor_inflight": ("leases", "requests", "inflight", "placeless"),
+    "doctor_quarantine": ("queue", "dead", "stats"),
+    "doctor_ready": ("queue", "ready", "slots"),
+    "doctor_records": (
+        *("requests", "leases", "delayed", "queue", "ready", "slots", "dead", "stats"),
+    ),
+    "doctor_unrecorded": ("ids", "requests"),
+    "lease": (
+        *("queue", "requests", "leases", "delayed", "ready", "slots", "inflight", "throttle"),
+        *("limits", "robots", "hungry", "seq", "dead", "stats", "throttle_state", "alive"),
+        "placeless",
+    ),
+    "places": ("requests", "leases", "inflight", "robots", "ready", "slots", "placeless"),
+    "redrive": ("dead", "queue", "seq", "start_urls", "ready", "slots"),
+    "renew": ("leases", "requests"),
+    "requeue": (
+        *("leases", "queue", "requests", "ready", "slots", "inflight", "robots", "alive"),
+        *("commits", "placeless", "claimants"),
+    ),
+    "robots": ("robots", "slots", "ready", "limits", "throttle"),
+    "robots_store": ("robots_txt", "robots_lock"),
+    "seen": (),
+    "sent": ("slots", "ready"),
+    "sweep": (
+        *("slots", "throttle_state", "robots", "ready", "inflight", "throttle"),
+        *("throttle_raised", "hungry", "sweep"),
+    ),
+    "unclaim": ("start_urls", "claimants", "alive"),
+}
+#: names in KEYS that are not FrontierKeys members: the caller passes the key itself
+PASSED_BY_CALLER = frozenset({"ids"})
+
 #: how many KEYS commit.lua takes itself; the Bloom filter's keys follow them
-COMMIT_KEYS = 19
+COMMIT_KEYS = len(KEYS["commit"])
 #: where each script's seen-set keys start in its KEYS, per seen-set: the SET is commit.lua's
 #: KEYS[3], the Bloom filter's keys are appended at the end
 SEEN_KEYS = {

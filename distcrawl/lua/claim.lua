@@ -6,10 +6,10 @@
 -- commit that stores what was made of it (commit.lua), so a worker killed in between loses
 -- nothing: its claims go back to start_urls when it is found dead (unclaim.lua).
 --
--- KEYS[1] start_urls LIST  raw entries pushed by producers
--- KEYS[2] claims     LIST  this worker's claimed entries, newest at the head
--- KEYS[3] claimants  SET   worker tags whose claim list may hold entries
--- KEYS[4] wake       LIST  this worker's own wake-up tokens (keys.py ``wake_of``)
+-- KEYS[1] start_urls LIST raw entries pushed by producers
+-- KEYS[2] claims     LIST this worker's claimed entries, newest at the head
+-- KEYS[3] claimants  SET  worker tags whose claim list may hold entries
+-- KEYS[4] wake_of    LIST this worker's own wake-up tokens (keys.py ``wake_of``)
 --
 -- ARGV[1] how many entries the worker wants
 -- ARGV[2] the worker's tag (its member in claimants)

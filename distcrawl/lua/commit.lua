@@ -2,31 +2,31 @@
 -- the politeness feedback of the responses, atomically, so that a request is acknowledged
 -- in the same step that stores the last of what its callback produced.
 --
--- KEYS[1]  queue      ZSET   queue entries (see lib.lua), all scores 0
--- KEYS[2]  requests   HASH   request id -> record (token .. entry, see lib.lua)
--- KEYS[3]  seen       SET    binary fingerprints (seen_set.lua; unused with the Bloom filter)
--- KEYS[4]  seq        STRING counter for request ids
--- KEYS[5]  leases     ZSET   request id -> lease deadline (ms)
--- KEYS[6]  claims     LIST   the committing worker's claimed start_urls entries (claim.lua)
--- KEYS[7]  dead       LIST   dead-letter records (JSON)
--- KEYS[8]  delayed    ZSET   request id -> due time (ms)
--- KEYS[9]  ready      ZSET   slot -> when its next request may be leased (ms)
--- KEYS[10] slots      HASH   slot -> earliest time of its next request (ms)
--- KEYS[11] inflight   HASH   slot -> requests leased, not yet fetched nor acknowledged
--- KEYS[12] throttle   HASH   slot -> adaptive delay (ms) from 429/503 answers and latency
--- KEYS[13] robots     HASH   slot -> robots.txt Crawl-delay (ms), negative while being read
--- KEYS[14] raised     HASH   slot -> when its adaptive delay was last raised (ms)
--- KEYS[15] commits    HASH   worker tag -> id of the last commit it ran
--- KEYS[16] state      HASH   slot -> "<cap>:<share>:<hold>": adaptive concurrency cap (0 =
---                            none), share of 429/503 among its recent answers, answers to
---                            wait for before the cap is cut again (see the feedback section)
--- KEYS[17] placeless   SET    ids of leased requests whose response gave their place back
---                            already (places.lua)
--- KEYS[18] claimants  SET    worker tags whose claim list may hold entries: the committing
---                            worker's leaves it when its claim list empties
--- KEYS[19] wake       LIST   wake-up tokens: idle workers wait on it (BLPOP, batch.py); a
---                            commit that queues requests pushes up to WAKE_MAX, kept
---                            WAKE_TTL_MS, so a token nobody takes soon is gone
+-- KEYS[1]  queue           ZSET   queue entries (see lib.lua), all scores 0
+-- KEYS[2]  requests        HASH   request id -> record (token .. entry, see lib.lua)
+-- KEYS[3]  seen            SET    binary fingerprints (seen_set.lua; unused with the Bloom filter)
+-- KEYS[4]  seq             STRING counter for request ids
+-- KEYS[5]  leases          ZSET   request id -> lease deadline (ms)
+-- KEYS[6]  claims          LIST   the committing worker's claimed start_urls entries (claim.lua)
+-- KEYS[7]  dead            LIST   dead-letter records (JSON)
+-- KEYS[8]  delayed         ZSET   request id -> due time (ms)
+-- KEYS[9]  ready           ZSET   slot -> when its next request may be leased (ms)
+-- KEYS[10] slots           HASH   slot -> earliest time of its next request (ms)
+-- KEYS[11] inflight        HASH   slot -> requests leased, not yet fetched nor acknowledged
+-- KEYS[12] throttle        HASH   slot -> adaptive delay (ms) from 429/503 answers and latency
+-- KEYS[13] robots          HASH   slot -> robots.txt Crawl-delay (ms), negative while being read
+-- KEYS[14] throttle_raised HASH   slot -> when its adaptive delay was last raised (ms)
+-- KEYS[15] commits         HASH   worker tag -> id of the last commit it ran
+-- KEYS[16] throttle_state  HASH   slot -> "<cap>:<share>:<hold>": adaptive concurrency cap (0 =
+--                                 none), share of 429/503 among its recent answers, answers to
+--                                 wait for before the cap is cut again (see the feedback section)
+-- KEYS[17] placeless       SET    ids of leased requests whose response gave their place back
+--                                 already (places.lua)
+-- KEYS[18] claimants       SET    worker tags whose claim list may hold entries: the committing
+--                                 worker's leaves it when its claim list empties
+-- KEYS[19] wake            LIST   wake-up tokens: idle workers wait on it (BLPOP, batch.py); a
+--                                 commit that queues requests pushes up to WAKE_MAX, kept
+--                                 WAKE_TTL_MS, so a token nobody takes soon is gone
 -- KEYS[20 ..]         the Bloom filter's keys with DISTCRAWL_SEEN = "bloom" (seen_bloom.lua)
 --
 -- distcrawl/lua/__init__.py prepends the seen-set snippet (seen_set.lua or seen_bloom.lua),

@@ -4,27 +4,27 @@
 -- clock, so workers' clocks do not matter, and the politeness state lives here, so a
 -- slot's delay and concurrency hold for the whole cluster, not per worker.
 --
--- KEYS[1]  queue     ZSET  queue entries (see lib.lua), all scores 0
--- KEYS[2]  requests  HASH  request id -> queue entry, for leased and delayed requests
--- KEYS[3]  leases    ZSET  request id -> lease deadline (ms)
--- KEYS[4]  delayed   ZSET  request id -> due time (ms) of a retry
--- KEYS[5]  ready     ZSET  slot -> when its next request may be leased (ms)
--- KEYS[6]  slots     HASH  slot -> earliest time of its next request (ms)
--- KEYS[7]  inflight  HASH  slot -> leased requests that hold a place (see KEYS[17])
--- KEYS[8]  throttle  HASH  slot -> adaptive delay (ms)
--- KEYS[9]  limits    HASH  slot -> "<delay ms>:<concurrency>" set while the crawl runs
---                          (either part may be empty: the default applies)
--- KEYS[10] robots    HASH  slot -> robots.txt Crawl-delay (ms); a negative value -T means
---                          one worker is fetching robots.txt until time T
--- KEYS[11] hungry    HASH  slot -> when a worker holding less than its share last found
---                          the slot full
--- KEYS[12] seq       STRING counter for request ids
--- KEYS[13] dead      LIST  dead-letter records (JSON)
--- KEYS[14] stats     HASH  crawl-wide counters ('quarantined')
--- KEYS[15] state     HASH  slot -> "<cap>:<share>:<hold>" (commit.lua): a cap of 1 or more
---                          lowers the slot's concurrency to it
--- KEYS[16] alive     ZSET  worker tag -> time of its last liveness beat (ms)
--- KEYS[17] placeless SET   ids of leased requests that hold no place (places.lua)
+-- KEYS[1]  queue          ZSET   queue entries (see lib.lua), all scores 0
+-- KEYS[2]  requests       HASH   request id -> queue entry, for leased and delayed requests
+-- KEYS[3]  leases         ZSET   request id -> lease deadline (ms)
+-- KEYS[4]  delayed        ZSET   request id -> due time (ms) of a retry
+-- KEYS[5]  ready          ZSET   slot -> when its next request may be leased (ms)
+-- KEYS[6]  slots          HASH   slot -> earliest time of its next request (ms)
+-- KEYS[7]  inflight       HASH   slot -> leased requests that hold a place (see KEYS[17])
+-- KEYS[8]  throttle       HASH   slot -> adaptive delay (ms)
+-- KEYS[9]  limits         HASH   slot -> "<delay ms>:<concurrency>" set while the crawl runs
+--                                (either part may be empty: the default applies)
+-- KEYS[10] robots         HASH   slot -> robots.txt Crawl-delay (ms); a negative value -T means
+--                                one worker is fetching robots.txt until time T
+-- KEYS[11] hungry         HASH   slot -> when a worker holding less than its share last found
+--                                the slot full
+-- KEYS[12] seq            STRING counter for request ids
+-- KEYS[13] dead           LIST   dead-letter records (JSON)
+-- KEYS[14] stats          HASH   crawl-wide counters ('quarantined')
+-- KEYS[15] throttle_state HASH   slot -> "<cap>:<share>:<hold>" (commit.lua): a cap of 1 or more
+--                                lowers the slot's concurrency to it
+-- KEYS[16] alive          ZSET   worker tag -> time of its last liveness beat (ms)
+-- KEYS[17] placeless      SET    ids of leased requests that hold no place (places.lua)
 --
 -- ARGV[1] how many requests to take at most
 -- ARGV[2] lease duration (ms)

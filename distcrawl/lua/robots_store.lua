@@ -1,8 +1,8 @@
 -- robots_store.lua: share the robots.txt a worker just downloaded, and free its download lock.
 --
--- KEYS[1] robotstxt  STRING  robotstxt:<netloc>: "<fetched> <status>\n<body>", fetched in
+-- KEYS[1] robots_txt  STRING robotstxt:<netloc>: "<fetched> <status>\n<body>", fetched in
 --                            seconds with ms (this server's TIME)
--- KEYS[2] lock       STRING  robotstxt:lock:<netloc>, held by the downloading worker
+-- KEYS[2] robots_lock STRING robotstxt:lock:<netloc>, held by the downloading worker
 --
 -- ARGV[1] time to live (ms): DISTCRAWL_ROBOTS_TTL, so that hosts the crawl no longer visits
 --         cost no memory

@@ -1,16 +1,16 @@
 -- sweep.lua: forget the politeness state of slots the crawl has finished with, a few at a
 -- time, so that a broad crawl of millions of hosts does not keep every host's state forever.
 --
--- KEYS[1] slots      HASH  slot -> earliest time of its next request (ms)
--- KEYS[2] state      HASH  slot -> adaptive concurrency cap and 429/503 share (commit.lua)
--- KEYS[3] robots     HASH  slot -> robots.txt Crawl-delay (ms), negative while being read
---                          (read only: a slot being read is not finished)
--- KEYS[4] ready      ZSET  slot -> when its next request may be leased: slots with queued work
--- KEYS[5] inflight   HASH  slot -> requests leased and holding a place
--- KEYS[6] throttle   HASH  slot -> adaptive delay (ms)
--- KEYS[7] raised     HASH  slot -> when its adaptive delay was last raised (ms)
--- KEYS[8] hungry     HASH  slot -> when a worker last found it full below its share
--- KEYS[9] sweep      HASH  scanned key name -> HSCAN cursor where the next sweep goes on
+-- KEYS[1] slots           HASH slot -> earliest time of its next request (ms)
+-- KEYS[2] throttle_state  HASH slot -> adaptive concurrency cap and 429/503 share (commit.lua)
+-- KEYS[3] robots          HASH slot -> robots.txt Crawl-delay (ms), negative while being read
+--                              (read only: a slot being read is not finished)
+-- KEYS[4] ready           ZSET slot -> when its next request may be leased: slots with queued work
+-- KEYS[5] inflight        HASH slot -> requests leased and holding a place
+-- KEYS[6] throttle        HASH slot -> adaptive delay (ms)
+-- KEYS[7] throttle_raised HASH slot -> when its adaptive delay was last raised (ms)
+-- KEYS[8] hungry          HASH slot -> when a worker last found it full below its share
+-- KEYS[9] sweep           HASH scanned key name -> HSCAN cursor where the next sweep goes on
 --
 -- ARGV[1] slots looked at per scanned hash (HSCAN COUNT)
 -- ARGV[2] grace (ms): a slot is finished once it has nothing queued (not in ready), nothing

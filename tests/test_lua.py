@@ -1,0 +1,99 @@
+"""The Lua scripts' KEYS: declared once in Python (``distcrawl.lua.KEYS``), and every
+script's header must name the same keys in the same order, since a key passed at the wrong
+position is not an error in Redis: the script silently reads or writes the wrong key."""
+
+from __future__ import annotations
+
+import re
+from importlib.resources import files
+
+import pytest
+from redis.crc import key_slot
+
+from distcrawl import lua
+from distcrawl.keys import FrontierKeys
+
+#: ``-- KEYS[3]  seen  SET ...`` and ``-- KEYS[20 ..]  the Bloom filter's keys ...``
+HEADER_KEY = re.compile(r"^-- KEYS\[(\d+)\]\s+(\w+)", re.M)
+HEADER_TAIL = re.compile(r"^-- KEYS\[(\d+) \.\.\]", re.M)
+BODY_KEY = re.compile(r"KEYS\[(\d+)\]")
+#: snippets prepended to other scripts, not scripts of their own
+SNIPPETS = {"lib", "seen_set", "seen_bloom"}
+
+
+def scripts() -> list[str]:
+    names = [p.name[:-4] for p in files(lua).iterdir() if p.name.endswith(".lua")]
+    return sorted(n for n in names if n not in SNIPPETS)
+
+
+def header(name: str) -> str:
+    """The comment block a script starts with."""
+    lines = []
+    for line in lua.source(name).splitlines():
+        if not line.startswith("--"):
+            break
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def test_every_script_file_is_declared_and_every_declaration_has_a_file() -> None:
+    assert sorted(lua.KEYS) == scripts()
+    assert set(lua.NAMES) <= set(lua.KEYS)
+
+
+@pytest.mark.parametrize("name", scripts())
+def test_the_header_names_the_declared_keys_in_order(name: str) -> None:
+    found = HEADER_KEY.findall(header(name))
+    assert [int(n) for n, _ in found] == list(range(1, len(found) + 1)), "numbered 1, 2, ..."
+    assert tuple(key for _, key in found) == lua.KEYS[name]
+    tail = HEADER_TAIL.findall(header(name))
+    assert [int(n) for n in tail] in ([], [len(found) + 1]), "extra keys follow the declared"
+
+
+@pytest.mark.parametrize("name", scripts())
+def test_the_body_reads_no_key_beyond_the_header(name: str) -> None:
+    body = lua.source(name)[len(header(name)) :]
+    used = {int(n) for n in BODY_KEY.findall(body)}
+    if not HEADER_TAIL.search(header(name)):
+        assert used <= set(range(1, len(lua.KEYS[name]) + 1))
+
+
+def test_every_declared_name_is_a_key_the_keys_module_builds() -> None:
+    members = {n for n in dir(FrontierKeys) if not n.startswith("_")}
+    for name, keys in lua.KEYS.items():
+        unknown = set(keys) - members - lua.PASSED_BY_CALLER
+        assert not unknown, f"{name}.lua: {sorted(unknown)}"
+
+
+def test_script_keys_pins_the_commit_script_keys() -> None:
+    keys = FrontierKeys("site").script_keys("commit", "w1")
+    assert len(keys) == lua.COMMIT_KEYS == 19
+    assert keys[:6] == [
+        "site:queue",
+        "site:requests",
+        "site:seen",
+        "site:seq",
+        "site:leases",
+        "site:claims:w1",
+    ]
+    assert keys[13] == "site:throttle:raised"
+    assert keys[15] == "site:throttle:state"
+    assert keys[18] == "site:wake"
+
+
+def test_script_keys_takes_the_tag_or_netloc_a_key_is_for() -> None:
+    k = FrontierKeys("site")
+    assert k.script_keys("claim", "w1")[1:] == ["site:claims:w1", "site:claimants", "site:wake:w1"]
+    assert k.script_keys("robots_store", "example.com:8080") == [
+        k.robots_txt("example.com:8080"),
+        k.robots_lock("example.com:8080"),
+    ]
+    with pytest.raises(ValueError, match="claim.lua's key 'claims' needs"):
+        k.script_keys("claim")
+
+
+@pytest.mark.parametrize("name", sorted(set(lua.KEYS) - {"doctor_unrecorded"}))
+def test_on_a_cluster_each_script_keys_share_one_hash_slot(name: str) -> None:
+    """No CROSSSLOT: every script touches one slot, that of ``<ns>:start_urls``."""
+    keys = FrontierKeys("site", cluster=True).script_keys(name, "w1")
+    assert {key_slot(k.encode()) for k in keys} <= {key_slot(b"site:start_urls")}
