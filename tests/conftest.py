@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,6 +22,34 @@ from distcrawl.demo.site import DemoSite  # noqa: E402
 from distcrawl.demo.workers import Worker  # noqa: E402
 from tests.cluster import RedisClusterNodes  # noqa: E402
 from tests.redis_proxy import RedisProxy  # noqa: E402
+
+#: fixtures that start a process; a test using one (even through another fixture) is marked
+#: ``integration``, so that ``pytest -m "not integration"`` is the contributors' fast loop
+PROCESS_FIXTURES = frozenset({"redis_server", "redis_cluster", "demo_site", "mongo_server"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if PROCESS_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(autouse=True)
+def _processes_only_in_integration_tests(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A test that starts a process without the ``integration`` mark fails, so that the mark
+    (and the fast loop) cannot silently drift from what the tests really do."""
+    if request.node.get_closest_marker("integration") is not None:
+        return
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError(
+            f"{request.node.nodeid} starts a process: use a process fixture or mark it "
+            "@pytest.mark.integration"
+        )
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
 
 
 @pytest.fixture

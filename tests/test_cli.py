@@ -397,6 +397,7 @@ def test_reset_of_nothing_does_not_ask(capsys, redis_url, monkeypatch):
     assert json.loads(out) == {"removed": 0}
 
 
+@pytest.mark.integration
 def test_prompt_redacts_the_password(capsys, tmp_path, monkeypatch):
     server = RedisServer(directory=tmp_path, password="s3cret").start()
     try:

@@ -26,6 +26,7 @@ def test_make_redis_does_no_io():
         client.ping()
 
 
+@pytest.mark.integration
 def test_password_from_url_authenticates(tmp_path):
     with RedisServer(directory=tmp_path, password="s3cret") as server:
         assert make_redis(server.url).ping()

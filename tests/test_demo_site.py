@@ -269,6 +269,7 @@ def test_redis_fixture(redis_client: redis.Redis, redis_url: str) -> None:
     assert redis_client.get("k") == b"v"
 
 
+@pytest.mark.integration
 def test_redis_restart_keeps_aof_data(tmp_path: Path) -> None:
     with RedisServer(directory=tmp_path, appendonly=True) as server:
         port, pid = server.port, server.pid
@@ -283,6 +284,7 @@ def test_redis_restart_keeps_aof_data(tmp_path: Path) -> None:
     assert server.proc is None
 
 
+@pytest.mark.integration
 def test_redis_without_aof_loses_data_on_restart(tmp_path: Path) -> None:
     with RedisServer(directory=tmp_path) as server:
         client = server.client()
@@ -294,6 +296,7 @@ def test_redis_without_aof_loses_data_on_restart(tmp_path: Path) -> None:
         client.close()
 
 
+@pytest.mark.integration
 def test_redis_password(tmp_path: Path) -> None:
     with RedisServer(directory=tmp_path, password="s3cret") as server:
         assert server.url == f"redis://:s3cret@127.0.0.1:{server.port}/0"
@@ -307,6 +310,7 @@ def test_redis_password(tmp_path: Path) -> None:
         anonymous.close()
 
 
+@pytest.mark.integration
 def test_redis_fixed_port_and_owned_dir_cleanup() -> None:
     port = find_free_port()
     server = RedisServer(port=port).start()

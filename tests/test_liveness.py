@@ -153,6 +153,7 @@ def test_a_redis_restart_is_survived(make_liveness, redis_server, redis_client, 
     assert liveness._thread is not None and liveness._thread.is_alive()
 
 
+@pytest.mark.integration
 def test_the_password_never_reaches_the_log(caplog, tmp_path):
     from distcrawl.demo.redis_server import RedisServer
 

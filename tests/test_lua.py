@@ -88,7 +88,7 @@ def test_script_keys_takes_the_tag_or_netloc_a_key_is_for() -> None:
         k.robots_txt("example.com:8080"),
         k.robots_lock("example.com:8080"),
     ]
-    with pytest.raises(ValueError, match="claim.lua's key 'claims' needs"):
+    with pytest.raises(ValueError, match=r"claim\.lua's key 'claims' needs"):
         k.script_keys("claim")
 
 

@@ -388,6 +388,7 @@ async def test_spill_file_at_close_and_replay_command(
     assert "s3cret" not in capsys.readouterr().err
 
 
+@pytest.mark.integration
 @pytest_twisted.ensureDeferred
 async def test_credentials_tls_and_replica_set_options_and_no_password_in_logs(tmp_path, caplog):
     caplog.set_level(logging.DEBUG)

@@ -254,6 +254,7 @@ def query_url(server: RedisServer, password: str = SECRET) -> str:
     return f"redis://127.0.0.1:{server.port}/0?password={password}"
 
 
+@pytest.mark.integration
 def test_redis_py_reads_the_password_from_the_query(secret_redis: RedisServer) -> None:
     for url in (query_url(secret_redis), secret_redis.unix_url):
         with redis.Redis.from_url(url) as client:
@@ -293,6 +294,7 @@ def assert_no_secret(*outputs: str) -> None:
             assert secret not in output, output
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("form", ["query", "unix"])
 def test_cli_never_prints_the_password(secret_redis: RedisServer, form: str) -> None:
     good = query_url(secret_redis) if form == "query" else secret_redis.unix_url

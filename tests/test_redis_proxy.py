@@ -486,6 +486,7 @@ def test_stop_closes_open_connections(redis_server: RedisServer) -> None:
         proxy.stop()
 
 
+@pytest.mark.integration
 def test_for_url_keeps_password_and_database(tmp_path: Any) -> None:
     with RedisServer(directory=tmp_path, password="s3cret") as server:
         with RedisProxy.for_url(server.url.replace("/0", "/3")) as proxy:

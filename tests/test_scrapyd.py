@@ -110,6 +110,7 @@ def test_plan_spreads_jobs_round_robin_and_expands_placeholders():
     assert scrapyd.expand("ua-{node}-{n} {job}", node=2, n=1, job="run-2-1") == "ua-2-1 run-2-1"
 
 
+@pytest.mark.integration
 def test_launcher_hides_secrets_from_argv_and_the_runner_puts_them_back(tmp_path):
     message = {
         "_project": "p",
@@ -172,6 +173,7 @@ def test_listjobs_redacts_pending_jobs():
     assert pending["args"]["password"] == "***"
 
 
+@pytest.mark.integration
 def test_egg_is_built_outside_the_work_tree_and_runs_zipped(tmp_path):
     before = {p: p.stat().st_mtime for p in ROOT.glob("*.egg-info")}
     egg = scrapyd.build_egg(ROOT, tmp_path)
