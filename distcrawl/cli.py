@@ -927,9 +927,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--database", metavar="NAME", help="write here instead of the database in each record"
     )
     replay.set_defaults(handler=cmd_mongo_replay)
-    from distcrawl import scrapyd
+    from distcrawl import importer, scrapyd
 
     scrapyd.add_parser(commands, common, cmd_scrapyd)
+    importer.add_parser(commands, common)
     return parser
 
 
