@@ -17,8 +17,10 @@ Each queued request goes through :meth:`Producer.push_requests`: rebuilt by the 
 worker applies to what it reads from Redis (callbacks, errbacks, request class) and
 committed with its fingerprint, so a request already seen stores nothing. What cannot be
 imported becomes a dead letter (``source: "import"``) with its reason. A digest of every
-member handled goes to ``<ns>:import:done``, so that a run again (after an interruption)
-skips it: the seen-set alone would let a ``dont_filter`` request or a dead letter in twice.
+member stored goes to ``<ns>:import:done``, so that a run again (after an interruption)
+skips it: the seen-set alone would let a ``dont_filter`` request in twice. A dead-lettered
+member is tried again by the next run (the spider may have been fixed), without a second
+dead letter.
 
 Fingerprints: scrapy-redis 0.9.1's ``RFPDupeFilter.request_fingerprint`` is its own SHA1
 of ``{"body", "method", "url"}`` as JSON; it never asks ``crawler.request_fingerprinter``.
@@ -77,6 +79,8 @@ PAGE = 500
 SAMPLE = 200
 #: bytes of a member's SHA1 kept in ``<ns>:import:done``
 DIGEST_BYTES = 12
+#: prefix of the digest of a member that was dead-lettered (tried again by the next run)
+DEAD = b"dead:"
 
 TRUST_HELP = (
     "{what} is decoded with pickle, and unpickling runs whatever code the pickle names: "
@@ -294,49 +298,62 @@ class Importer:
             at += PAGE
 
     def _import(self, key: str, kind: str) -> None:
+        """Page by page: skip what an earlier run handled, decode, store, dead-letter.
+
+        A member dead-lettered by an earlier run is tried again (the spider may have been
+        fixed since) but never gets a second dead letter: its digest is kept under
+        :data:`DEAD` in ``<ns>:import:done``, in the transaction that writes the letter."""
         report = self.report
         loads = self.source.loads() if self.trust_pickle or not self.source.trusted_only else None
         for page in self._members(key, kind):
             digests = [hashlib.sha1(m).digest()[:DIGEST_BYTES] for m in page]
-            done = self.client.smismember(self.keys.imported, digests)
-            todo = [(m, d) for m, d, old in zip(page, digests, done, strict=True) if not old]
+            marks = self.client.smismember(
+                self.keys.imported, [*digests, *(DEAD + d for d in digests)]
+            )
+            done, dead_before = marks[: len(page)], marks[len(page) :]
+            todo = [
+                (m, d, bool(old_letter))
+                for m, d, old, old_letter in zip(page, digests, done, dead_before, strict=True)
+                if not old
+            ]
             report.already_imported += len(page) - len(todo)
             if loads is None or not todo:
                 continue
-            letters: list[bytes] = []
+            letters: list[tuple[bytes, bytes, bool]] = []  # (digest, letter, written before)
             handled: list[bytes] = []
-            decoded: list[tuple[bytes, bytes, dict[str, Any]]] = []
-            for member, digest in todo:
+            decoded: list[tuple[bytes, bytes, bool, dict[str, Any]]] = []
+            for member, digest, lettered in todo:
                 try:
                     data = loads(member)
                     if not isinstance(data, dict):
                         raise ValueError(f"a {type(data).__name__}, not a request dict")
                 except Exception as exc:
-                    letters.append(self._letter(f"undecodable: {exc!r}", member, None))
-                    handled.append(digest)
+                    letter = self._letter(f"undecodable: {exc!r}", member, None)
+                    letters.append((digest, letter, lettered))
                     continue
-                decoded.append((member, digest, data))
-            self._count_known([d for _, _, d in decoded])
+                decoded.append((member, digest, lettered, data))
+            self._count_known([d for *_, d in decoded])
             if self.dry_run:
                 report.dead += len(letters)
                 report.queued += len(decoded)
                 continue
-            results = self.producer.push_requests([d for _, _, d in decoded])
-            for (member, digest, data), result in zip(decoded, results, strict=True):
+            results = self.producer.push_requests([d for *_, d in decoded])
+            for (member, digest, lettered, data), result in zip(decoded, results, strict=True):
                 if result.outcome is Outcome.FULL:
                     report.full += 1
-                    continue
-                handled.append(digest)
-                if result.outcome is Outcome.REFUSED:
-                    letters.append(self._letter(str(result.reason), member, data.get("url")))
-                elif result.outcome is Outcome.SEEN:
-                    report.seen += 1
+                elif result.outcome is Outcome.REFUSED:
+                    letter = self._letter(str(result.reason), member, data.get("url"))
+                    letters.append((digest, letter, lettered))
                 else:
-                    report.queued += 1
+                    handled.append(digest)
+                    report.seen += result.outcome is Outcome.SEEN
+                    report.queued += result.outcome is Outcome.QUEUED
             report.dead += len(letters)
+            new_letters = [(d, letter) for d, letter, before in letters if not before]
             pipe = self.client.pipeline(transaction=True)  # a dead letter is written once
-            if letters:
-                pipe.lpush(self.keys.dead, *letters)
+            if new_letters:
+                pipe.lpush(self.keys.dead, *(letter for _, letter in new_letters))
+                pipe.sadd(self.keys.imported, *(DEAD + d for d, _ in new_letters))
             if handled:
                 pipe.sadd(self.keys.imported, *handled)
             pipe.execute()
@@ -503,6 +520,9 @@ def cmd_import_scrapy_redis(args: argparse.Namespace, ctx: Any) -> int:
         mongo = _mongo_urls(args.mongo_uri, args.mongo_collection, args.url_field)
     try:
         producer = Producer(lambda: ctx.client, args.spider, settings, namespace=args.namespace)
+    except (ConfigError, ProducerError, ValueError) as exc:  # ValueError: a bad --namespace
+        raise UsageError(str(exc)) from None
+    try:
         importer = Importer(
             producer,
             Source.from_settings(settings, args.spider),
@@ -514,7 +534,7 @@ def cmd_import_scrapy_redis(args: argparse.Namespace, ctx: Any) -> int:
             mongo=mongo,
         )
         report = importer.run()
-    except (ConfigError, ProducerError, ValueError) as exc:
+    except ProducerError as exc:  # the spider is not in SPIDER_MODULES, layouts disagree
         raise UsageError(str(exc)) from None
     except ImportRefused as exc:
         print(f"refused: {exc}", file=sys.stderr)

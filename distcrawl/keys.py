@@ -272,10 +272,10 @@ class FrontierKeys:
 
     @property
     def imported(self) -> str:
-        """SET of digests of the scrapy-redis queue members already imported (queued, found
-        seen or dead-lettered), so that an import run again skips them: a ``dont_filter``
-        request has no fingerprint for the seen-set to stop, and a dead letter is written
-        once."""
+        """SET of digests of the scrapy-redis queue members already imported (queued or found
+        seen), so that an import run again skips them: a ``dont_filter`` request has no
+        fingerprint for the seen-set to stop; and of those dead-lettered (``dead:`` +
+        digest), so that a run again writes no second dead letter."""
         return self._key("import:done")
 
     def all(self) -> tuple[str, ...]:

@@ -23,7 +23,7 @@ from distcrawl.cli import main
 from distcrawl.demo.workers import worker_agent
 from distcrawl.frontier import parse_entry
 from distcrawl.keys import FrontierKeys
-from distcrawl.producer import Producer
+from distcrawl.producer import Producer, RedriveResult
 from distcrawl.serialize import RequestCodec
 from tests.support import page_fetches
 
@@ -214,10 +214,12 @@ def test_import_dry_run_dead_letters_and_idempotence(redis_client, redis_url, ca
     assert "callback refused" in reasons[0] and "parse_item" in reasons[0]
     assert "undecodable" in reasons[1]
     assert all(json.loads(r)["source"] == "import" for r in redis_client.lrange(keys.dead, 0, -1))
+    producer = Producer(redis_client, SPIDER_NAME, _settings(), namespace="mig")
+    # not redriven as a plain GET of its URL, which would not be the request refused
+    assert producer.redrive() == RedriveResult(redriven=0, not_redrivable=2)
     queued = {
         e.payload: e.priority for e in map(parse_entry, redis_client.zrange(keys.queue, 0, -1))
     }
-    producer = Producer(redis_client, SPIDER_NAME, _settings(), namespace="mig")
     codec = RequestCodec("msgpack", producer._spider_objects().spider, ("parse",))
     requests = {codec.decode(p).url: (codec.decode(p), prio) for p, prio in queued.items()}
     assert set(requests) == {
@@ -234,11 +236,20 @@ def test_import_dry_run_dead_letters_and_idempotence(redis_client, redis_url, ca
     assert requests["http://b.test/3"][0].dont_filter
     assert redis_client.zrange(SOURCE, 0, -1, withscores=True) == source  # untouched
 
-    # again: nothing twice, not the dont_filter request, not the dead letters
+    # again: nothing twice, not the dont_filter request; the refused ones are tried again,
+    # refused again, and get no second dead letter
     code, report, err = run_import(capsys, redis_url, "--namespace", "mig", "--trust-pickle")
-    assert code == 0, err
-    assert (report["queued"], report["dead"], report["already_imported"]) == (0, 0, 6)
+    assert code == 1
+    assert (report["queued"], report["dead"], report["already_imported"]) == (0, 2, 4)
     assert redis_client.zcard(keys.queue) == 4 and redis_client.llen(keys.dead) == 2
+
+    # the project now allows the callback: the request dead-lettered before is imported
+    allowed = ("-s", "DISTCRAWL_ALLOWED_CALLBACKS=parse,parse_item")
+    code, report, err = run_import(
+        capsys, redis_url, "--namespace", "mig", "--trust-pickle", *allowed
+    )
+    assert (report["queued"], report["dead"], report["already_imported"]) == (1, 1, 4)
+    assert redis_client.zcard(keys.queue) == 5 and redis_client.llen(keys.dead) == 2
 
 
 def _settings() -> Any:
@@ -302,3 +313,56 @@ def test_doctor_warns_about_scrapy_redis_settings_left_in_the_project(
     monkeypatch.setenv("SCRAPY_SETTINGS_MODULE", "distcrawl.settings")
     code, _, err = cli(capsys, redis_url, "doctor", "site")
     assert code == 0 and "scrapy-redis" not in err
+
+
+def test_a_dupefilter_of_the_crawls_own_fingerprints_is_copied(redis_client, redis_url, capsys):
+    """A scrapy-redis patched to use Scrapy's fingerprinter: the dupefilter converts."""
+    queued = [Request(f"http://a.test/q{i}") for i in range(3)]
+    crawled = [Request(f"http://a.test/c{i}") for i in range(4)]
+    seed(redis_client, queued)
+    redis_client.sadd(DUPEFILTER, *(fingerprint(r).hex() for r in queued + crawled))
+
+    code, report, err = run_import(capsys, redis_url, "--namespace", "mig", "--trust-pickle")
+    assert code == 0, err
+    assert report["fingerprints"] == "crawl"
+    assert report["queued"] == 3 and report["converted"] == 4  # the queued ones were in already
+    assert report["unaccounted"] == 0
+    producer = Producer(redis_client, SPIDER_NAME, _settings(), namespace="mig")
+    assert producer.frontier.has_seen([producer.fingerprint(r) for r in crawled]) == [True] * 4
+    assert not producer.frontier.has_seen([producer.fingerprint(Request("http://a.test/new"))])[0]
+
+
+def test_the_seen_set_is_rebuilt_from_pages_stored_in_mongodb(
+    redis_client, redis_url, capsys, mongo_uri, mongo_client
+):
+    seed(redis_client, [Request("http://a.test/queued")])
+    stored = [f"http://a.test/page{i}" for i in range(3)]
+    redis_client.sadd(
+        DUPEFILTER,
+        *(
+            importer.scrapy_redis_fingerprint("GET", u, b"")
+            for u in [*stored, "http://a.test/queued"]
+        ),
+        importer.scrapy_redis_fingerprint("GET", "http://a.test/lost-in-flight", b""),
+    )
+    mongo_client["old"]["pages"].insert_many([{"url": u, "title": "t"} for u in stored])
+
+    code, report, err = run_import(
+        capsys,
+        redis_url,
+        "--namespace",
+        "mig",
+        "--trust-pickle",
+        "--mongo-uri",
+        mongo_uri,
+        "--mongo-collection",
+        "old.pages",
+    )
+    assert code == 0, err
+    assert report["fingerprints"] == "scrapy-redis"
+    assert (report["seen_urls"], report["seen_added"], report["stored_in_dupefilter"]) == (3, 3, 3)
+    assert report["queued_in_dupefilter"] == 1 and report["unaccounted"] == 1
+    producer = Producer(redis_client, SPIDER_NAME, _settings(), namespace="mig")
+    assert (
+        producer.frontier.has_seen([producer.fingerprint(Request(u)) for u in stored]) == [True] * 3
+    )
