@@ -38,7 +38,6 @@ import argparse
 import hashlib
 import importlib
 import json
-import logging
 import os
 import pickle
 import sys
@@ -58,8 +57,6 @@ from distcrawl.frontier import dead_letter
 from distcrawl.keys import FrontierKeys
 from distcrawl.producer import Outcome, Producer, ProducerError
 from distcrawl.redact import redact_text, url_secrets
-
-logger = logging.getLogger(__name__)
 
 #: Source field -> the scrapy-redis setting and its default in scrapy-redis 0.9.1: settings
 #: of the project being migrated, not of distcrawl (docs/migrating.md)
@@ -83,9 +80,9 @@ DIGEST_BYTES = 12
 DEAD = b"dead:"
 
 TRUST_HELP = (
-    "{what} is decoded with pickle, and unpickling runs whatever code the pickle names: "
-    "anyone who could write to this Redis could run code here. Nothing was unpickled. If "
-    "only your own crawlers ever wrote to it, run again with --trust-pickle."
+    "{what}, and unpickling runs whatever code the pickle names: anyone who could write to "
+    "this Redis could run code here. Nothing was decoded. If only your own crawlers ever "
+    "wrote to it, run again with --trust-pickle."
 )
 
 
@@ -241,7 +238,12 @@ class Importer:
             if report.members and self.source.trusted_only and not self.trust_pickle:
                 what = f"the queue {key} (SCHEDULER_SERIALIZER={self.source.serializer!r})"
                 if not self.dry_run:
-                    raise ImportRefused(TRUST_HELP.format(what=what))
+                    how = "is pickled"
+                    if self.source.serializer not in PICKLE_SERIALIZERS:
+                        how = (
+                            "is decoded by a module not known to decode data only (it may unpickle)"
+                        )
+                    raise ImportRefused(TRUST_HELP.format(what=f"{what} {how}"))
                 report.notes.append(f"{what} not decoded: counts only (no --trust-pickle)")
             # RENAMENX: a concurrent run that renamed it first wins, nothing is lost
             moving = self.move and not self.dry_run and key == self.source.queue_key
@@ -250,11 +252,19 @@ class Importer:
             self._import(key, kind)
         report.dupefilter = int(self.client.scard(self.source.dupefilter_key))
         self._seen()
-        if self.move and not self.dry_run and not report.full:
-            self.client.delete(
-                self.keys.import_queue, self.source.dupefilter_key, self.keys.imported
-            )
-            report.moved = True
+        if self.move and not self.dry_run:
+            if report.full or report.dead:
+                # kept for the next run, which skips what is done and tries the rest again
+                report.notes.append(
+                    f"{report.full + report.dead} requests not imported: "
+                    f"{self.keys.import_queue} and the dupefilter are kept until a run "
+                    "imports them all"
+                )
+            else:
+                self.client.delete(
+                    self.keys.import_queue, self.source.dupefilter_key, self.keys.imported
+                )
+                report.moved = True
         return report
 
     def _queue(self) -> tuple[str | None, str]:
