@@ -439,12 +439,19 @@ def _doctor_text(report: Any) -> str:
 
 def cmd_doctor(args: argparse.Namespace, ctx: Context) -> int:
     """Exit 0 when the frontier is clean or was repaired, 1 when problems were left."""
-    from distcrawl.doctor import Doctor
+    from distcrawl.doctor import Doctor, scrapy_redis_leftovers
 
     doctor = Doctor(ctx.client, ctx.keys(args.spider), batch=args.batch, samples=args.samples)
     report = doctor.examine(repair=args.repair)
+    try:
+        leftovers = scrapy_redis_leftovers(_project_settings([]))
+    except UsageError as exc:  # the frontier check stands on its own
+        print(f"warning: {exc}: scrapy-redis settings not checked", file=sys.stderr)
+        leftovers = []
+    for name, advice in leftovers:
+        print(f"warning: scrapy-redis setting {name} in the project: {advice}", file=sys.stderr)
     if ctx.as_json:
-        _emit_json(report.as_dict())
+        _emit_json({**report.as_dict(), "scrapy_redis_settings": dict(leftovers)})
     else:
         print(_doctor_text(report))
     return EXIT_OK if report.resolved else EXIT_PARTIAL
@@ -920,9 +927,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--database", metavar="NAME", help="write here instead of the database in each record"
     )
     replay.set_defaults(handler=cmd_mongo_replay)
-    from distcrawl import scrapyd
+    from distcrawl import importer, scrapyd
 
     scrapyd.add_parser(commands, common, cmd_scrapyd)
+    importer.add_parser(commands, common)
     return parser
 
 

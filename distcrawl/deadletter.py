@@ -86,7 +86,9 @@ def _requeue_payload(letter: DeadLetter, codec: RequestCodec) -> tuple[str, int,
             data.pop("M", None)
         slot = slot_for(str(data.get("u", "")), data.get("M"))
         return slot, int(data.get("p", 0)), codec.encode_dict(data)
-    if record.get("url") and record.get("source") != "queue":
+    # an import's dead letter holds another crawler's request (callback, body...): a plain
+    # GET of its URL would not be that request; the import itself tries it again
+    if record.get("url") and record.get("source") not in ("queue", "import"):
         try:
             payload = codec.encode_dict({"u": record["url"]})
             return slot_for(record["url"], None), int(record.get("priority") or 0), payload

@@ -386,3 +386,51 @@ def _count(stored: bytes) -> int | str | None:
         return int(stored)
     except ValueError:
         return _text(stored)
+
+
+# ---------------------------------------------------------------------- scrapy-redis leftovers
+
+#: scrapy-redis 0.9.1 settings and what a distcrawl project writes instead
+#: (docs/migrating.md). Left in a project they do nothing, or worse: a project's SCHEDULER or
+#: DUPEFILTER_CLASS wins over the add-on's, and scrapy-redis' stats collector writes
+#: ``<spider>:stats``, a key of distcrawl's own.
+SCRAPY_REDIS_SETTINGS: dict[str, str] = {
+    "SCHEDULER_PERSIST": "remove it: the frontier always persists; `distcrawl reset` clears it",
+    "SCHEDULER_FLUSH_ON_START": "use DISTCRAWL_FLUSH_ON_START",
+    "SCHEDULER_QUEUE_CLASS": "remove it: one queue, by priority, then in the order queued",
+    "SCHEDULER_QUEUE_KEY": "use DISTCRAWL_NAMESPACE (the queue is <ns>:queue)",
+    "SCHEDULER_DUPEFILTER_KEY": "use DISTCRAWL_NAMESPACE (the seen-set is <ns>:seen)",
+    "SCHEDULER_DUPEFILTER_CLASS": "remove it (DISTCRAWL_SEEN picks a set or a Bloom filter)",
+    "SCHEDULER_SERIALIZER": "use DISTCRAWL_SERIALIZER (msgpack or json: data, never code)",
+    "SCHEDULER_IDLE_BEFORE_CLOSE": "use DISTCRAWL_IDLE_TIMEOUT (and DISTCRAWL_IDLE_POLL_MAX)",
+    "MAX_IDLE_TIME_BEFORE_CLOSE": "use DISTCRAWL_IDLE_TIMEOUT (None: stay up, as 0 was)",
+    "REDIS_START_URLS_KEY": "use DISTCRAWL_NAMESPACE (start URLs are <ns>:start_urls)",
+    "REDIS_START_URLS_AS_SET": "remove it: start_urls is a LIST; JSON entries carry a priority",
+    "REDIS_START_URLS_AS_ZSET": "remove it: start_urls is a LIST; JSON entries carry a priority",
+    "REDIS_START_URLS_BATCH_SIZE": "use DISTCRAWL_START_URLS_BATCH",
+    "REDIS_HOST": "use REDIS_URL",
+    "REDIS_PORT": "use REDIS_URL",
+    "REDIS_PARAMS": "use REDIS_URL and DISTCRAWL_SOCKET_TIMEOUT",
+    "REDIS_ENCODING": "remove it: start_urls entries are UTF-8",
+    "STATS_KEY": "remove it with STATS_CLASS: distcrawl keeps cluster totals in <ns>:stats",
+}
+#: component settings whose scrapy-redis value replaces distcrawl's add-on
+SCRAPY_REDIS_COMPONENTS: dict[str, str] = {
+    "SCHEDULER": "remove it: the add-on sets distcrawl's, and a project's value wins over it",
+    "DUPEFILTER_CLASS": "remove it: the add-on sets distcrawl's, a project's value wins over it",
+    "STATS_CLASS": "remove it: RedisStatsCollector writes <spider>:stats, a key of distcrawl's",
+}
+
+
+def scrapy_redis_leftovers(settings: Any) -> list[tuple[str, str]]:
+    """(setting, what to do) for each scrapy-redis setting still in ``settings`` (Scrapy
+    settings; only those set above Scrapy's defaults count)."""
+    found: list[tuple[str, str]] = []
+    for name, advice in SCRAPY_REDIS_COMPONENTS.items():
+        value = settings.get(name)
+        if "scrapy_redis" in str(getattr(value, "__module__", None) or value or ""):
+            found.append((name, advice))
+    for name, advice in SCRAPY_REDIS_SETTINGS.items():
+        if settings.get(name) is not None:
+            found.append((name, advice))
+    return found

@@ -27,7 +27,12 @@ from distcrawl.dupefilter import FINGERPRINT_BYTES
 from distcrawl.frontier import Entry, bad_slot
 from distcrawl.layout import Layout, class_path
 from distcrawl.politeness import slot_of
-from distcrawl.serialize import RequestCodec, SerializationError, callback_refusal
+from distcrawl.serialize import (
+    DecodeError,
+    RequestCodec,
+    SerializationError,
+    callback_refusal,
+)
 from distcrawl.start_urls import InvalidEntry, parse_entry, request_from_entry
 
 #: what push_many accepts per entry: the text of a start_urls entry (a URL or a JSON
@@ -156,21 +161,42 @@ class EntryMaker:
                 raise InvalidEntry(why)
             if callback is not None:
                 request = request.replace(callback=self._callback(callback))
+        except InvalidEntry as exc:
+            raise Refused(str(exc)) from None
+        except Refused:
+            raise
+        except Exception as exc:  # the spider's hook failing on one entry, as in the worker
+            raise Refused(f"{type(exc).__name__}: {exc}") from None
+        return self.made(request)
+
+    def made(self, request: Request) -> Made:
+        """The commit entry of a request: its fingerprint (unless it is not filtered), its
+        download slot and its payload, as a worker computes them; :class:`Refused` if the
+        slot or the payload cannot be stored."""
+        try:
             fp = b""
             if self.filtering and not request.dont_filter:
                 fp = self.fingerprinter.fingerprint(request)[:FINGERPRINT_BYTES]
-            slot = slot_of(request, by_ip=config.slots_by_ip)
+            slot = slot_of(request, by_ip=self.config.slots_by_ip)
             why = bad_slot(slot)
             if why is not None:
                 raise InvalidEntry(f"invalid download slot: {why}")
             payload = self.codec.encode(request)
         except (InvalidEntry, SerializationError) as exc:
             raise Refused(str(exc)) from None
-        except Refused:
-            raise
-        except Exception as exc:  # the spider's hook failing on one entry, as in the worker
+        except Exception as exc:  # a fingerprinter of the project failing on one request
             raise Refused(f"{type(exc).__name__}: {exc}") from None
         return Made(request.url, Entry("r", fp, request.priority, payload, b"", slot))
+
+    def make_from_dict(self, data: Any) -> Made:
+        """The commit entry of a request dict of Scrapy's ``Request.to_dict`` (a scrapy-redis
+        queue's): rebuilt by the worker's rules (:meth:`RequestCodec.from_scrapy_dict`),
+        then :meth:`made`; :class:`Refused` with the reason otherwise."""
+        try:
+            request = self.codec.from_scrapy_dict(data)
+        except DecodeError as exc:
+            raise Refused(str(exc)) from None
+        return self.made(request)
 
     def _callback(self, name: str) -> Any:
         """The spider's bound method ``name``, if a request read from Redis may name it."""

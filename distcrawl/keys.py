@@ -263,6 +263,21 @@ class FrontierKeys:
         """STRING present while the crawl is paused (``distcrawl pause``)."""
         return self._key("paused")
 
+    @property
+    def import_queue(self) -> str:
+        """ZSET or LIST: a scrapy-redis queue that ``distcrawl import scrapy-redis --move`` is
+        importing, renamed here first: scrapy-redis' default queue key ``<spider>:requests``
+        is distcrawl's :attr:`requests`, and an interrupted move resumes from here."""
+        return self._key("import:queue")
+
+    @property
+    def imported(self) -> str:
+        """SET of digests of the scrapy-redis queue members already imported (queued or found
+        seen), so that an import run again skips them: a ``dont_filter`` request has no
+        fingerprint for the seen-set to stop; and of those dead-lettered (``dead:`` +
+        digest), so that a run again writes no second dead letter."""
+        return self._key("import:done")
+
     def all(self) -> tuple[str, ...]:
         """Every fixed key of this crawl, for an explicit reset; the Bloom filter's bitmaps
         (``bloom_part``) are listed in its ``bloom`` HASH and the workers' claim lists
@@ -299,6 +314,8 @@ class FrontierKeys:
             self.sweep,
             self.paused,
             self.wake,
+            self.import_queue,
+            self.imported,
         )
 
     def script_keys(self, script: str, of: str | None = None) -> list[str]:

@@ -33,15 +33,15 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import Enum
 from functools import partial
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
-from scrapy import Spider
+from scrapy import Request, Spider
 from scrapy.settings import BaseSettings, Settings
 from scrapy.spiderloader import get_spider_loader
 from scrapy.utils.project import get_project_settings
@@ -49,12 +49,24 @@ from scrapy.utils.project import get_project_settings
 from distcrawl import dashboard, deadletter
 from distcrawl.config import ConfigError, DistcrawlConfig
 from distcrawl.connection import is_cluster, make_redis
-from distcrawl.entries import EntryLike, EntryMaker, Refused, check_raw, entry_bytes, fields_of
+from distcrawl.dupefilter import FINGERPRINT_BYTES
+from distcrawl.entries import (
+    EntryLike,
+    EntryMaker,
+    Made,
+    Refused,
+    check_raw,
+    entry_bytes,
+    fields_of,
+)
 from distcrawl.frontier import Entry, Frontier, Politeness
 from distcrawl.keys import FrontierKeys
 from distcrawl.politeness import politeness
 from distcrawl.redact import redact_url
 from distcrawl.serialize import RequestCodec
+
+if TYPE_CHECKING:
+    from scrapy.utils.request import RequestFingerprinterProtocol
 
 logger = logging.getLogger(__name__)
 
@@ -185,6 +197,7 @@ class Producer:
         self._client: redis.Redis | None = None
         self._frontier: Frontier | None = None
         self._maker: EntryMaker | None = None
+        self._objects: EntryMaker | None = None
         self._cap: tuple[float, int] | None = None
         self._sending: ThreadPoolExecutor | None = None
         #: the room the pending cap left at the last push to start_urls (None: no cap)
@@ -293,22 +306,55 @@ class Producer:
         if self.target == "start_urls":
             return self._push_start_urls(entries, atomic)
         maker = self._entry_maker()
+
+        def made() -> Iterator[Made | PushResult]:
+            for item in entries:
+                try:
+                    raw, callback = entry_bytes(item)
+                    yield maker.make(raw, callback)
+                except Refused as exc:
+                    yield PushResult(Outcome.REFUSED, _url_of(item), str(exc))
+
+        return self._store(made())
+
+    def push_requests(self, requests: Iterable[Mapping[str, Any]]) -> list[PushResult]:
+        """Store requests given as dicts of Scrapy's ``Request.to_dict`` (another frontier's
+        queue: ``distcrawl import scrapy-redis``), target "queue" only; a result per request.
+
+        Each is rebuilt by the rules a worker applies to a payload read from Redis (its
+        callback and errback by DISTCRAWL_ALLOWED_CALLBACKS, its class only if loaded), then
+        stored like a pushed entry: its fingerprint checked against the seen-set atomically
+        with the push, so storing the same requests again stores nothing twice (but those
+        with ``dont_filter``, which have no fingerprint)."""
+        if self.target != "queue":
+            raise ValueError("push_requests is for the 'queue' target")
+        maker = self._entry_maker()
+
+        def made() -> Iterator[Made | PushResult]:
+            for data in requests:
+                try:
+                    yield maker.make_from_dict(data)
+                except Refused as exc:
+                    yield PushResult(Outcome.REFUSED, _url_of(data), str(exc))
+
+        return self._store(made())
+
+    def _store(self, made: Iterable[Made | PushResult]) -> list[PushResult]:
+        """Commit the made entries in batches of DISTCRAWL_PUSH_BATCH_SIZE, several batches
+        per pipeline; a result per input, in order (refusals are passed through)."""
         results: list[PushResult | None] = []
         batch: list[tuple[int, str, Entry]] = []
         depth = max(1, PIPELINE_ENTRIES // self.config.push_batch_size)
         pending: list[list[tuple[int, str, Entry]]] = []
         sending: Future[None] | None = None
         try:
-            for item in entries:
+            for one in made:
                 at = len(results)
-                results.append(None)
-                try:
-                    raw, callback = entry_bytes(item)
-                    made = maker.make(raw, callback)
-                except Refused as exc:
-                    results[at] = PushResult(Outcome.REFUSED, _url_of(item), str(exc))
+                if isinstance(one, PushResult):
+                    results.append(one)
                     continue
-                batch.append((at, made.url, made.entry))
+                results.append(None)
+                batch.append((at, one.url, one.entry))
                 if len(batch) >= self.config.push_batch_size:
                     pending.append(batch)
                     batch = []
@@ -333,11 +379,38 @@ class Producer:
             self._sending = ThreadPoolExecutor(1, thread_name_prefix="distcrawl-push")
         return self._sending
 
+    @property
+    def fingerprinter(self) -> RequestFingerprinterProtocol:
+        """The crawl's REQUEST_FINGERPRINTER_CLASS, made with the spider's settings as a
+        worker makes it; the seen-set holds the first FINGERPRINT_BYTES of its fingerprints."""
+        return self._spider_objects().fingerprinter
+
+    def fingerprint(self, request: Request) -> bytes:
+        """What the seen-set holds for ``request``, as a worker computes it (no Redis)."""
+        return self.fingerprinter.fingerprint(request)[:FINGERPRINT_BYTES]
+
+    def mark_seen(self, urls: Iterable[str]) -> int:
+        """Add the fingerprints of GETs of ``urls`` to the seen-set without queueing them:
+        pages crawled elsewhere (by the crawler this one replaces), which the workers must
+        then drop as duplicates when a link leads there again. Returns how many were new."""
+        fps = [self.fingerprint(Request(url)) for url in urls]
+        self._entry_maker()  # the layout checked: these fingerprints are the crawl's
+        return sum(self.frontier.add_seen(fps))
+
+    def _spider_objects(self) -> EntryMaker:
+        """The spider, fingerprinter and codec, made once (nothing written to Redis)."""
+        if self._objects is None:
+            if self._spidercls is None:
+                raise ProducerError(f"spider {self.spider_name!r} is not in SPIDER_MODULES")
+            self._objects = EntryMaker(
+                self._spidercls, self.settings, self.config, self._spider_kwargs
+            )
+        return self._objects
+
     def _entry_maker(self) -> EntryMaker:
         """The spider, fingerprinter and codec, made once; the layout checked once."""
         if self._maker is None:
-            assert self._spidercls is not None
-            maker = EntryMaker(self._spidercls, self.settings, self.config, self._spider_kwargs)
+            maker = self._spider_objects()
             frontier = self.frontier
             mine = maker.layout()
             differences = mine.differences(frontier.record_layout(mine.fields()))

@@ -334,6 +334,41 @@ class RequestCodec:
         except Exception as exc:
             raise DecodeError(f"invalid request: {type(exc).__name__}: {exc}") from None
 
+    def from_scrapy_dict(self, data: Any) -> Request:
+        """A request from a dict of Scrapy's ``Request.to_dict`` (what scrapy-redis queues),
+        rebuilt by :meth:`decode`'s rules, so exactly as a worker would rebuild it.
+
+        Not ``scrapy.utils.request.request_from_dict``: that imports whatever module the
+        dict's ``_class`` names and calls any method of the spider named as a callback, and
+        the dict comes from Redis. Here the callback and errback must pass
+        :func:`callback_refusal` (DISTCRAWL_ALLOWED_CALLBACKS included), the class must be a
+        loaded Request class, and the cb_kwargs must fit the callback; else
+        :class:`DecodeError` with the reason."""
+        if not isinstance(data, dict) or not isinstance(data.get("url"), str):
+            raise DecodeError(f"not a request dict (no url): {_shown(data)}")
+        short: dict[str, Any] = {}
+        for attr, (key, _) in _FIELDS.items():
+            if data.get(attr) is None:
+                continue
+            value = data[attr]
+            if attr == "headers":
+                if not isinstance(value, dict):
+                    raise DecodeError(f"headers are not a map: {_shown(value)}")
+                value = [[k, v if isinstance(v, list) else [v]] for k, v in value.items()]
+            short[key] = value
+        name = data.get("_class")
+        if name is not None:
+            cls = self._request_class(name)
+            short["cls"] = name
+            extra = {a: data[a] for a in cls.attributes if a not in _FIELDS and a in data}
+            if extra:
+                short[_EXTRA] = extra
+        try:
+            payload = self.encode_dict(short)
+        except SerializationError as exc:
+            raise DecodeError(str(exc)) from None
+        return self.decode(payload)
+
     @staticmethod
     def _request_class(name: Any) -> type[Request]:
         if name is None:

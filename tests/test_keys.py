@@ -39,6 +39,8 @@ def test_key_names_are_pinned():
     assert k.meta == "site:meta"
     assert k.sweep == "site:sweep"
     assert k.wake == "site:wake"
+    assert k.import_queue == "site:import:queue"
+    assert k.imported == "site:import:done"
     assert k.wake_of("0a0b0c0d") == "site:wake:0a0b0c0d"
     assert k.robots_lock("a.test:8080") == "site:robotstxt:lock:a.test:8080"
     assert k.robots_txt("a.test:8080") == "site:robotstxt:a.test:8080"
@@ -75,6 +77,8 @@ def test_key_names_are_pinned():
         "site:robots",
         "site:robotstxt",
         "site:settings",
+        "site:import:queue",
+        "site:import:done",
     }
 
 

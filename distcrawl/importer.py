@@ -1,0 +1,632 @@
+"""``distcrawl import scrapy-redis SPIDER``: carry a running scrapy-redis crawl over.
+
+A scrapy-redis frontier can take days to build; without this its owner must crawl again
+from the start or write a converter. What is read, named as scrapy-redis 0.9.1 names it
+from the project's settings:
+
+* the queue, ``SCHEDULER_QUEUE_KEY`` (``%(spider)s:requests``): a ZSET (``PriorityQueue``,
+  score = -priority) or a LIST (``FifoQueue``, ``LifoQueue``) of dicts of Scrapy's
+  ``Request.to_dict``, encoded by ``SCHEDULER_SERIALIZER`` (``scrapy_redis.picklecompat``:
+  pickle, by default);
+* the seen-set, ``SCHEDULER_DUPEFILTER_KEY`` (``%(spider)s:dupefilter``): a SET of 40-digit
+  hex SHA1 fingerprints;
+* with ``--rebuild-seen``, the items ``REDIS_ITEMS_KEY`` (``%(spider)s:items``, JSON, from
+  scrapy-redis' RedisPipeline) and a MongoDB collection: the URLs of pages already crawled.
+
+Each queued request goes through :meth:`Producer.push_requests`: rebuilt by the rules a
+worker applies to what it reads from Redis (callbacks, errbacks, request class) and
+committed with its fingerprint, so a request already seen stores nothing. What cannot be
+imported becomes a dead letter (``source: "import"``) with its reason. A digest of every
+member stored goes to ``<ns>:import:done``, so that a run again (after an interruption)
+skips it: the seen-set alone would let a ``dont_filter`` request in twice. A dead-lettered
+member is tried again by the next run (the spider may have been fixed), without a second
+dead letter.
+
+Fingerprints: scrapy-redis 0.9.1's ``RFPDupeFilter.request_fingerprint`` is its own SHA1
+of ``{"body", "method", "url"}`` as JSON; it never asks ``crawler.request_fingerprinter``.
+Scrapy's (2.7+) fingerprint, which distcrawl stores (its first 12 bytes), hashes
+``{"body", "headers", "method", "url"}``: the same request gets a different hash, and a
+hash cannot be turned back into its URL. The import checks this on the queued requests
+(:func:`detect`) rather than assuming it: where the dupefilter holds the crawl's own
+fingerprints (a patched scrapy-redis) they are copied; where not, ``--rebuild-seen``
+marks the pages already stored as seen instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib
+import json
+import os
+import pickle
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import redis
+from scrapy import Request
+from scrapy.settings import BaseSettings
+from scrapy.utils.python import to_unicode
+from w3lib.url import canonicalize_url
+
+from distcrawl.config import ConfigError
+from distcrawl.dupefilter import FINGERPRINT_BYTES
+from distcrawl.frontier import dead_letter
+from distcrawl.keys import FrontierKeys
+from distcrawl.producer import Outcome, Producer, ProducerError
+from distcrawl.redact import redact_text, url_secrets
+
+#: Source field -> the scrapy-redis setting and its default in scrapy-redis 0.9.1: settings
+#: of the project being migrated, not of distcrawl (docs/migrating.md)
+SOURCE_SETTINGS: dict[str, tuple[str, str]] = {
+    "queue_key": ("SCHEDULER_QUEUE_KEY", "%(spider)s:requests"),
+    "dupefilter_key": ("SCHEDULER_DUPEFILTER_KEY", "%(spider)s:dupefilter"),
+    "items_key": ("REDIS_ITEMS_KEY", "%(spider)s:items"),
+    "serializer": ("SCHEDULER_SERIALIZER", "scrapy_redis.picklecompat"),
+}
+#: SCHEDULER_SERIALIZER values whose ``loads`` only ever builds data
+SAFE_SERIALIZERS = frozenset({"json"})
+#: those that are pickle: decoded with ``pickle.loads`` (all scrapy-redis' picklecompat does)
+PICKLE_SERIALIZERS = frozenset({"scrapy_redis.picklecompat", "pickle", "_pickle", "cPickle"})
+#: members read from Redis, and URLs marked seen, at a time
+PAGE = 500
+#: queued requests whose fingerprints are looked up in the dupefilter to tell its kind
+SAMPLE = 200
+#: bytes of a member's SHA1 kept in ``<ns>:import:done``
+DIGEST_BYTES = 12
+#: prefix of the digest of a member that was dead-lettered (tried again by the next run)
+DEAD = b"dead:"
+
+TRUST_HELP = (
+    "{what}, and unpickling runs whatever code the pickle names: anyone who could write to "
+    "this Redis could run code here. Nothing was decoded. If only your own crawlers ever "
+    "wrote to it, run again with --trust-pickle."
+)
+
+
+class ImportRefused(Exception):
+    """The import cannot run as asked; the message says why and what to do instead."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """The scrapy-redis keys of one spider and how its queue is encoded."""
+
+    spider: str
+    queue_key: str
+    dupefilter_key: str
+    items_key: str
+    serializer: str
+
+    @classmethod
+    def from_settings(cls, settings: BaseSettings, spider: str) -> Source:
+        """Names as scrapy-redis 0.9.1 builds them (its defaults.py, scheduler.py)."""
+
+        values = {
+            field: settings.get(name) or default
+            for field, (name, default) in SOURCE_SETTINGS.items()
+        }
+        keys = {f: str(v) % {"spider": spider} for f, v in values.items() if f != "serializer"}
+        serializer = values["serializer"]  # a module path, or the module itself
+        name = getattr(serializer, "__name__", str(serializer))
+        return cls(spider=spider, serializer=name, **keys)
+
+    @property
+    def trusted_only(self) -> bool:
+        """Whether decoding the queue may run code (pickle, or a module we cannot vouch for)."""
+        return self.serializer not in SAFE_SERIALIZERS
+
+    def loads(self) -> Callable[[bytes], Any]:
+        if self.serializer in PICKLE_SERIALIZERS:
+            return pickle.loads  # only reached with --trust-pickle
+        return importlib.import_module(self.serializer).loads
+
+
+def scrapy_redis_fingerprint(method: str, url: str, body: bytes) -> str:
+    """scrapy-redis 0.9.1's ``RFPDupeFilter.request_fingerprint``, copied so that the
+    optional package need not be installed (tests/test_import.py checks they agree)."""
+    data = {"method": to_unicode(method), "url": canonicalize_url(url), "body": body.hex()}
+    return hashlib.sha1(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+def _method(data: dict[str, Any]) -> str:
+    return str(data.get("method") or "GET")
+
+
+def _body(data: dict[str, Any]) -> bytes:
+    body = data.get("body") or b""
+    return body.encode("utf-8") if isinstance(body, str) else bytes(body)
+
+
+@dataclass
+class Report:
+    queue_key: str | None = None
+    queue_type: str = "none"
+    members: int = 0
+    already_imported: int = 0
+    queued: int = 0
+    seen: int = 0
+    dead: int = 0
+    full: int = 0
+    dupefilter: int = 0
+    #: "scrapy-redis" (its own SHA1), "crawl" (this crawl's fingerprinter), "unknown"
+    fingerprints: str = "unknown"
+    #: queued requests whose scrapy-redis fingerprint is in the dupefilter
+    queued_in_dupefilter: int = 0
+    converted: int = 0
+    seen_urls: int = 0
+    seen_added: int = 0
+    #: URLs marked seen whose scrapy-redis fingerprint is in the dupefilter
+    stored_in_dupefilter: int = 0
+    moved: bool = False
+    dry_run: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def unaccounted(self) -> int:
+        """Dupefilter fingerprints neither queued nor matched to a stored page: pages
+        (fetched, or lost in flight) that workers fetch again if a link leads there."""
+        if self.fingerprints == "crawl":
+            return 0
+        return max(0, self.dupefilter - self.queued_in_dupefilter - self.stored_in_dupefilter)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "unaccounted": self.unaccounted}
+
+    def text(self) -> str:
+        verb = "would import" if self.dry_run else "imported"
+        lines = [
+            f"queue {self.queue_key} ({self.queue_type}): {self.members} requests; {verb}: "
+            f"{self.queued} queued, {self.seen} already seen, {self.dead} dead-lettered, "
+            f"{self.already_imported} skipped (imported before), {self.full} over the "
+            "pending cap",
+            f"dupefilter: {self.dupefilter} fingerprints ({self.fingerprints}); "
+            f"{self.converted} copied to the seen-set",
+        ]
+        if self.seen_urls:
+            lines.append(
+                f"seen-set rebuilt from {self.seen_urls} stored URLs: {self.seen_added} new, "
+                f"{self.stored_in_dupefilter} of them in the dupefilter"
+            )
+        if self.unaccounted and not self.dry_run:
+            lines.append(
+                f"{self.unaccounted} dupefilter fingerprints match no queued or stored URL: "
+                "those pages are fetched again if a link leads there"
+            )
+        return "\n".join(lines + [f"note: {n}" for n in self.notes])
+
+
+class Importer:
+    """One import: ``run()`` returns the :class:`Report`; :class:`ImportRefused` before
+    anything is written when it cannot run as asked."""
+
+    def __init__(
+        self,
+        producer: Producer,
+        source: Source,
+        *,
+        trust_pickle: bool = False,
+        move: bool = False,
+        dry_run: bool = False,
+        rebuild_seen: bool = False,
+        url_field: str = "url",
+        mongo: Callable[[], Iterable[str]] | None = None,
+    ) -> None:
+        self.producer = producer
+        self.source = source
+        self.trust_pickle = trust_pickle
+        self.move = move
+        self.dry_run = dry_run
+        self.rebuild_seen = rebuild_seen
+        self.url_field = url_field
+        self.mongo = mongo
+        self.client: redis.Redis = producer.client
+        self.keys: FrontierKeys = producer.frontier.keys
+        self.report = Report(dry_run=dry_run)
+        self._samples: list[dict[str, Any]] = []
+
+    def run(self) -> Report:
+        key, kind = self._queue()
+        report = self.report
+        report.queue_key, report.queue_type = key, kind
+        if key is not None:
+            report.members = int(
+                self.client.zcard(key) if kind == "zset" else self.client.llen(key)
+            )
+            if report.members and self.source.trusted_only and not self.trust_pickle:
+                what = f"the queue {key} (SCHEDULER_SERIALIZER={self.source.serializer!r})"
+                if not self.dry_run:
+                    how = "is pickled"
+                    if self.source.serializer not in PICKLE_SERIALIZERS:
+                        how = (
+                            "is decoded by a module not known to decode data only (it may unpickle)"
+                        )
+                    raise ImportRefused(TRUST_HELP.format(what=f"{what} {how}"))
+                report.notes.append(f"{what} not decoded: counts only (no --trust-pickle)")
+            # RENAMENX: a concurrent run that renamed it first wins, nothing is lost
+            moving = self.move and not self.dry_run and key == self.source.queue_key
+            if moving and self.client.renamenx(key, self.keys.import_queue):
+                key = report.queue_key = self.keys.import_queue
+            self._import(key, kind)
+        report.dupefilter = int(self.client.scard(self.source.dupefilter_key))
+        self._seen()
+        if self.move and not self.dry_run:
+            if report.full or report.dead:
+                # kept for the next run, which skips what is done and tries the rest again
+                report.notes.append(
+                    f"{report.full + report.dead} requests not imported: "
+                    f"{self.keys.import_queue} and the dupefilter are kept until a run "
+                    "imports them all"
+                )
+            else:
+                self.client.delete(
+                    self.keys.import_queue, self.source.dupefilter_key, self.keys.imported
+                )
+                report.moved = True
+        return report
+
+    def _queue(self) -> tuple[str | None, str]:
+        """The key to read (a --move in progress first) and its type; refuses a queue key
+        that is one of distcrawl's own keys unless --move frees it."""
+        staged = _type(self.client, self.keys.import_queue)
+        if staged in ("zset", "list"):
+            return self.keys.import_queue, staged
+        key = self.source.queue_key
+        kind = _type(self.client, key)
+        ours = key in self.keys.all()
+        if kind == "none":
+            return None, kind
+        if kind not in ("zset", "list"):
+            if ours:  # distcrawl's own data by now (a finished --move, or never scrapy-redis)
+                self.report.notes.append(f"{key} is a {kind}: distcrawl's, not a queue")
+                return None, "none"
+            raise ImportRefused(f"{key} is a {kind}, not a scrapy-redis queue (ZSET or LIST)")
+        if ours and not self.move and not self.dry_run:
+            raise ImportRefused(
+                f"the scrapy-redis queue {key} is also the name of distcrawl's own key for "
+                f"namespace {self.keys.namespace!r}: import into another namespace "
+                f"(--namespace), or give --move to rename the queue to "
+                f"{self.keys.import_queue} first and delete it once imported"
+            )
+        return key, kind
+
+    def _members(self, key: str, kind: str) -> Iterator[list[bytes]]:
+        """Pages of members: a ZSET best priority first, a LIST oldest first (its tail)."""
+        at = 0
+        while True:
+            if kind == "zset":
+                page = self.client.zrange(key, at, at + PAGE - 1)
+            else:
+                page = list(reversed(self.client.lrange(key, -(at + PAGE), -(at + 1))))
+            if not page:
+                return
+            yield page  # type: ignore[misc]
+            if len(page) < PAGE:
+                return
+            at += PAGE
+
+    def _import(self, key: str, kind: str) -> None:
+        """Page by page: skip what an earlier run handled, decode, store, dead-letter.
+
+        A member dead-lettered by an earlier run is tried again (the spider may have been
+        fixed since) but never gets a second dead letter: its digest is kept under
+        :data:`DEAD` in ``<ns>:import:done``, in the transaction that writes the letter."""
+        report = self.report
+        loads = self.source.loads() if self.trust_pickle or not self.source.trusted_only else None
+        for page in self._members(key, kind):
+            digests = [hashlib.sha1(m).digest()[:DIGEST_BYTES] for m in page]
+            marks = self.client.smismember(
+                self.keys.imported, [*digests, *(DEAD + d for d in digests)]
+            )
+            done, dead_before = marks[: len(page)], marks[len(page) :]
+            todo = [
+                (m, d, bool(old_letter))
+                for m, d, old, old_letter in zip(page, digests, done, dead_before, strict=True)
+                if not old
+            ]
+            report.already_imported += len(page) - len(todo)
+            if loads is None or not todo:
+                continue
+            letters: list[tuple[bytes, bytes, bool]] = []  # (digest, letter, written before)
+            handled: list[bytes] = []
+            decoded: list[tuple[bytes, bytes, bool, dict[str, Any]]] = []
+            for member, digest, lettered in todo:
+                try:
+                    data = loads(member)
+                    if not isinstance(data, dict):
+                        raise ValueError(f"a {type(data).__name__}, not a request dict")
+                except Exception as exc:
+                    letter = self._letter(f"undecodable: {exc!r}", member, None)
+                    letters.append((digest, letter, lettered))
+                    continue
+                decoded.append((member, digest, lettered, data))
+            self._count_known([d for *_, d in decoded])
+            if self.dry_run:
+                report.dead += len(letters)
+                report.queued += len(decoded)
+                continue
+            results = self.producer.push_requests([d for *_, d in decoded])
+            for (member, digest, lettered, data), result in zip(decoded, results, strict=True):
+                if result.outcome is Outcome.FULL:
+                    report.full += 1
+                elif result.outcome is Outcome.REFUSED:
+                    letter = self._letter(str(result.reason), member, data.get("url"))
+                    letters.append((digest, letter, lettered))
+                else:
+                    handled.append(digest)
+                    report.seen += result.outcome is Outcome.SEEN
+                    report.queued += result.outcome is Outcome.QUEUED
+            report.dead += len(letters)
+            new_letters = [(d, letter) for d, letter, before in letters if not before]
+            pipe = self.client.pipeline(transaction=True)  # a dead letter is written once
+            if new_letters:
+                pipe.lpush(self.keys.dead, *(letter for _, letter in new_letters))
+                pipe.sadd(self.keys.imported, *(DEAD + d for d, _ in new_letters))
+            if handled:
+                pipe.sadd(self.keys.imported, *handled)
+            pipe.execute()
+            if report.full:
+                report.notes.append(
+                    "DISTCRAWL_MAX_PENDING reached: run the import again once workers made room"
+                )
+                return
+
+    def _letter(self, reason: str, member: bytes, url: Any) -> bytes:
+        return dead_letter(
+            f"scrapy-redis import: {reason}",
+            raw=member,
+            url=url if isinstance(url, str) else None,
+            source="import",
+        )
+
+    def _count_known(self, dicts: list[dict[str, Any]]) -> None:
+        """Count the queued requests whose scrapy-redis fingerprint is in the dupefilter (and
+        keep a few to tell which fingerprints it holds, :func:`detect`)."""
+        filtered = [d for d in dicts if not d.get("dont_filter") and isinstance(d.get("url"), str)]
+        self._samples.extend(filtered[: SAMPLE - len(self._samples)])
+        fps = [scrapy_redis_fingerprint(_method(d), d["url"], _body(d)) for d in filtered]
+        if fps:
+            hits = self.client.smismember(self.source.dupefilter_key, fps)
+            self.report.queued_in_dupefilter += sum(1 for hit in hits if hit)
+
+    def _seen(self) -> None:
+        report = self.report
+        report.fingerprints = detect(self, self._samples)
+        if report.fingerprints == "crawl":
+            if not self.dry_run:
+                self._convert()
+            return
+        if report.dupefilter:
+            report.notes.append(
+                "scrapy-redis 0.9.1 fingerprints (its own SHA1 of method, URL and body) differ "
+                "from Scrapy's, which distcrawl stores: they cannot be converted"
+                + ("" if self.rebuild_seen else "; --rebuild-seen marks the stored pages seen")
+            )
+        if self.rebuild_seen:
+            self._rebuild()
+
+    def _convert(self) -> None:
+        """Copy the dupefilter's hex fingerprints, cut to what the seen-set holds."""
+        cursor = 0
+        frontier = self.producer.frontier
+        while True:
+            cursor, values = self.client.sscan(self.source.dupefilter_key, cursor, count=PAGE)
+            fps = []
+            for value in values:
+                try:
+                    fps.append(bytes.fromhex(to_unicode(value))[:FINGERPRINT_BYTES])
+                except ValueError:
+                    continue
+            self.report.converted += sum(frontier.add_seen(fps))
+            if not cursor:
+                return
+
+    def _rebuild(self) -> None:
+        for urls in _pages(self._stored_urls()):
+            fps = [scrapy_redis_fingerprint("GET", url, b"") for url in urls]
+            hits = self.client.smismember(self.source.dupefilter_key, fps)
+            self.report.stored_in_dupefilter += sum(1 for hit in hits if hit)
+            self.report.seen_urls += len(urls)
+            if not self.dry_run:
+                self.report.seen_added += self.producer.mark_seen(urls)
+
+    def _stored_urls(self) -> Iterator[str]:
+        """URLs of the items scrapy-redis' RedisPipeline stored, then of the MongoDB ones."""
+        key, at = self.source.items_key, 0
+        if _type(self.client, key) == "list":
+            while raws := self.client.lrange(key, at, at + PAGE - 1):
+                at += len(raws)
+                for raw in raws:
+                    try:
+                        url = json.loads(raw).get(self.url_field)
+                    except (ValueError, AttributeError):
+                        continue
+                    if isinstance(url, str):
+                        yield url
+        if self.mongo is not None:
+            yield from self.mongo()
+
+
+def detect(importer: Importer, samples: list[dict[str, Any]]) -> str:
+    """Which fingerprints the dupefilter holds, from queued requests (each of them was put
+    in the dupefilter when scrapy-redis queued it): "crawl" if the crawl's own fingerprinter
+    gives them, "scrapy-redis" if scrapy-redis 0.9.1's does, else "unknown"."""
+    client, key = importer.client, importer.source.dupefilter_key
+    if not samples or not importer.report.dupefilter:
+        return "unknown"
+    fingerprint = importer.producer.fingerprinter.fingerprint
+    ours = [fingerprint(Request(d["url"], method=_method(d), body=_body(d))).hex() for d in samples]
+    theirs = [scrapy_redis_fingerprint(_method(d), d["url"], _body(d)) for d in samples]
+    crawl_hits = sum(1 for hit in client.smismember(key, ours) if hit)
+    sr_hits = sum(1 for hit in client.smismember(key, theirs) if hit)
+    if crawl_hits > sr_hits:
+        return "crawl"
+    return "scrapy-redis" if sr_hits else "unknown"
+
+
+def _type(client: redis.Redis, key: str) -> str:
+    return to_unicode(client.type(key))
+
+
+def _pages(items: Iterable[str]) -> Iterator[list[str]]:
+    page: list[str] = []
+    for item in items:
+        page.append(item)
+        if len(page) >= PAGE:
+            yield page
+            page = []
+    if page:
+        yield page
+
+
+# ---------------------------------------------------------------------- command
+
+
+def _mongo_urls(uri: str, collection: str, url_field: str) -> Callable[[], Iterator[str]]:
+    """The URLs of the documents of ``[DATABASE.]COLLECTION`` (the URI's database if none is
+    named): where a scrapy-redis project stored its items in MongoDB."""
+
+    def read() -> Iterator[str]:
+        import pymongo
+
+        database, _, name = collection.rpartition(".")
+        client: pymongo.MongoClient[Any] = pymongo.MongoClient(uri, serverSelectionTimeoutMS=10_000)
+        try:
+            db = client[database] if database else client.get_default_database()
+            projection = {url_field: 1, "_id": 0}
+            for doc in db[name].find({}, projection, batch_size=PAGE):
+                url = doc.get(url_field)
+                if isinstance(url, str):
+                    yield url
+        finally:
+            client.close()
+
+    return read
+
+
+def cmd_import_scrapy_redis(args: argparse.Namespace, ctx: Any) -> int:
+    """Exit 0 when every request was imported (or seen), 1 when some were dead-lettered or
+    left over the pending cap, or the import was refused (nothing written)."""
+    from pymongo.errors import PyMongoError
+
+    from distcrawl.cli import EXIT_OK, EXIT_PARTIAL, UsageError, _emit_json, _project_settings
+
+    settings = _project_settings(args.set or [])
+    given = {
+        "SCHEDULER_QUEUE_KEY": args.queue_key,
+        "SCHEDULER_DUPEFILTER_KEY": args.dupefilter_key,
+        "SCHEDULER_SERIALIZER": args.serializer,
+        "REDIS_ITEMS_KEY": args.items_key,
+    }
+    for name, value in given.items():
+        if value:
+            settings.set(name, value, priority="cmdline")
+    mongo = None
+    if args.mongo_collection:
+        if not args.mongo_uri:
+            raise UsageError("--mongo-collection needs --mongo-uri URI (or $MONGO_URI)")
+        mongo = _mongo_urls(args.mongo_uri, args.mongo_collection, args.url_field)
+    try:
+        producer = Producer(lambda: ctx.client, args.spider, settings, namespace=args.namespace)
+    except (ConfigError, ProducerError, ValueError) as exc:  # ValueError: a bad --namespace
+        raise UsageError(str(exc)) from None
+    try:
+        importer = Importer(
+            producer,
+            Source.from_settings(settings, args.spider),
+            trust_pickle=args.trust_pickle,
+            move=args.move,
+            dry_run=args.dry_run,
+            rebuild_seen=args.rebuild_seen or mongo is not None,
+            url_field=args.url_field,
+            mongo=mongo,
+        )
+        report = importer.run()
+    except ProducerError as exc:  # the spider is not in SPIDER_MODULES, layouts disagree
+        raise UsageError(str(exc)) from None
+    except ImportRefused as exc:
+        print(f"refused: {exc}", file=sys.stderr)
+        return EXIT_PARTIAL
+    except PyMongoError as exc:
+        secrets = url_secrets(args.mongo_uri or "")
+        print(f"error: MongoDB: {redact_text(str(exc), secrets)}", file=sys.stderr)
+        return EXIT_PARTIAL
+    if ctx.as_json:
+        _emit_json(report.as_dict())
+    else:
+        print(report.text())
+    return EXIT_PARTIAL if (report.dead or report.full) and not args.dry_run else EXIT_OK
+
+
+def add_parser(commands: Any, common: argparse.ArgumentParser) -> None:
+    """``distcrawl import scrapy-redis SPIDER``, registered by cli.py."""
+    group: argparse.ArgumentParser = commands.add_parser(
+        "import",
+        parents=[common],
+        help="carry another crawler's frontier over",
+        description="Carry another crawler's frontier over.",
+    )
+    sources = group.add_subparsers(dest="import_source", required=True, metavar="SOURCE")
+    text = (
+        "import a scrapy-redis crawl: its queued requests into distcrawl's queue, its "
+        "seen-set where it converts (or rebuilt from stored pages); run it again to resume"
+    )
+    sub = sources.add_parser("scrapy-redis", parents=[common], help=text, description=text)
+    sub.add_argument(
+        "spider",
+        metavar="SPIDER",
+        help="the spider: %%(spider)s of the scrapy-redis keys, and the project's spider "
+        "(SPIDER_MODULES) whose callbacks the requests name",
+    )
+    sub.add_argument("--namespace", metavar="NS", help="DISTCRAWL_NAMESPACE, if not SPIDER")
+    sub.add_argument(
+        "-s",
+        "--set",
+        action="append",
+        metavar="NAME=VALUE",
+        help="a project setting, as on `scrapy crawl`; repeatable",
+    )
+    for option, setting in (
+        ("--queue-key", "SCHEDULER_QUEUE_KEY"),
+        ("--dupefilter-key", "SCHEDULER_DUPEFILTER_KEY"),
+        ("--serializer", "SCHEDULER_SERIALIZER"),
+        ("--items-key", "REDIS_ITEMS_KEY"),
+    ):
+        sub.add_argument(option, metavar="VALUE", help=f"default: the project's {setting}")
+    sub.add_argument(
+        "--trust-pickle",
+        action="store_true",
+        help="decode a pickled queue (scrapy-redis' default): unpickling runs code, so only "
+        "if nothing but your own crawlers could write to this Redis",
+    )
+    sub.add_argument(
+        "--move",
+        action="store_true",
+        help="rename the queue to <ns>:import:queue first (needed when its name is one of "
+        "distcrawl's keys, as <spider>:requests is), delete it and the dupefilter when done",
+    )
+    sub.add_argument("--dry-run", action="store_true", help="print counts, write nothing")
+    sub.add_argument(
+        "--rebuild-seen",
+        action="store_true",
+        help="mark the pages scrapy-redis stored (the items key, --mongo-collection) as seen: "
+        "its fingerprints cannot be converted",
+    )
+    sub.add_argument(
+        "--url-field", default="url", metavar="NAME", help="the items' URL field (default url)"
+    )
+    sub.add_argument(
+        "--mongo-uri",
+        default=os.environ.get("MONGO_URI"),
+        metavar="URI",
+        # never %(default)s: $MONGO_URI may hold a password
+        help="MongoDB of --mongo-collection (default: $MONGO_URI)",
+    )
+    sub.add_argument(
+        "--mongo-collection",
+        metavar="[DB.]NAME",
+        help="also mark the URLs of this collection's documents seen (implies --rebuild-seen)",
+    )
+    sub.set_defaults(handler=cmd_import_scrapy_redis)
