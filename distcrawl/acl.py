@@ -129,6 +129,12 @@ PYTHON_COMMANDS = (
     "zscore",
 )
 
+#: what ``distcrawl import scrapy-redis`` (importer.py) sends beyond PYTHON_COMMANDS: it
+#: reads scrapy-redis' keys, outside the crawl's namespace, so it runs as an administrator,
+#: never as the worker user these lists build, which gets none of them but SADD (its
+#: scripts' own)
+IMPORT_COMMANDS = ("renamenx", "sadd", "smismember", "sscan", "type")
+
 #: ``distcrawl push`` (HGET of the pending cap, ZCARD/LLEN for the room left, LPUSH inside
 #: MULTI/EXEC) and ``distcrawl status``/``watch`` (one pipeline of reads and TIME), plus RPUSH
 #: for producers that want an entry taken before the others

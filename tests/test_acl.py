@@ -60,11 +60,18 @@ _RENAMED = {
 }
 
 
-def python_commands() -> set[str]:
+#: modules whose commands are IMPORT_COMMANDS, never a worker's
+ADMIN_MODULES = ("importer.py",)
+
+
+def python_commands(admin: bool = False) -> set[str]:
     """Every command distcrawl's Python sends: method calls on its Redis clients and
-    pipelines (named ``client``/``pipe``, as everywhere in the package)."""
+    pipelines (named ``client``/``pipe``, as everywhere in the package); ``admin``: those of
+    the administrators' tools (ADMIN_MODULES) instead."""
     found: set[str] = set()
     for path in sorted(PACKAGE.rglob("*.py")):
+        if (path.name in ADMIN_MODULES) != admin:
+            continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
                 continue
@@ -116,6 +123,13 @@ def test_python_commands_are_exactly_those_the_package_sends():
     assert set(acl.worker_commands()) == (
         found | lua_commands() | set(acl.CONNECTION_COMMANDS) | set(acl.SCRIPT_COMMANDS)
     )
+
+
+def test_the_import_sends_only_worker_commands_and_its_own():
+    found = python_commands(admin=True) - {*acl.SCRIPT_COMMANDS, *acl.CONNECTION_COMMANDS}
+    assert found - set(acl.PYTHON_COMMANDS) == set(acl.IMPORT_COMMANDS)
+    # the worker user gets what its Python and scripts send, not what the import adds
+    assert "renamenx" not in acl.worker_commands(cluster=True)
 
 
 def test_the_scanner_sees_the_calls_it_must_see():
