@@ -262,7 +262,9 @@ class Doctor:
                 found.add(rid)
                 finding.add({"id": _text(rid)}, self.samples)
             if bad and report.repair:
-                removed = self.scripts.unrecorded(keys=[key, self.keys.requests], args=bad)
+                removed = self.scripts.unrecorded(
+                    keys=self.keys.script_keys("doctor_unrecorded", key), args=bad
+                )
                 finding.repaired += int(removed)
 
     def _records(self, report: Report) -> None:
@@ -299,7 +301,7 @@ class Doctor:
                 finding.add(sample, self.samples)
                 args += [rid, record, letter]
             if args and report.repair:
-                keys = [k.requests, k.leases, k.delayed, k.queue, k.ready, k.slots, k.dead, k.stats]
+                keys = k.script_keys("doctor_records")
                 requeued, dead = self.scripts.records(keys=keys, args=args)
                 finding.repaired += int(requeued) + int(dead)
 
@@ -327,7 +329,9 @@ class Doctor:
                 )
                 poison += [member, dead_letter(reason, raw=member, source="doctor")]
             if poison and report.repair:
-                moved = self.scripts.quarantine(keys=[k.queue, k.dead, k.stats], args=poison)
+                moved = self.scripts.quarantine(
+                    keys=k.script_keys("doctor_quarantine"), args=poison
+                )
                 bad.repaired += int(moved)
             self._check_ready(report, sorted(slots - missing), missing, unready)
 
@@ -355,16 +359,14 @@ class Doctor:
                 confirmed.append(slot)
                 finding.add({"slot": _text(slot), "queued": int(queued)}, self.samples)
         if confirmed and report.repair:
-            added = self.scripts.ready(keys=[k.queue, k.ready, k.slots], args=confirmed)
+            added = self.scripts.ready(keys=k.script_keys("doctor_ready"), args=confirmed)
             finding.repaired += int(added)
 
     def _inflight(self, report: Report) -> None:
         """``inflight`` against the leases, in one script (O(leases))."""
         k = self.keys
         mode = "fix" if report.repair else "check"
-        out = self.scripts.inflight(
-            keys=[k.leases, k.requests, k.inflight, k.placeless], args=[mode]
-        )
+        out = self.scripts.inflight(keys=k.script_keys("doctor_inflight"), args=[mode])
         finding = report.findings["inflight_mismatch"]
         for i in range(0, len(out), 3):
             slot, stored, counted = out[i : i + 3]

@@ -321,9 +321,15 @@ class FrontierKeys:
     def script_keys(self, script: str, of: str | None = None) -> list[str]:
         """The KEYS of Lua script ``script`` (``distcrawl.lua.KEYS``) in the order its header
         gives, so that no caller lists them by hand. ``of``: the worker tag or netloc of the
-        keys that are per worker or per host (``claims``, ``wake_of``, ``robots_txt``...)."""
+        keys that are per worker or per host (``claims``, ``wake_of``, ``robots_txt``...),
+        or the key itself where the caller chooses it (``lua.PASSED_BY_CALLER``)."""
         out: list[str] = []
         for name in lua.KEYS[script]:
+            if name in lua.PASSED_BY_CALLER:
+                if of is None:
+                    raise ValueError(f"{script}.lua's key {name!r} is the caller's to give")
+                out.append(of)
+                continue
             member = getattr(type(self), name)
             if isinstance(member, property):
                 out.append(getattr(self, name))
