@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 
 
 class EngineIncompatible(RuntimeError):
-    pass
+    """Raised at open when the running Scrapy lacks an engine internal distcrawl relies on:
+    better no crawl than one that acknowledges leases at the wrong time."""
 
 
 def _slot(crawler: Crawler) -> Any:

@@ -21,6 +21,14 @@ NON_WEB_SCHEMES = ("file", "s3", "ftp", "data")
 
 
 class Addon:
+    """Scrapy add-on (``ADDONS``) that swaps in distcrawl's components.
+
+    Settings go in at the "addon" priority so that a project can still override any one of
+    them, and only component settings are set here: the values they read are parsed once, at
+    ``from_crawler``, into ``DistcrawlConfig`` (and ``MongoConfig``), where an invalid one
+    names itself.
+    """
+
     def update_settings(self, settings: BaseSettings) -> None:
         settings.set("SCHEDULER", "distcrawl.scheduler.Scheduler", "addon")
         settings.set("DUPEFILTER_CLASS", "distcrawl.dupefilter.RedisDupeFilter", "addon")

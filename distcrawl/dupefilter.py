@@ -42,6 +42,15 @@ URL_MEMO_SIZE = 10_000
 
 
 class RedisDupeFilter(BaseDupeFilter):
+    """``DUPEFILTER_CLASS`` of a distcrawl worker: a cheap local first look, not the verdict.
+
+    ``request_seen`` answers from this worker's bounded memory only, so most duplicate links
+    cost no Redis traffic; a link it has not seen goes on to the scheduler, and the shared
+    seen-set decides in ``commit.lua``, atomically with the push. It keeps Scrapy's
+    ``dupefilter/filtered`` stat and ``DUPEFILTER_DEBUG`` logging, so a project reads it as
+    it reads Scrapy's ``RFPDupeFilter``.
+    """
+
     def __init__(
         self,
         fingerprinter: RequestFingerprinterProtocol,

@@ -80,6 +80,13 @@ def counters(stats: Any) -> dict[str, int]:
 
 
 class WorkerMonitor:
+    """Extension that makes one worker visible to the crawl and steerable by operators.
+
+    Its beats ride the scheduler's batches instead of their own round trips, so that
+    hundreds of workers cost Redis little; and it is the one place a worker learns of
+    ``distcrawl pause`` and of the crawl-wide sizes that ``status`` and Prometheus show.
+    """
+
     def __init__(self, crawler: Crawler, config: DistcrawlConfig, io: RedisIO) -> None:
         self.crawler = crawler
         self.config = config

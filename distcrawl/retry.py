@@ -98,6 +98,14 @@ def _reason_text(reason: str | Exception | type[Exception]) -> str:
 
 
 class RetryMiddleware:
+    """Scrapy's ``RetryMiddleware`` with the wait moved into Redis.
+
+    Same settings and meta keys as Scrapy's, so a project keeps its retry policy; but a retry
+    is scheduled in the shared ``delayed`` set with backoff and jitter (at least what
+    ``Retry-After`` asks), taken later by whichever worker is free, and a request out of
+    retries becomes a dead letter with its error history instead of a log line.
+    """
+
     def __init__(
         self,
         crawler: Crawler,

@@ -74,6 +74,11 @@ async def _sleep(seconds: float) -> None:
 
 
 class RobotsTxtMiddleware(ScrapyRobotsTxtMiddleware):
+    """Scrapy's ``RobotsTxtMiddleware`` (same settings, ``ROBOTSTXT_OBEY`` and parser), with
+    each robots.txt downloaded by one worker for the whole crawl and its Crawl-delay made the
+    slot's shared delay; see the module docstring for the waiter bug it also fixes.
+    """
+
     def __init__(self, crawler: Crawler) -> None:
         super().__init__(crawler)
         self.config = DistcrawlConfig.from_settings(crawler.settings)

@@ -290,3 +290,29 @@ def test_relative_links_point_at_files(document: str) -> None:
     base = (ROOT / document).parent
     broken = sorted(t for t in local if not (base / t).exists())
     assert not broken, f"{document} links to files that do not exist: {broken}"
+
+
+USER_FACING = (
+    "distcrawl.addon.Addon",
+    "distcrawl.scheduler.Scheduler",
+    "distcrawl.dupefilter.RedisDupeFilter",
+    "distcrawl.retry.RetryMiddleware",
+    "distcrawl.retry.CallbackRetryMiddleware",
+    "distcrawl.robots.RobotsTxtMiddleware",
+    "distcrawl.extensions.WorkerMonitor",
+    "distcrawl.pipelines.MongoPipeline",
+    "distcrawl.spiders.RedisSpider",
+    "distcrawl.spiders.RedisCrawlSpider",
+    "distcrawl.producer.Producer",
+    "distcrawl.producer.AsyncProducer",
+)
+
+
+@pytest.mark.parametrize("path", USER_FACING)
+def test_every_component_a_project_names_has_its_own_docstring(path: str) -> None:
+    """The classes users put in settings or import: ``help()`` and API docs must say why
+    each exists, not fall back to a base class's text."""
+    from scrapy.utils.misc import load_object
+
+    cls = load_object(path)
+    assert "__doc__" in vars(cls) and (cls.__doc__ or "").strip(), path

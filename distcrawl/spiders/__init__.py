@@ -24,6 +24,9 @@ from distcrawl.start_urls import request_from_entry
 
 
 class RedisMixin:
+    """What both spiders share: start URLs queued through the frontier, deduplicated, and
+    ``make_request_from_data`` as the one hook for entries pushed by producers."""
+
     start_urls: list[str]
 
     async def start(self) -> AsyncIterator[Any]:
@@ -46,8 +49,9 @@ class RedisMixin:
 
 
 class RedisSpider(RedisMixin, Spider):
-    pass
+    """Scrapy's ``Spider`` fed by ``<name>:start_urls``: the name scrapy-redis users know,
+    so a spider moves over by changing its import."""
 
 
 class RedisCrawlSpider(RedisMixin, CrawlSpider):
-    pass
+    """Scrapy's ``CrawlSpider`` (rules, link extractors) fed by ``<name>:start_urls``."""
