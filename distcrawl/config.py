@@ -23,6 +23,10 @@ SERIALIZERS = ("msgpack", "json", "pickle")
 T = TypeVar("T")
 
 
+#: where a frozen settings object keeps the config parsed from it
+_CACHE_ATTRIBUTE = "_distcrawl_config"
+
+
 class ConfigError(ValueError):
     """A setting has a value distcrawl cannot use; the message names the setting."""
 
@@ -140,7 +144,7 @@ def allowed_schemes(settings: BaseSettings) -> tuple[str, ...]:
     """DISTCRAWL_ALLOWED_SCHEMES, lower-cased; a function of its own because the add-on
     needs it before the config is built (to keep only the download handlers allowed)."""
     raw = settings.get("DISTCRAWL_ALLOWED_SCHEMES")
-    schemes = settings.getlist("DISTCRAWL_ALLOWED_SCHEMES", ["http", "https"])
+    schemes = settings.getlist("DISTCRAWL_ALLOWED_SCHEMES", list(DistcrawlConfig.allowed_schemes))
     if not schemes:
         raise ConfigError("DISTCRAWL_ALLOWED_SCHEMES=[]: at least one scheme is needed")
     if not all(isinstance(s, str) and s.strip() for s in schemes):
@@ -214,19 +218,39 @@ class DistcrawlConfig:
 
     @classmethod
     def from_settings(cls, settings: BaseSettings) -> DistcrawlConfig:
-        serializer = _get(settings, "DISTCRAWL_SERIALIZER", "msgpack", str).lower()
+        """The config of ``settings``, parsed once per crawler: a crawler's settings are
+        frozen before its components are built, so every component (scheduler, dupefilter,
+        middlewares, extension) gets the one object parsed for them."""
+        frozen = getattr(settings, "frozen", False)
+        cached = getattr(settings, _CACHE_ATTRIBUTE, None) if frozen else None
+        if isinstance(cached, cls):
+            return cached
+        config = cls._parse(settings)
+        if frozen:
+            setattr(settings, _CACHE_ATTRIBUTE, config)
+        return config
+
+    @classmethod
+    def _parse(cls, settings: BaseSettings) -> DistcrawlConfig:
+        serializer = _get(settings, "DISTCRAWL_SERIALIZER", cls.serializer, str).lower()
         if serializer not in SERIALIZERS:
             raise ConfigError(
                 f"DISTCRAWL_SERIALIZER={serializer!r}: expected one of {', '.join(SERIALIZERS)}"
             )
-        seen = _get(settings, "DISTCRAWL_SEEN", "set", str).lower()
+        seen = _get(settings, "DISTCRAWL_SEEN", cls.seen, str).lower()
         if seen not in SEEN_MODES:
             raise ConfigError(f"DISTCRAWL_SEEN={seen!r}: expected one of {', '.join(SEEN_MODES)}")
         concurrency = _get(settings, "CONCURRENT_REQUESTS", 16, _positive(int))
-        lease_timeout = _get(settings, "DISTCRAWL_LEASE_TIMEOUT", 30.0, _positive(float))
+        lease_timeout = _get(
+            settings, "DISTCRAWL_LEASE_TIMEOUT", cls.lease_timeout, _positive(float)
+        )
         schemes = allowed_schemes(settings)
-        heartbeat = _get(settings, "DISTCRAWL_HEARTBEAT_INTERVAL", 1.0, _positive(float))
-        worker_timeout = _get(settings, "DISTCRAWL_WORKER_TIMEOUT", 10.0, _positive(float))
+        heartbeat = _get(
+            settings, "DISTCRAWL_HEARTBEAT_INTERVAL", cls.heartbeat_interval, _positive(float)
+        )
+        worker_timeout = _get(
+            settings, "DISTCRAWL_WORKER_TIMEOUT", cls.worker_timeout, _positive(float)
+        )
         if worker_timeout < 3 * heartbeat:
             raise ConfigError(
                 f"DISTCRAWL_WORKER_TIMEOUT={worker_timeout!r}: must be at least 3 times "
@@ -237,8 +261,10 @@ class DistcrawlConfig:
         if namespace is not None and (not isinstance(namespace, str) or not namespace):
             raise ConfigError(f"DISTCRAWL_NAMESPACE={namespace!r}: expected a non-empty string")
         return cls(
-            redis_url=_get(settings, "REDIS_URL", DEFAULT_REDIS_URL, str),
-            redis_cluster=_get(settings, "DISTCRAWL_REDIS_CLUSTER", None, cluster_mode),
+            redis_url=_get(settings, "REDIS_URL", cls.redis_url, str),
+            redis_cluster=_get(
+                settings, "DISTCRAWL_REDIS_CLUSTER", cls.redis_cluster, cluster_mode
+            ),
             namespace=namespace,
             serializer=serializer,
             lease_timeout=lease_timeout,
@@ -246,44 +272,69 @@ class DistcrawlConfig:
                 settings, "DISTCRAWL_RECLAIM_INTERVAL", min(2.0, lease_timeout), _positive(float)
             ),
             prefetch=_get(settings, "DISTCRAWL_PREFETCH", concurrency, _positive(int)),
-            flush_interval=_get(settings, "DISTCRAWL_FLUSH_INTERVAL", 0.05, _positive(float)),
-            push_batch_size=_get(settings, "DISTCRAWL_PUSH_BATCH_SIZE", 500, _positive(int)),
-            idle_poll_max=_get(settings, "DISTCRAWL_IDLE_POLL_MAX", 1.0, _positive(float)),
+            flush_interval=_get(
+                settings, "DISTCRAWL_FLUSH_INTERVAL", cls.flush_interval, _positive(float)
+            ),
+            push_batch_size=_get(
+                settings, "DISTCRAWL_PUSH_BATCH_SIZE", cls.push_batch_size, _positive(int)
+            ),
+            idle_poll_max=_get(
+                settings, "DISTCRAWL_IDLE_POLL_MAX", cls.idle_poll_max, _positive(float)
+            ),
             idle_timeout=_optional_float(settings, "DISTCRAWL_IDLE_TIMEOUT"),
-            flush_on_start=_get(settings, "DISTCRAWL_FLUSH_ON_START", False, _bool),
-            start_urls_batch=_get(settings, "DISTCRAWL_START_URLS_BATCH", 100, _positive(int)),
+            flush_on_start=_get(settings, "DISTCRAWL_FLUSH_ON_START", cls.flush_on_start, _bool),
+            start_urls_batch=_get(
+                settings, "DISTCRAWL_START_URLS_BATCH", cls.start_urls_batch, _positive(int)
+            ),
             start_url_max_bytes=_get(
-                settings, "DISTCRAWL_START_URL_MAX_BYTES", 8192, _positive(int)
+                settings, "DISTCRAWL_START_URL_MAX_BYTES", cls.start_url_max_bytes, _positive(int)
             ),
             allowed_schemes=schemes,
             allowed_callbacks=_optional_names(settings, "DISTCRAWL_ALLOWED_CALLBACKS"),
             start_meta_keys=_optional_names(settings, "DISTCRAWL_START_META_KEYS") or (),
-            local_seen_cache=_get(settings, "DISTCRAWL_LOCAL_SEEN_CACHE", 100_000, int),
+            local_seen_cache=_get(
+                settings, "DISTCRAWL_LOCAL_SEEN_CACHE", cls.local_seen_cache, int
+            ),
             seen=seen,
             bloom_capacity=_get(
-                settings, "DISTCRAWL_BLOOM_CAPACITY", DEFAULT_CAPACITY, _positive(_integer)
+                settings, "DISTCRAWL_BLOOM_CAPACITY", cls.bloom_capacity, _positive(_integer)
             ),
             bloom_error_rate=_get(
-                settings, "DISTCRAWL_BLOOM_ERROR_RATE", DEFAULT_ERROR_RATE, _probability
+                settings, "DISTCRAWL_BLOOM_ERROR_RATE", cls.bloom_error_rate, _probability
             ),
-            socket_timeout=_get(settings, "DISTCRAWL_SOCKET_TIMEOUT", 10.0, _positive(float)),
+            socket_timeout=_get(
+                settings, "DISTCRAWL_SOCKET_TIMEOUT", cls.socket_timeout, _positive(float)
+            ),
             retry_backoff_base=_get(
-                settings, "DISTCRAWL_RETRY_BACKOFF_BASE", 1.0, _at_least(0.0, float)
+                settings,
+                "DISTCRAWL_RETRY_BACKOFF_BASE",
+                cls.retry_backoff_base,
+                _at_least(0.0, float),
             ),
             retry_backoff_factor=_get(
-                settings, "DISTCRAWL_RETRY_BACKOFF_FACTOR", 2.0, _at_least(1.0, float)
+                settings,
+                "DISTCRAWL_RETRY_BACKOFF_FACTOR",
+                cls.retry_backoff_factor,
+                _at_least(1.0, float),
             ),
             retry_backoff_max=_get(
-                settings, "DISTCRAWL_RETRY_BACKOFF_MAX", 300.0, _at_least(0.0, float)
+                settings,
+                "DISTCRAWL_RETRY_BACKOFF_MAX",
+                cls.retry_backoff_max,
+                _at_least(0.0, float),
             ),
-            retry_jitter=_get(settings, "DISTCRAWL_RETRY_JITTER", 0.2, _fraction),
+            retry_jitter=_get(settings, "DISTCRAWL_RETRY_JITTER", cls.retry_jitter, _fraction),
             retry_after_max=_get(
-                settings, "DISTCRAWL_RETRY_AFTER_MAX", 600.0, _at_least(0.0, float)
+                settings, "DISTCRAWL_RETRY_AFTER_MAX", cls.retry_after_max, _at_least(0.0, float)
             ),
-            callback_retries=_get(settings, "DISTCRAWL_CALLBACK_RETRIES", 2, _at_least(0, int)),
+            callback_retries=_get(
+                settings, "DISTCRAWL_CALLBACK_RETRIES", cls.callback_retries, _at_least(0, int)
+            ),
             heartbeat_interval=heartbeat,
             worker_timeout=worker_timeout,
-            metrics_port=_get(settings, "DISTCRAWL_METRICS_PORT", None, _at_least(0, int)),
+            metrics_port=_get(
+                settings, "DISTCRAWL_METRICS_PORT", cls.metrics_port, _at_least(0, int)
+            ),
             **_politeness(settings),
         )
 
@@ -314,7 +365,7 @@ def _politeness(settings: BaseSettings) -> dict[str, Any]:
     per_ip = _get(settings, "CONCURRENT_REQUESTS_PER_IP", 0, _at_least(0, int))
     per_domain = _get(settings, "CONCURRENT_REQUESTS_PER_DOMAIN", 8, _positive(int))
     autothrottle = _get(settings, "AUTOTHROTTLE_ENABLED", False, _bool)
-    codes = settings.getlist("DISTCRAWL_THROTTLE_HTTP_CODES", [429, 503])
+    codes = settings.getlist("DISTCRAWL_THROTTLE_HTTP_CODES", list(DistcrawlConfig.throttle_codes))
     try:
         throttle_codes = tuple(int(c) for c in codes)
     except (TypeError, ValueError):
@@ -333,15 +384,28 @@ def _politeness(settings: BaseSettings) -> dict[str, Any]:
         ),
         "slots_by_ip": per_ip > 0,
         "slot_overrides": _slot_overrides(settings),
-        "robots_obey": _get(settings, "ROBOTSTXT_OBEY", False, _bool),
-        "robots_ttl": _get(settings, "DISTCRAWL_ROBOTS_TTL", 86400.0, _positive(float)),
-        "robots_probe_timeout": _get(
-            settings, "DISTCRAWL_ROBOTS_PROBE_TIMEOUT", 60.0, _positive(float)
+        "robots_obey": _get(settings, "ROBOTSTXT_OBEY", DistcrawlConfig.robots_obey, _bool),
+        "robots_ttl": _get(
+            settings, "DISTCRAWL_ROBOTS_TTL", DistcrawlConfig.robots_ttl, _positive(float)
         ),
-        "crawl_delay_max": _get(settings, "DISTCRAWL_CRAWL_DELAY_MAX", 30.0, _at_least(0.0, float)),
+        "robots_probe_timeout": _get(
+            settings,
+            "DISTCRAWL_ROBOTS_PROBE_TIMEOUT",
+            DistcrawlConfig.robots_probe_timeout,
+            _positive(float),
+        ),
+        "crawl_delay_max": _get(
+            settings,
+            "DISTCRAWL_CRAWL_DELAY_MAX",
+            DistcrawlConfig.crawl_delay_max,
+            _at_least(0.0, float),
+        ),
         "throttle_codes": throttle_codes,
         "throttle_start_delay": _get(
-            settings, "DISTCRAWL_THROTTLE_START_DELAY", 1.0, _at_least(0.0, float)
+            settings,
+            "DISTCRAWL_THROTTLE_START_DELAY",
+            DistcrawlConfig.throttle_start_delay,
+            _at_least(0.0, float),
         ),
         "throttle_max_delay": _get(
             settings,
@@ -349,19 +413,33 @@ def _politeness(settings: BaseSettings) -> dict[str, Any]:
             _get(settings, "AUTOTHROTTLE_MAX_DELAY", 60.0, _at_least(0.0, float)),
             _at_least(0.0, float),
         ),
-        "throttle_window": _get(settings, "DISTCRAWL_THROTTLE_WINDOW", 30, _positive(int)),
-        "throttle_share": _get(settings, "DISTCRAWL_THROTTLE_SHARE", 0.3, _fraction),
+        "throttle_window": _get(
+            settings, "DISTCRAWL_THROTTLE_WINDOW", DistcrawlConfig.throttle_window, _positive(int)
+        ),
+        "throttle_share": _get(
+            settings, "DISTCRAWL_THROTTLE_SHARE", DistcrawlConfig.throttle_share, _fraction
+        ),
         "throttle_target_concurrency": (
             _get(settings, "AUTOTHROTTLE_TARGET_CONCURRENCY", 1.0, _positive(float))
             if autothrottle
             else 0.0
         ),
-        "max_pending": _get(settings, "DISTCRAWL_MAX_PENDING", None, _positive(int)),
+        "max_pending": _get(
+            settings, "DISTCRAWL_MAX_PENDING", DistcrawlConfig.max_pending, _positive(int)
+        ),
         "max_pending_per_slot": _get(
-            settings, "DISTCRAWL_MAX_PENDING_PER_SLOT", None, _positive(int)
+            settings,
+            "DISTCRAWL_MAX_PENDING_PER_SLOT",
+            DistcrawlConfig.max_pending_per_slot,
+            _positive(int),
         ),
         "max_pending_keep_priority": _get(
-            settings, "DISTCRAWL_MAX_PENDING_KEEP_PRIORITY", None, int
+            settings,
+            "DISTCRAWL_MAX_PENDING_KEEP_PRIORITY",
+            DistcrawlConfig.max_pending_keep_priority,
+            int,
         ),
-        "maxmemory_warn": _get(settings, "DISTCRAWL_MAXMEMORY_WARN", 0.8, _fraction),
+        "maxmemory_warn": _get(
+            settings, "DISTCRAWL_MAXMEMORY_WARN", DistcrawlConfig.maxmemory_warn, _fraction
+        ),
     }

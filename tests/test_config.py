@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 from scrapy.settings import Settings
 
@@ -88,3 +90,25 @@ def test_redis_cluster_is_auto_unless_set():
     assert config(DISTCRAWL_REDIS_CLUSTER="true").redis_cluster is True
     assert config(DISTCRAWL_REDIS_CLUSTER=False).redis_cluster is False
     assert config(DISTCRAWL_REDIS_CLUSTER="no").redis_cluster is False
+
+
+def test_a_crawlers_frozen_settings_are_parsed_once_for_all_its_components():
+    settings = Settings({"DISTCRAWL_LEASE_TIMEOUT": 12})
+    first = DistcrawlConfig.from_settings(settings)
+    assert DistcrawlConfig.from_settings(settings) is not first  # not frozen: parsed again
+    settings.set("DISTCRAWL_LEASE_TIMEOUT", 13)
+    settings.freeze()
+    config = DistcrawlConfig.from_settings(settings)
+    assert config.lease_timeout == 13
+    assert DistcrawlConfig.from_settings(settings) is config
+    assert DistcrawlConfig.from_settings(settings.frozencopy()) == config
+
+
+def test_every_default_is_written_once_in_the_dataclass():
+    """An empty project gets exactly the dataclass' defaults (the parser has none of its
+    own to drift from them), but for the ones derived from Scrapy's own settings."""
+    parsed = DistcrawlConfig.from_settings(Settings())
+    derived = {"prefetch", "reclaim_interval", "domain_concurrency", "throttle_max_delay"}
+    for field in dataclasses.fields(DistcrawlConfig):
+        if field.name not in derived:
+            assert getattr(parsed, field.name) == field.default, field.name

@@ -184,8 +184,9 @@ def test_documented_defaults_parse_to_the_defaults() -> None:
 
 
 def _literal_defaults_in_code() -> list[tuple[str, Any, str]]:
-    """(name, default, where) for every read whose default is a literal or a module constant:
-    ``_get(settings, "NAME", DEFAULT, ...)`` and ``settings.get*("NAME", DEFAULT)``."""
+    """(name, default, where) for every read whose default is a literal, a module constant or
+    a DistcrawlConfig field's default: ``_get(settings, "NAME", DEFAULT, ...)`` and
+    ``settings.get*("NAME", DEFAULT)``."""
     out = []
     for path in _sources():
         tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -209,6 +210,22 @@ def _literal_defaults_in_code() -> list[tuple[str, Any, str]]:
             else:
                 continue
             if not (isinstance(name_node, ast.Constant) and isinstance(name_node.value, str)):
+                continue
+            # the config's own defaults: ``cls.lease_timeout``, ``DistcrawlConfig.seen``
+            if (
+                isinstance(default_node, ast.Call)
+                and isinstance(default_node.func, ast.Name)
+                and default_node.func.id in ("list", "tuple")
+                and len(default_node.args) == 1
+            ):
+                default_node = default_node.args[0]
+            if (
+                isinstance(default_node, ast.Attribute)
+                and isinstance(default_node.value, ast.Name)
+                and default_node.value.id in ("cls", "DistcrawlConfig")
+            ):
+                value = getattr(DistcrawlConfig, default_node.attr)
+                out.append((name_node.value, value, f"{path.relative_to(ROOT)}:{node.lineno}"))
                 continue
             try:
                 value = ast.literal_eval(default_node)
