@@ -12,20 +12,16 @@ import logging
 import os
 import shutil
 import signal
-import subprocess
 import sys
-import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
-from typing import IO, Any
+from typing import Any
 from urllib.parse import quote_plus
 
 import pymongo
 from pymongo.errors import PyMongoError
 
-from distcrawl.demo.redis_server import HOST, find_free_port
+from distcrawl.demo.process import HOST, ServerProcess
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +37,7 @@ def _default_binary() -> str:
 MONGO_BINARY = os.environ.get("DISTCRAWL_MONGO_SERVER") or _default_binary()
 
 
-class MongoServer:
+class MongoServer(ServerProcess):
     """One ``secantusd-py`` subprocess on loopback, with a storage directory that may outlive it.
 
     ``standalone=True`` makes drivers see a standalone server (connect with
@@ -49,9 +45,12 @@ class MongoServer:
     replica set named ``secantus`` (see :attr:`replica_set_uri`).
     """
 
+    NAME = "secantusd-py"
     START_TIMEOUT = 30.0
     STOP_TIMEOUT = 10.0
-    PORT_ATTEMPTS = 3
+    READY_POLL = 0.1
+    DIRECTORY_PREFIX = "distcrawl-mongo-"
+    LOG_NAME = "secantusd.log"
 
     def __init__(
         self,
@@ -64,10 +63,7 @@ class MongoServer:
         binary: str = MONGO_BINARY,
         extra_args: Sequence[str] = (),
     ) -> None:
-        self.port = port
-        self._fixed_port = port is not None
-        self.directory = str(directory) if directory is not None else None
-        self._owns_directory = False
+        super().__init__(port, directory)
         self.standalone = standalone
         self.auth = auth
         #: (certificate file, key file, CA file) to serve TLS
@@ -76,14 +72,8 @@ class MongoServer:
         self.extra_args = list(extra_args)
         #: (user, password) the readiness check and :meth:`client` use when ``auth`` is on
         self.credentials: tuple[str, str] | None = None
-        self.proc: subprocess.Popen[bytes] | None = None
-        self._output: IO[bytes] | None = None
 
     # ------------------------------------------------------------------ properties
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc else None
 
     @property
     def address(self) -> str:
@@ -101,10 +91,6 @@ class MongoServer:
         """The URI that discovers the single-node replica set (``standalone=False`` only)."""
         options = "&".join(filter(None, ["replicaSet=secantus", self._options(direct=False)]))
         return f"mongodb://{self._userinfo()}{self.address}/?{options}"
-
-    @property
-    def log_path(self) -> Path | None:
-        return Path(self.directory, "secantusd.log") if self.directory else None
 
     @property
     def storage_path(self) -> Path:
@@ -145,29 +131,6 @@ class MongoServer:
             cmd += ["--tls-cert-file", cert, "--tls-key-file", key, "--tls-ca-file", ca]
         return cmd + self.extra_args
 
-    def start(self) -> MongoServer:
-        if self.proc is not None:
-            raise RuntimeError("mongo server already started")
-        if self.directory is None:
-            self.directory = tempfile.mkdtemp(prefix="distcrawl-mongo-")
-            self._owns_directory = True
-        attempts = 1 if self._fixed_port else self.PORT_ATTEMPTS
-        for attempt in range(1, attempts + 1):
-            if not self._fixed_port:
-                self.port = find_free_port()
-            if self._spawn_and_wait():
-                return self
-            logger.warning("secantusd-py failed on port %s (attempt %d)", self.port, attempt)
-        raise RuntimeError(f"secantusd-py did not start; see {self.log_path}: {self._log_tail()}")
-
-    def stop(self) -> None:
-        """SIGTERM (a clean shutdown); an owned temporary directory is removed."""
-        self._terminate(signal.SIGTERM)
-        if self._owns_directory and self.directory:
-            shutil.rmtree(self.directory, ignore_errors=True)
-            self.directory = None
-            self._owns_directory = False
-
     def pause(self) -> None:
         """Stop the server but keep its port and data, for :meth:`resume`."""
         self._terminate(signal.SIGTERM)
@@ -193,45 +156,11 @@ class MongoServer:
         self.credentials = (user, password)
         return self.restart()
 
-    def __enter__(self) -> MongoServer:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
     # ------------------------------------------------------------------ internals
 
-    def _spawn_and_wait(self) -> bool:
-        assert self.log_path is not None
+    def _spawn_options(self) -> dict[str, Any]:
         self.storage_path.mkdir(parents=True, exist_ok=True)
-        self._output = open(self.log_path, "ab")  # noqa: SIM115 - closed in _terminate
-        self.proc = subprocess.Popen(
-            self.command(),
-            stdout=self._output,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            cwd=self.directory,
-        )
-        if self._wait_ready():
-            logger.debug("secantusd-py pid %s ready at port %s", self.proc.pid, self.port)
-            return True
-        self._terminate(signal.SIGKILL)
-        return False
-
-    def _wait_ready(self) -> bool:
-        deadline = time.monotonic() + self.START_TIMEOUT
-        while time.monotonic() < deadline:
-            if self.proc is None or self.proc.poll() is not None:
-                return False
-            if self._ping():
-                return True
-            time.sleep(0.1)
-        return False
+        return {"cwd": self.directory}
 
     def _ping(self) -> bool:
         client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(
@@ -244,23 +173,3 @@ class MongoServer:
             return False
         finally:
             client.close()
-
-    def _terminate(self, sig: int) -> None:
-        proc, self.proc = self.proc, None
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(sig)
-            try:
-                proc.wait(self.STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                logger.warning("secantusd-py pid %s ignored signal %s, killing it", proc.pid, sig)
-                proc.kill()
-                proc.wait(self.STOP_TIMEOUT)
-        if self._output is not None:
-            self._output.close()
-            self._output = None
-
-    def _log_tail(self, size: int = 2000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-size:] if self.log_path else ""
-        except OSError:
-            return ""

@@ -25,8 +25,9 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import TracebackType
 from typing import IO, Any, NamedTuple
+
+from distcrawl.demo.process import ManagedProcess
 
 logger = logging.getLogger(__name__)
 
@@ -554,11 +555,11 @@ def _read_line(stream: IO[bytes], timeout: float) -> bytes:
     return buf
 
 
-class DemoSite:
+class DemoSite(ManagedProcess):
     """Run the demo site in a subprocess; the crawler under test then shares no reactor with it."""
 
+    NAME = "demo site"
     START_TIMEOUT = 10.0
-    STOP_TIMEOUT = 5.0
 
     def __init__(
         self,
@@ -578,6 +579,7 @@ class DemoSite:
         leaves: int = 0,
         hostile_links: tuple[str, ...] | list[str] = (),
     ) -> None:
+        super().__init__()
         self.hostile_links = tuple(hostile_links)
         self.fail_rate, self.fail_times, self.fail_mode = fail_rate, fail_times, fail_mode
         self.throttle_at, self.retry_after = throttle_at, retry_after
@@ -591,11 +593,6 @@ class DemoSite:
         self.seed = seed
         self.port = port
         self.url = ""
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc else None
 
     def command(self) -> list[str]:
         cmd = [sys.executable, "-m", "distcrawl.demo.site", "--host", self.host]
@@ -631,19 +628,7 @@ class DemoSite:
         return self
 
     def stop(self) -> None:
-        proc, self.proc = self.proc, None
-        if proc is None:
-            return
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(self.STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                logger.warning("demo site pid %s ignored SIGTERM, killing it", proc.pid)
-                proc.kill()
-                proc.wait(self.STOP_TIMEOUT)
-        if proc.stdout is not None:
-            proc.stdout.close()
+        self._terminate(signal.SIGTERM)
 
     def url_for(self, path: str) -> str:
         return self.url + path
@@ -656,17 +641,6 @@ class DemoSite:
 
     def expected_urls(self) -> set[str]:
         return {self.url + p for p in self.expected_pages()}
-
-    def __enter__(self) -> DemoSite:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 def bfs_from_home(pages: int, links: int, seed: int, leaves: int = 0) -> Iterator[str]:

@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from distcrawl.demo.process import ManagedProcess
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -23,7 +25,11 @@ def worker_agent(index: int) -> str:
     return f"distcrawl-worker-{index}"
 
 
-class Worker:
+class Worker(ManagedProcess):
+    """One ``scrapy crawl`` process of the bundled project, its log in its own file."""
+
+    NAME = "worker"
+
     def __init__(
         self,
         index: int,
@@ -35,6 +41,7 @@ class Worker:
         env: Mapping[str, str] | None = None,
         mongo_uri: str | None = None,
     ) -> None:
+        super().__init__()
         self.index = index
         self.redis_url = redis_url
         self.log_path = Path(log_path)
@@ -44,11 +51,6 @@ class Worker:
         #: given to the worker as the MONGO_URI environment variable (the bundled settings read
         #: it), never on its command line; None: the worker stores no items
         self.mongo_uri = mongo_uri
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc else None
 
     def command(self) -> list[str]:
         cmd = [sys.executable, "-m", "scrapy", "crawl", self.spider]
@@ -97,9 +99,6 @@ class Worker:
                 return text in self.log()
             time.sleep(0.05)
         return False
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
 
     def wait(self, timeout: float) -> int | None:
         if self.proc is None:
