@@ -29,7 +29,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 from scrapy.settings import BaseSettings, Settings
-from scrapy.utils.project import get_project_settings
+from scrapy.utils.project import get_project_settings, inside_project
 
 from distcrawl.config import DEFAULT_REDIS_URL, ConfigError, cluster_mode
 from distcrawl.connection import auth_refusal, is_cluster, make_redis
@@ -239,6 +239,24 @@ def _wrap(raw: bytes, priority: int | None, meta: dict[str, Any] | None) -> byte
     if meta is not None:
         data["meta"] = meta
     return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def default_redis_url() -> str:
+    """Where the commands go without ``--redis-url``: ``$REDIS_URL``, else the ``REDIS_URL``
+    of the Scrapy project the command runs in (found as ``scrapy crawl`` finds it: scrapy.cfg
+    or SCRAPY_SETTINGS_MODULE), so that ``distcrawl push`` from a project reaches the Redis
+    its workers use; else the local default."""
+    from_env = os.environ.get("REDIS_URL")
+    if from_env:
+        return from_env
+    if inside_project():
+        try:
+            configured = get_project_settings().get("REDIS_URL")
+        except Exception:  # a broken settings module: the commands that read it say so
+            configured = None
+        if configured:
+            return str(configured)
+    return DEFAULT_REDIS_URL
 
 
 def _project_settings(overrides: list[str]) -> BaseSettings:
@@ -695,12 +713,11 @@ def _global_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
     """
     parser.add_argument(
         "--redis-url",
-        default=(os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL)
-        if defaults
-        else argparse.SUPPRESS,
+        default=None if defaults else argparse.SUPPRESS,
         metavar="URL",
         # never %(default)s: $REDIS_URL may hold a password
-        help=f"Redis to use (default: $REDIS_URL, else {DEFAULT_REDIS_URL})",
+        help="Redis to use (default: $REDIS_URL, else the REDIS_URL setting of the Scrapy "
+        f"project the command runs in, else {DEFAULT_REDIS_URL})",
     )
     parser.add_argument(
         "--cluster",
@@ -946,7 +963,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help and usage errors: return the code, do not exit
         return _exit_code(exc)
-    ctx = Context(args.redis_url, args.json, args.cluster)
+    ctx = Context(args.redis_url or default_redis_url(), args.json, args.cluster)
     handler: Handler = args.handler
     try:
         return handler(args, ctx)

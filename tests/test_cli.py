@@ -604,3 +604,25 @@ def test_domains_looks_at_a_bounded_number_of_slots(capsys, redis_url, redis_cli
     states = json.loads(out)
     assert len(states) == 30
     assert [s["queued"] for s in states[:10]] == [3] * 10  # the busiest first
+
+
+def test_redis_url_from_the_project_the_command_runs_in(
+    capsys, redis_url, redis_client, monkeypatch, tmp_path
+):
+    """Without --redis-url or $REDIS_URL, push goes where the project's workers go: the
+    REDIS_URL of its settings.py, found through scrapy.cfg as `scrapy crawl` finds it."""
+    (tmp_path / "scrapy.cfg").write_text("[settings]\ndefault = myproject.settings\n")
+    package = tmp_path / "myproject"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "settings.py").write_text(f"REDIS_URL = {redis_url!r}\n")
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    monkeypatch.delenv("SCRAPY_SETTINGS_MODULE", raising=False)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["push", "site", "http://a.example/"]) == 0
+    assert start_urls(redis_client) == [b"http://a.example/"]
+    # $REDIS_URL still wins over the project's file
+    monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:1/0")
+    assert main(["push", "site", "http://b.example/"]) != 0
+    assert start_urls(redis_client) == [b"http://a.example/"]
