@@ -27,7 +27,7 @@ from __future__ import annotations
 import base64
 import logging
 import time
-from collections import Counter, deque
+from collections import deque
 from typing import TYPE_CHECKING, Any
 from weakref import WeakKeyDictionary
 
@@ -41,6 +41,8 @@ from scrapy.utils.misc import build_from_crawler, load_object
 from twisted.internet import defer, task
 
 from distcrawl import _engine
+from distcrawl._leases import Leases
+from distcrawl._report import Reporter
 from distcrawl.batch import (
     SPLIT_AFTER,
     Ack,
@@ -93,12 +95,6 @@ DRAIN_CHECK_MAX_AGE = 0.5
 #: how long (s) a closing worker waits for a batch still running
 CLOSE_WAIT = 30.0
 REDIS_DUPEFILTER = "distcrawl.dupefilter.RedisDupeFilter"
-#: seconds between two warnings of the same kind
-WARN_EVERY = 10.0
-#: seconds between two warnings about requests refused for the same scheme
-SCHEME_WARN_EVERY = 60.0
-#: schemes whose last warning time is kept (a page can make up any number of schemes)
-SCHEME_WARN_MAX = 100
 
 
 _SCHEDULERS: WeakKeyDictionary[Any, Scheduler] = WeakKeyDictionary()
@@ -169,29 +165,8 @@ class Scheduler(BaseScheduler):
         #: the commit being sent; sent again, unchanged, until Redis confirms it
         self._commit: Commit | None = None
         self._feedback = FeedbackBuffer(config)
-        #: lease id -> slot of every request this worker holds (for the fair share)
-        self._slots: dict[str, str] = {}
-        #: request -> (slot, server time of the lease) of held requests of slots with a
-        #: delay, until they reach the downloader (past its middlewares, robots.txt included)
-        self._to_send: dict[Request, tuple[str, int]] = {}
-        #: the same, of those that reached it since the last batch (Frontier.sent)
-        self._sent: list[tuple[str, int]] = []
-        self._warned_slot_full = 0.0
-        self._warned_full = 0.0
-        self._warned_acks = -WARN_EVERY
-        #: scheme -> monotonic time of the last warning about requests refused for it
-        self._warned_schemes: dict[str, float] = {}
-        self._ready: deque[tuple[LeaseRef, Request]] = deque()
-        self._active: dict[LeaseRef, Request] = {}
-        #: the lease of each request handed to the engine, until its response arrives
-        self._fetching: dict[Request, LeaseRef] = {}
-        #: leases that left the downloader since the last batch, and the reserves sent in
-        #: their places (Frontier.places)
-        self._freed: list[LeaseRef] = []
-        self._swapped: list[LeaseRef] = []
-        #: slot -> reserves: leased requests holding no place, sent only in the place of a
-        #: request of their slot that left the downloader (lease.lua)
-        self._reserves: dict[str, deque[tuple[LeaseRef, Request]]] = {}
+        self._leases = Leases()
+        self._report = Reporter(crawler, config, self.df)
         self._busy = False
         self._closing = False
         self._paused = False
@@ -228,7 +203,7 @@ class Scheduler(BaseScheduler):
 
     def open(self, spider: Spider) -> defer.Deferred[Any]:
         _engine.check(self.crawler)
-        self.spider = spider
+        self.spider = self._report.spider = spider
         self.keys = FrontierKeys(self.config.namespace or spider.name)
         self.codec = RequestCodec(
             self.config.serializer, spider, allowed_callbacks=self.config.allowed_callbacks
@@ -420,32 +395,22 @@ class Scheduler(BaseScheduler):
     def __len__(self) -> int:
         """Requests waiting to be crawled as far as this worker knows without asking Redis:
         those it holds, those it has yet to push, and the shared queue at its last look."""
-        return len(self._ready) + self._reserve_count() + len(self._outgoing) + self._remote_queue
+        return self._leases.waiting + len(self._outgoing) + self._remote_queue
 
     def has_pending_requests(self) -> bool:
         return bool(
-            self._ready
-            or self._reserves
+            self._leases.waiting
             or self._outgoing
             or self._acks
             or self._commit
             or self._remote_queue > 0
         )
 
-    def _reserve_count(self) -> int:
-        return sum(len(q) for q in self._reserves.values())
-
-    def _take_reserves(self) -> list[LeaseRef]:
-        """Every reserve's lease, the reserves forgotten: for giving them back."""
-        refs = [ref for q in self._reserves.values() for ref, _ in q]
-        self._reserves.clear()
-        return refs
-
     def enqueue_request(self, request: Request) -> bool:
         # first of all: a page can link to file://, and Scrapy would read the file
         why = refused_scheme(request.url, self.config.allowed_schemes)
         if why is not None:
-            self._refuse_scheme(request, why)
+            self._report.refused_scheme(request, why)
             return False
         fp = b""
         if not request.dont_filter and self.df is not None:
@@ -489,25 +454,6 @@ class Scheduler(BaseScheduler):
         if len(self._outgoing) >= self.config.push_batch_size:
             self._kick()
         return True
-
-    def _refuse_scheme(self, request: Request, why: str) -> None:
-        """Count the refusal; warn once a minute per scheme, as a crawled page can hold
-        any number of such links."""
-        self._inc("distcrawl/refused/scheme")
-        scheme = request.url.partition(":")[0].lower()[:20]
-        now = time.monotonic()
-        last = self._warned_schemes.get(scheme)
-        if last is not None and now - last < SCHEME_WARN_EVERY:
-            return
-        if len(self._warned_schemes) >= SCHEME_WARN_MAX:
-            self._warned_schemes.clear()
-        self._warned_schemes[scheme] = now
-        logger.warning(
-            "Refused %s: %s (counted in distcrawl/refused/scheme; logged once a minute per scheme)",
-            redact_url(request.url)[:200],
-            why,
-            extra={"spider": self.spider},
-        )
 
     def dead_letter(self, request: Request, reason: str, *, source: str, **extra: Any) -> None:
         """Store a request that will not be crawled, with what is needed to re-drive it.
@@ -564,16 +510,14 @@ class Scheduler(BaseScheduler):
     def next_request(self) -> Request | None:
         if self._paused:
             return None
-        if not self._ready:
+        request = self._leases.hand_out()
+        if request is None:
             self._kick()
             return None
-        ref, request = self._ready.popleft()
-        self._active[ref] = request
-        self._fetching[request] = ref
         self._last_work = time.monotonic()
         self._inc("scheduler/dequeued")
         self._inc("scheduler/dequeued/redis")
-        if len(self._ready) < self.config.prefetch // 2:
+        if self._leases.ready < self.config.prefetch // 2:
             self._kick()
         return request
 
@@ -594,13 +538,7 @@ class Scheduler(BaseScheduler):
         riders, self._riders = self._riders, []
         self._drop_riders(riders)
         # requests not done are given back at once, for another worker to take
-        release = [ref for ref, _ in self._ready] + list(self._active) + self._take_reserves()
-        self._active.clear()
-        self._fetching.clear()
-        self._freed, self._swapped = [], []
-        self._to_send.clear()
-        self._forget(release)
-        self._ready.clear()
+        release = self._leases.release_all()
         commits = [self._commit] if self._commit is not None else []
         self._commit = None
         while (commit := self._next_commit()) is not None:
@@ -735,9 +673,7 @@ class Scheduler(BaseScheduler):
 
     def _build_work(self, now: float) -> Batch:
         batch = Batch()
-        batch.sent, self._sent = self._sent, []
-        batch.freed, self._freed = self._freed, []
-        batch.taken, self._swapped = self._swapped, []
+        self._leases.report(batch)
         if self._commit is None:
             self._commit = self._next_commit()
         if self._commit is not None:
@@ -752,30 +688,21 @@ class Scheduler(BaseScheduler):
             if self._start_pending == 0 and not self._unclaimed:
                 # every start entry read is stored: what is still claimed goes back
                 batch.unclaim = self._unclaimed = True
-            batch.release = [ref for ref, _ in self._ready] + self._take_reserves()
-            self._forget(batch.release)
-            for _, request in self._ready:
-                self._to_send.pop(request, None)
-            self._ready.clear()
+            batch.release = self._leases.release_waiting()
             return batch
-        # reserves of a slot of which this worker has no request left to be replaced (they
-        # arrived after those left the downloader): given back, to be leased with a place
         prefetch = self.config.prefetch
-        lease = len(self._ready) <= prefetch // 2 and now >= self._next_lease
-        # counted only when needed: a batch can start on every response
-        held = Counter(self._slots.values()) if lease or self._reserves else Counter()
-        for slot in [s for s in self._reserves if not held[s]]:
-            batch.release += [ref for ref, _ in self._reserves.pop(slot)]
+        lease = self._leases.ready <= prefetch // 2 and now >= self._next_lease
+        batch.release, held = self._leases.release_idle_reserves(lease)
         self._inc("distcrawl/places/reserves_returned", len(batch.release))
         if lease:
             if self._wake_wait and self._idle() and not batch.drain:
                 # the back-off spent in Redis, where a commit's wake-up token ends it
                 batch.wait = min(self._wake_wait, self.config.socket_timeout / 2)
             self._wake_wait = 0.0
-            batch.want = max(0, prefetch - len(self._ready) - self._reserve_count())
+            batch.want = max(0, prefetch - self._leases.waiting)
             batch.held = held
             batch.reserve = prefetch // 2
-            batch.reserved = Counter({s: len(q) for s, q in self._reserves.items()})
+            batch.reserved = self._leases.reserved()
         if self._start_pending == 0 and now >= self._next_peek and not self._full():
             batch.peek = self.config.start_urls_batch
         return batch
@@ -785,14 +712,9 @@ class Scheduler(BaseScheduler):
         to store or acknowledge, no start entry being stored, not pausing or closing. Only
         then may a batch block the Redis thread in a wait for work."""
         return not (
-            self._ready
-            or self._active
-            or self._reserves
+            self._leases.busy()
             or self._outgoing
             or self._acks
-            or self._sent
-            or self._freed
-            or self._swapped
             or self._commit is not None
             or self._start_pending
             or self._paused
@@ -802,8 +724,7 @@ class Scheduler(BaseScheduler):
     def _held_refs(self) -> list[LeaseRef]:
         """Every lease this worker holds: waiting, in progress, and done but not yet
         acknowledged (kept while a commit is being retried, so that they stay ours)."""
-        refs = [ref for ref, _ in self._ready] + list(self._active)
-        refs += [ref for q in self._reserves.values() for ref, _ in q]
+        refs = self._leases.held_refs()
         refs += [ack.ref for ack in self._acks]
         if self._commit is not None:
             refs += self._commit.acks
@@ -834,8 +755,7 @@ class Scheduler(BaseScheduler):
         self._inc("distcrawl/places/taken", res.taken)
         if res.error is not None and (batch.freed or batch.taken):
             # the report is idempotent: sent again with the next batch rather than lost
-            self._freed[:0] = batch.freed
-            self._swapped[:0] = batch.taken
+            self._leases.report_again(batch)
         lease_now = bool(res.committed and res.committed.queue_size and not batch.want)
         if lease_now:
             # work just arrived (e.g. from a start URL): ask for it now, not at the next
@@ -848,7 +768,7 @@ class Scheduler(BaseScheduler):
                 len(batch.renew) - res.renewed,
                 len(batch.renew),
             )
-        self._apply_requeue(res)
+        self._report.requeue(res)
         got = self._handle_leased(res)
         if batch.want and res.lease is not None:
             if got:
@@ -882,21 +802,15 @@ class Scheduler(BaseScheduler):
                 self._next_lease = now
             if len(res.peeked) >= batch.peek:
                 self._next_peek = now
-            elif not (self._ready or self._active):
+            elif not (self._leases.ready or self._leases.active):
                 self._next_peek = self._next_lease
             else:
                 self._next_peek = now + BUSY_PEEK_INTERVAL
         if res.drained is not None:
             self._drained = (now, res.drained)
             _engine.wake(self.crawler)  # the engine asks spider_idle again, which reads it
-        low = len(self._ready) <= self.config.prefetch // 2
-        if (
-            self._outgoing
-            or self._acks
-            or self._freed
-            or self._swapped
-            or ((got or lease_now) and low)
-        ):
+        low = self._leases.ready <= self.config.prefetch // 2
+        if self._outgoing or self._acks or self._leases.unreported or ((got or lease_now) and low):
             # the next batch now, not one reactor turn later: a turn can be a page's parsing
             self._pump()
 
@@ -932,115 +846,9 @@ class Scheduler(BaseScheduler):
 
     def _apply_commit(self, c: CommitResult, commit: Commit | None) -> None:
         self._remote_queue = c.queue_size
-        self._inc("distcrawl/pushed", c.enqueued)
-        self._inc("distcrawl/duplicates", c.duplicates)
-        self._inc("distcrawl/dead_letters", c.dead)
-        self._inc("distcrawl/commit/replayed", c.replayed)
-        self._inc("distcrawl/ack/late", c.late)
-        self._inc("distcrawl/ack/stale", c.stale)
-        self._inc("distcrawl/ack/missing", c.missing)
-        # start entries no longer in this worker's claim list: it was taken for dead and
-        # they went back to start_urls, for another worker; not stored here
-        self._inc("distcrawl/start_urls/taken_over", c.skipped)
-        if c.replayed:
-            logger.warning(
-                "A commit whose reply was lost had already been stored; not stored again",
-                extra={"spider": self.spider},
-            )
-        if (c.stale or c.missing) and time.monotonic() - self._warned_acks >= WARN_EVERY:
-            self._warned_acks = time.monotonic()
-            logger.warning(
-                "%d acknowledgements came after their leases were taken over and %d found no "
-                "request (already done, or lost by Redis); they changed nothing (stats: "
-                "distcrawl/ack/stale, distcrawl/ack/missing)",
-                c.stale,
-                c.missing,
-                extra={"spider": self.spider},
-            )
-        if commit is not None and not commit.split:
-            self._dropped(commit, c.not_stored)
-        elif c.duplicates and self.df is not None:
-            self.df.count(c.duplicates)
-        if c.slot_dropped:
-            self._inc("distcrawl/backpressure/slot_dropped", c.slot_dropped)
-            if time.monotonic() - self._warned_slot_full >= WARN_EVERY:
-                self._warned_slot_full = time.monotonic()
-                logger.warning(
-                    "%d new requests dropped: their slots have DISTCRAWL_MAX_PENDING_PER_SLOT=%d "
-                    "requests queued (stat distcrawl/backpressure/slot_dropped)",
-                    c.slot_dropped,
-                    self.config.max_pending_per_slot,
-                    extra={"spider": self.spider},
-                )
+        self._report.commit(c, commit)
         if c.dropped or c.held:
-            self._inc("distcrawl/backpressure/dropped", c.dropped)
-            self._inc("distcrawl/backpressure/start_urls_held", c.held)
             self._next_peek = time.monotonic() + BUSY_PEEK_INTERVAL
-            if time.monotonic() - self._warned_full >= WARN_EVERY:
-                self._warned_full = time.monotonic()
-                logger.warning(
-                    "The shared queue is at DISTCRAWL_MAX_PENDING=%d: %d new requests dropped "
-                    "and %d start URLs left waiting in Redis (stats: distcrawl/backpressure/)",
-                    self.config.max_pending,
-                    c.dropped,
-                    c.held,
-                    extra={"spider": self.spider},
-                )
-
-    def _dropped(self, commit: Commit, positions: tuple[int, ...]) -> None:
-        """Requests Redis did not store (duplicates; negative positions: over the pending
-        cap): logged and signalled as Scrapy does for the requests its scheduler drops."""
-        for position in positions:
-            entry = commit.entries[position if position >= 0 else -position - 1]
-            request = entry.request
-            if position >= 0 and self.df is not None:
-                if request is not None:
-                    self.df.log(request, self.spider)  # type: ignore[arg-type]
-                else:
-                    self.df.count(1)
-            if request is not None:
-                self.crawler.signals.send_catch_log(
-                    signals.request_dropped, request=request, spider=self.spider
-                )
-
-    def _apply_requeue(self, res: BatchResult) -> None:
-        if res.swept is not None:
-            self._inc("distcrawl/slots/forgotten", res.swept.forgotten)
-        r = res.requeue
-        if r is None:
-            return
-        if r.requeued - r.released:
-            logger.info(
-                "Requeued %d requests whose leases expired",
-                r.requeued - r.released,
-                extra={"spider": self.spider},
-            )
-            self._inc("distcrawl/lease_expired", r.requeued - r.released)
-        if r.dead_workers:
-            logger.warning(
-                "%d workers stopped sending liveness beats for %.0fs: %d of their leases "
-                "given back",
-                r.dead_workers,
-                self.config.worker_timeout,
-                r.released,
-                extra={"spider": self.spider},
-            )
-            self._inc("distcrawl/dead_workers", r.dead_workers)
-            self._inc("distcrawl/dead_worker_released", r.released)
-        if r.unclaimed:
-            logger.warning(
-                "%d start URLs claimed by workers no longer alive given back to start_urls",
-                r.unclaimed,
-                extra={"spider": self.spider},
-            )
-            self._inc("distcrawl/start_urls/reclaimed", r.unclaimed)
-        if r.orphans:
-            logger.warning(
-                "%d leases had no request record (Redis lost data, or it was edited): removed",
-                r.orphans,
-                extra={"spider": self.spider},
-            )
-            self._inc("distcrawl/orphan_leases", r.orphans)
 
     def _handle_leased(self, res: BatchResult) -> int:
         lease = res.lease
@@ -1060,41 +868,10 @@ class Scheduler(BaseScheduler):
                 self._acks.append(Ack(item.ref, self._pushed))
                 self._inc("distcrawl/quarantined")
                 continue
-            if item.reserve:
-                self._reserves.setdefault(item.slot, deque()).append((item.ref, item.request))
-                got += 1
-                continue
-            self._slots[item.ref.id] = item.slot
-            if item.paced:
-                # its slot's turn began in Redis when it was leased: sent behind the requests
-                # already waiting here, it would leave the next worker's turn closer than the
-                # slot's delay; what lag remains is reported when it is sent (sent.lua)
-                self._to_send[item.request] = (item.slot, lease.leased_at)
-                self._ready.appendleft((item.ref, item.request))
-            else:
-                self._ready.append((item.ref, item.request))
+            self._leases.add(item, lease.leased_at)
             got += 1
         self._remote_queue = lease.queue_size
-        self._inc("distcrawl/retry/due", lease.released)
-        if lease.quarantined:
-            logger.error(
-                "%d malformed queue entries moved to the dead letters",
-                lease.quarantined,
-                extra={"spider": self.spider},
-            )
-        if lease.missing_retries:
-            logger.warning(
-                "%d retries were due but their records were gone (Redis lost data?)",
-                lease.missing_retries,
-                extra={"spider": self.spider},
-            )
-            self._inc("distcrawl/retry/missing", lease.missing_retries)
-        if lease.rearmed:
-            logger.warning(
-                "%d queued slots were missing from the ready set: armed again",
-                lease.rearmed,
-                extra={"spider": self.spider},
-            )
+        self._report.lease(lease)
         if got:
             self._inc("distcrawl/leased", got)
             self._last_work = time.monotonic()
@@ -1187,15 +964,9 @@ class Scheduler(BaseScheduler):
     # -- lease tracking ------------------------------------------------------------------
 
     def _collect_finished(self) -> None:
-        if not self._active:
+        if not self._leases.active:
             return
-        in_progress = _engine.in_progress(self.crawler)
-        done = [ref for ref, req in self._active.items() if req not in in_progress]
-        for ref in done:
-            request = self._active.pop(ref)
-            self._to_send.pop(request, None)
-            self._fetching.pop(request, None)
-            self._slots.pop(ref.id, None)
+        for ref in self._leases.finished(_engine.in_progress(self.crawler)):
             # everything it produced is in _outgoing by now: acknowledged once that is stored
             self._acks.append(Ack(ref, self._pushed))
 
@@ -1207,7 +978,7 @@ class Scheduler(BaseScheduler):
             or self._failing  # cannot tell whether the shared queue is empty
             or self._paused
             or self.has_pending_requests()
-            or self._active
+            or self._leases.active
         ):
             raise DontCloseSpider
         now = time.monotonic()
@@ -1234,39 +1005,20 @@ class Scheduler(BaseScheduler):
             extra={"spider": spider},
         )
 
-    def _forget(self, refs: list[LeaseRef]) -> None:
-        for ref in refs:
-            self._slots.pop(ref.id, None)
-
     def _full(self) -> bool:
         cap = self.config.max_pending
         return cap is not None and self._remote_queue >= cap
 
     def _on_downloading(self, request: Request, spider: Spider) -> None:
-        paced = self._to_send.pop(request, None)
-        if paced is not None:
-            self._sent.append(paced)
+        if self._leases.downloading(request):
             self._kick()  # before the slot's next turn, which this lag pushes back
 
     def _on_left(self, request: Request, spider: Spider) -> None:
-        ref = self._fetching.pop(request, None)
-        if ref is None:
+        swapped = self._leases.left(request)
+        if swapped is None:
             return
-        self._freed.append(ref)
-        slot = self._slots.pop(ref.id, None)
-        waiting = self._reserves.get(slot) if slot is not None else None
-        if slot is not None and waiting:
-            # a reserve of the same slot takes the place, now; Redis hears of it after
-            taken, taken_request = waiting.popleft()
-            if not waiting:
-                del self._reserves[slot]
-            self._slots[taken.id] = slot
-            self._swapped.append(taken)
-            self._ready.appendleft((taken, taken_request))
-            _engine.wake(self.crawler)
-            # no batch of its own: Redis' count is right meanwhile (the place is still
-            # counted, for the request that left), and the report goes with the next batch,
-            # before any acknowledgement of that request
+        if swapped:
+            _engine.wake(self.crawler)  # a reserve of its slot took its place
             return
         # off the site (answered or failed): its place in the slot is free for the next request
         # now, while its lease waits for what the page yields to be stored (the ack); and this
