@@ -24,10 +24,8 @@ late (the request was leased again) changes nothing.
 
 from __future__ import annotations
 
-import base64
 import logging
 import time
-from collections import deque
 from typing import TYPE_CHECKING, Any
 from weakref import WeakKeyDictionary
 
@@ -36,26 +34,26 @@ from scrapy import Request, Spider, signals
 from scrapy.core.scheduler import BaseScheduler
 from scrapy.dupefilters import BaseDupeFilter
 from scrapy.exceptions import DontCloseSpider
-from scrapy.settings import SETTINGS_PRIORITIES
-from scrapy.utils.misc import build_from_crawler, load_object
 from twisted.internet import defer, task
 
 from distcrawl import _engine
+from distcrawl._intake import RETRY_DELAY_META as RETRY_DELAY_META
+from distcrawl._intake import Intake
 from distcrawl._leases import Leases
+from distcrawl._opening import check_durability, check_layout, dupefilter_for
+from distcrawl._outbox import Outbox
 from distcrawl._report import Reporter
 from distcrawl.batch import (
     SPLIT_AFTER,
-    Ack,
     Batch,
     BatchResult,
     Commit,
     Rider,
     Runner,
     refused,
-    refused_scheme,
 )
-from distcrawl.config import ConfigError, DistcrawlConfig
-from distcrawl.connection import RedisIO, auth_refusal, node_info, redact_url, redis_io
+from distcrawl.config import DistcrawlConfig
+from distcrawl.connection import RedisIO, auth_refusal, redact_url, redis_io
 from distcrawl.dupefilter import RedisDupeFilter
 from distcrawl.frontier import (
     CommitResult,
@@ -63,25 +61,21 @@ from distcrawl.frontier import (
     Entry,
     Frontier,
     LeaseRef,
-    bad_slot,
     dead_letter,
     new_tag,
 )
 from distcrawl.keys import FrontierKeys
-from distcrawl.layout import Layout, LayoutMismatch, class_path
+from distcrawl.layout import LayoutMismatch
 from distcrawl.liveness import Liveness
-from distcrawl.politeness import FeedbackBuffer, politeness, slot_of
+from distcrawl.politeness import politeness
 from distcrawl.redact import redact_error, redacted_exc_info
-from distcrawl.serialize import RequestCodec, SerializationError
-from distcrawl.start_urls import InvalidEntry, parse_entry, request_from_entry
+from distcrawl.serialize import RequestCodec
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
 logger = logging.getLogger(__name__)
 
-#: meta key a component sets to have the scheduler store a request for later (seconds)
-RETRY_DELAY_META = "distcrawl_retry_delay"
 BUSY_PEEK_INTERVAL = 1.0
 #: longest lease back-off while the shared queue holds requests this worker could not take
 #: (their slots are full): DISTCRAWL_IDLE_POLL_MAX is for an empty queue
@@ -94,7 +88,6 @@ MAX_RETRY_DELAY = 15.0
 DRAIN_CHECK_MAX_AGE = 0.5
 #: how long (s) a closing worker waits for a batch still running
 CLOSE_WAIT = 30.0
-REDIS_DUPEFILTER = "distcrawl.dupefilter.RedisDupeFilter"
 
 
 _SCHEDULERS: WeakKeyDictionary[Any, Scheduler] = WeakKeyDictionary()
@@ -104,26 +97,6 @@ def scheduler_of(crawler: Crawler) -> Scheduler | None:
     """The open distcrawl scheduler of this crawler, for components that hand it requests
     to delay or to dead-letter; None when the crawl does not use distcrawl's scheduler."""
     return _SCHEDULERS.get(crawler)
-
-
-def _dupefilter(crawler: Crawler) -> RedisDupeFilter | BaseDupeFilter:
-    """DUPEFILTER_CLASS as Scrapy users mean it: distcrawl's (or a subclass) filters
-    against the shared seen-set, ``BaseDupeFilter`` turns filtering off, Scrapy's default
-    left in place means distcrawl's; any other class cannot see what other workers saw."""
-    settings = crawler.settings
-    path = settings["DUPEFILTER_CLASS"]
-    cls = load_object(path)
-    if isinstance(cls, type) and issubclass(cls, RedisDupeFilter):
-        return build_from_crawler(cls, crawler)
-    if cls is BaseDupeFilter:
-        return BaseDupeFilter()
-    if settings.getpriority("DUPEFILTER_CLASS") == SETTINGS_PRIORITIES["default"]:
-        return build_from_crawler(RedisDupeFilter, crawler)
-    raise ConfigError(
-        f"DUPEFILTER_CLASS={path!r}: distcrawl's scheduler filters duplicates against the "
-        f"shared seen-set with {REDIS_DUPEFILTER} (or a subclass of it); set "
-        "scrapy.dupefilters.BaseDupeFilter to turn filtering off"
-    )
 
 
 class Scheduler(BaseScheduler):
@@ -157,16 +130,11 @@ class Scheduler(BaseScheduler):
         self._runner: Runner | None = None
         self._liveness: Liveness | None = None
         self._liveness_started = False
-        self._outgoing: deque[Entry] = deque()
-        #: entries ever added to _outgoing / taken from it into commits
-        self._pushed = 0
-        self._taken = 0
-        self._acks: deque[Ack] = deque()
-        #: the commit being sent; sent again, unchanged, until Redis confirms it
-        self._commit: Commit | None = None
-        self._feedback = FeedbackBuffer(config)
+        self._outbox = Outbox(config)
         self._leases = Leases()
         self._report = Reporter(crawler, config, self.df)
+        #: made at open, with the codec
+        self._intake: Intake | None = None
         self._busy = False
         self._closing = False
         self._paused = False
@@ -197,7 +165,7 @@ class Scheduler(BaseScheduler):
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Scheduler:
         config = DistcrawlConfig.from_settings(crawler.settings)
-        return cls(crawler, config, _dupefilter(crawler), redis_io(crawler))
+        return cls(crawler, config, dupefilter_for(crawler), redis_io(crawler))
 
     # -- Scrapy's scheduler interface ------------------------------------------------
 
@@ -208,6 +176,7 @@ class Scheduler(BaseScheduler):
         self.codec = RequestCodec(
             self.config.serializer, spider, allowed_callbacks=self.config.allowed_callbacks
         )
+        self._intake = Intake(self.config, self.df, self.codec, spider, self._report)
         self.io.start()
         # the Frontier, its runner and the liveness beat are made by _connect, on the Redis
         # thread: whether REDIS_URL is a cluster (and so the key names) is learnt by I/O
@@ -296,48 +265,13 @@ class Scheduler(BaseScheduler):
                 removed,
                 self.frontier.keys.namespace,
             )
-        self._check_layout()
-        self._check_durability()
+        check_layout(self.frontier, self.config, self.crawler)
+        check_durability(self.io.client, self.frontier.keys, self.config.redis_url, self.spider)
         # alive before the first lease or claim, so that a worker dying at once is seen dead
         # (and its claims are not taken for orphans: requeue.lua)
         self._liveness.beat()
         self.frontier.publish_settings(max_pending=self.config.max_pending)
         return self.frontier.sizes()
-
-    def _check_layout(self) -> None:
-        """Join the crawl only if this worker lays the frontier out as the crawl does
-        (distcrawl/layout.py); on the Redis thread, before anything is leased."""
-        assert self.frontier is not None
-        mine = Layout(
-            shards=1,
-            seen=self.config.seen,
-            serializer=self.config.serializer,
-            fingerprinter=class_path(self.crawler.request_fingerprinter),
-        )
-        stored = self.frontier.record_layout(mine.fields())
-        differences = mine.differences(stored)
-        if differences:
-            raise LayoutMismatch(self.frontier.keys.namespace, differences)
-
-    def _check_durability(self) -> None:
-        """Say at start when Redis keeps no append-only file: a restart then rolls the
-        frontier back to its last snapshot (or empties it), which loses the requests queued
-        since and brings back pages already acknowledged. Nothing else warns about it
-        until it happens."""
-        assert self.keys is not None
-        try:
-            aof = node_info(self.io.client, "persistence", self.keys.queue).get("aof_enabled")
-        except redis.ResponseError:  # INFO not granted: nothing to say
-            return
-        if aof in (0, "0"):
-            logger.warning(
-                "Redis at %s keeps no append-only file (appendonly no): if it restarts, the "
-                "frontier goes back to its last snapshot, or is empty without one; requests "
-                "queued since are lost. Set appendonly yes (appendfsync everysec) for a crawl "
-                "you cannot start over",
-                redact_url(self.config.redis_url),
-                extra={"spider": self.spider},
-            )
 
     def _opened(self, sizes: dict[str, int]) -> None:
         self._remote_queue = sizes["queue"]
@@ -395,63 +329,23 @@ class Scheduler(BaseScheduler):
     def __len__(self) -> int:
         """Requests waiting to be crawled as far as this worker knows without asking Redis:
         those it holds, those it has yet to push, and the shared queue at its last look."""
-        return self._leases.waiting + len(self._outgoing) + self._remote_queue
+        return self._leases.waiting + self._outbox.entries + self._remote_queue
 
     def has_pending_requests(self) -> bool:
-        return bool(
-            self._leases.waiting
-            or self._outgoing
-            or self._acks
-            or self._commit
-            or self._remote_queue > 0
-        )
+        return bool(self._leases.waiting or self._outbox.pending() or self._remote_queue > 0)
 
     def enqueue_request(self, request: Request) -> bool:
-        # first of all: a page can link to file://, and Scrapy would read the file
-        why = refused_scheme(request.url, self.config.allowed_schemes)
-        if why is not None:
-            self._report.refused_scheme(request, why)
+        assert self._intake is not None, "enqueue_request() before open()"
+        entry = self._intake.entry(request)
+        if entry is None:
             return False
-        fp = b""
-        if not request.dont_filter and self.df is not None:
-            fp = self.df.fingerprint(request)
-            if self.df.seen_locally(fp):
-                self.df.log(request, self.spider)  # type: ignore[arg-type]
-                return False
-        assert self.codec is not None, "enqueue_request() before open()"
-        delay = request.meta.pop(RETRY_DELAY_META, None)
-        slot = slot_of(request, by_ip=self.config.slots_by_ip)
-        why = bad_slot(slot)
-        if why is not None:
-            logger.error(
-                "%s: invalid download slot %r (%s); dead-lettered",
-                request,
-                slot[:300],
-                why,
-                extra={"spider": self.spider},
-            )
-            self._inc("distcrawl/invalid_slot")
-            record = dead_letter(f"invalid download slot: {why}", url=request.url, source="enqueue")
-            self._push(Entry("d", b"", 0, record))
+        self._outbox.push(entry)
+        if entry.kind == "d":
             return False
-        try:
-            payload = self.codec.encode(request)
-        except SerializationError as exc:
-            logger.error("%s: dead-lettered", exc, extra={"spider": self.spider})
-            self._inc("distcrawl/unserializable")
-            record = dead_letter(str(exc), url=request.url, source="enqueue")
-            self._push(Entry("d", b"", 0, record))
-            return False
-        if delay is not None:
-            delay_ms = str(max(0, int(float(delay) * 1000))).encode()
-            self._push(Entry("l", b"", request.priority, payload, delay_ms, slot, request))
-            self._inc("distcrawl/retry/scheduled")
-        else:
-            self._push(Entry("r", fp, request.priority, payload, b"", slot, request))
         self._last_work = time.monotonic()
         self._inc("scheduler/enqueued")
         self._inc("scheduler/enqueued/redis")
-        if len(self._outgoing) >= self.config.push_batch_size:
+        if self._outbox.entries >= self.config.push_batch_size:
             self._kick()
         return True
 
@@ -461,20 +355,8 @@ class Scheduler(BaseScheduler):
         It is committed no later than the acknowledgement of the request being processed,
         like any push, so it is neither lost nor stored twice.
         """
-        assert self.codec is not None
-        try:
-            payload: str | None = base64.b64encode(self.codec.encode(request)).decode("ascii")
-        except SerializationError:
-            payload = None
-        record = dead_letter(
-            reason,
-            url=request.url,
-            source=source,
-            payload=payload,
-            priority=request.priority,
-            **extra,
-        )
-        self._push(Entry("d", b"", 0, record))
+        assert self._intake is not None
+        self._outbox.push(self._intake.dead_letter(request, reason, source=source, **extra))
         self._inc(f"distcrawl/dead/{source}")
 
     def pause(self) -> None:
@@ -539,10 +421,7 @@ class Scheduler(BaseScheduler):
         self._drop_riders(riders)
         # requests not done are given back at once, for another worker to take
         release = self._leases.release_all()
-        commits = [self._commit] if self._commit is not None else []
-        self._commit = None
-        while (commit := self._next_commit()) is not None:
-            commits.append(commit)
+        commits = self._outbox.take_all()
         # after the commits: what is still claimed was never stored, another worker takes it
         batch = Batch(commits=commits, release=release, unclaim=True)
         acks = sum(len(c.acks) for c in commits)
@@ -632,25 +511,6 @@ class Scheduler(BaseScheduler):
             except Exception:
                 logger.exception("distcrawl rider failed", extra={"spider": self.spider})
 
-    def _push(self, entry: Entry) -> None:
-        self._outgoing.append(entry)
-        self._pushed += 1
-
-    def _next_commit(self) -> Commit | None:
-        """The next commit from the buffers: up to a batch of entries, and the
-        acknowledgements of the requests all of whose children are in it or before it."""
-        entries: list[Entry] = []
-        while self._outgoing and len(entries) < self.config.push_batch_size:
-            entries.append(self._outgoing.popleft())
-        self._taken += len(entries)
-        acks: list[LeaseRef] = []
-        while self._acks and self._acks[0].after <= self._taken:
-            acks.append(self._acks.popleft().ref)
-        feedback = self._feedback.drain()
-        if not (entries or acks or feedback):
-            return None
-        return Commit(acks, entries, feedback)
-
     def _build_batch(self, now: float) -> Batch:
         """The work due now, and what may ride with it: the reclaim of expired leases, other
         components' commands, a liveness beat. Those run in a batch of their own only once
@@ -674,10 +534,9 @@ class Scheduler(BaseScheduler):
     def _build_work(self, now: float) -> Batch:
         batch = Batch()
         self._leases.report(batch)
-        if self._commit is None:
-            self._commit = self._next_commit()
-        if self._commit is not None:
-            batch.commits = [self._commit]
+        commit = self._outbox.current()
+        if commit is not None:
+            batch.commits = [commit]
         if now >= self._next_renew:
             batch.renew = self._held_refs()
             self._next_renew = now + self.config.lease_timeout / 3
@@ -713,9 +572,7 @@ class Scheduler(BaseScheduler):
         then may a batch block the Redis thread in a wait for work."""
         return not (
             self._leases.busy()
-            or self._outgoing
-            or self._acks
-            or self._commit is not None
+            or self._outbox.pending()
             or self._start_pending
             or self._paused
             or self._closing
@@ -724,11 +581,7 @@ class Scheduler(BaseScheduler):
     def _held_refs(self) -> list[LeaseRef]:
         """Every lease this worker holds: waiting, in progress, and done but not yet
         acknowledged (kept while a commit is being retried, so that they stay ours)."""
-        refs = self._leases.held_refs()
-        refs += [ack.ref for ack in self._acks]
-        if self._commit is not None:
-            refs += self._commit.acks
-        return refs
+        return self._leases.held_refs() + self._outbox.acked_refs()
 
     def _apply(self, res: BatchResult, batch: Batch) -> None:
         self._busy = False
@@ -810,7 +663,7 @@ class Scheduler(BaseScheduler):
             self._drained = (now, res.drained)
             _engine.wake(self.crawler)  # the engine asks spider_idle again, which reads it
         low = self._leases.ready <= self.config.prefetch // 2
-        if self._outgoing or self._acks or self._leases.unreported or ((got or lease_now) and low):
+        if self._outbox.due or self._leases.unreported or ((got or lease_now) and low):
             # the next batch now, not one reactor turn later: a turn can be a page's parsing
             self._pump()
 
@@ -836,9 +689,9 @@ class Scheduler(BaseScheduler):
                     extra={"spider": self.spider},
                 )
                 failed.split = True
-            self._commit = failed
+            self._outbox.commit = failed
         elif commits:
-            self._commit = None
+            self._outbox.commit = None
         if res.committed is not None:
             self._apply_commit(res.committed, commits[0] if len(commits) == 1 else None)
         if res.split_dead:
@@ -864,8 +717,8 @@ class Scheduler(BaseScheduler):
                     extra={"spider": self.spider},
                 )
                 record = dead_letter(item.error, raw=item.payload, source="queue")
-                self._push(Entry("d", b"", 0, record))
-                self._acks.append(Ack(item.ref, self._pushed))
+                self._outbox.push(Entry("d", b"", 0, record))
+                self._outbox.ack(item.ref)
                 self._inc("distcrawl/quarantined")
                 continue
             self._leases.add(item, lease.leased_at)
@@ -881,50 +734,13 @@ class Scheduler(BaseScheduler):
     def _handle_peeked(self, raws: list[bytes]) -> None:
         """Entries claimed for this worker (Frontier.claim_start_urls): each becomes a
         request or a dead letter, whose commit takes it out of the claim list."""
+        assert self._intake is not None
         for raw in raws:
-            self._push(self._start_entry(raw))
+            self._outbox.push(self._intake.start_entry(raw))
             self._start_pending += 1
         if raws:
             self._inc("distcrawl/start_urls/read", len(raws))
             self._kick()
-
-    def _start_entry(self, raw: bytes) -> Entry:
-        assert self.codec is not None
-        try:
-            data = parse_entry(
-                raw,
-                max_bytes=self.config.start_url_max_bytes,
-                schemes=self.config.allowed_schemes,
-                start_meta_keys=self.config.start_meta_keys,
-            ).data
-            make = getattr(self.spider, "make_request_from_data", None)
-            request = make(data) if callable(make) else request_from_entry(data)
-            if not isinstance(request, Request):
-                raise InvalidEntry(f"make_request_from_data returned {type(request).__name__}")
-            why = refused_scheme(request.url, self.config.allowed_schemes)
-            if why is not None:  # the spider's hook may have made another URL of the entry
-                raise InvalidEntry(why)
-            fp = b""
-            if not request.dont_filter and self.df is not None:
-                fp = self.df.fingerprint(request)
-            slot = slot_of(request, by_ip=self.config.slots_by_ip)
-            why = bad_slot(slot)
-            if why is not None:
-                raise InvalidEntry(f"invalid download slot: {why}")
-            payload = self.codec.encode(request)
-            return Entry("s", fp, request.priority, payload, raw, slot, request)
-        except (InvalidEntry, SerializationError) as exc:
-            reason = str(exc)
-        except Exception as exc:  # a spider hook failing on one entry must not stop the rest
-            reason = f"{type(exc).__name__}: {exc}"
-        logger.warning(
-            "Bad start_urls entry %r: %s; dead-lettered",
-            raw[:200],
-            reason,
-            extra={"spider": self.spider},
-        )
-        self._inc("distcrawl/start_urls/invalid")
-        return Entry("x", b"", 0, dead_letter(reason, raw=raw, source="start_urls"), raw)
 
     def _crashed(self, failure: Any, batch: Batch) -> None:
         """A bug, not an outage: keep the work and log it loudly."""
@@ -944,6 +760,7 @@ class Scheduler(BaseScheduler):
         self._retry_delay = min(max(self._retry_delay * 2, 0.5), MAX_RETRY_DELAY)
         self._retry_at = time.monotonic() + self._retry_delay
         if not self._failing:
+            pushes, acks = self._outbox.counts()
             what = auth_refusal(exc) or (
                 "Redis refused a batch"
                 if isinstance(exc, redis.ResponseError)
@@ -955,8 +772,8 @@ class Scheduler(BaseScheduler):
                 redact_url(self.config.redis_url),
                 type(exc).__name__,
                 redact_error(exc, self.config.redis_url),
-                len(self._outgoing) + (len(self._commit.entries) if self._commit else 0),
-                len(self._acks) + (len(self._commit.acks) if self._commit else 0),
+                pushes,
+                acks,
                 extra={"spider": self.spider},
             )
         self._failing = True
@@ -967,8 +784,8 @@ class Scheduler(BaseScheduler):
         if not self._leases.active:
             return
         for ref in self._leases.finished(_engine.in_progress(self.crawler)):
-            # everything it produced is in _outgoing by now: acknowledged once that is stored
-            self._acks.append(Ack(ref, self._pushed))
+            # everything it produced is pushed by now: acknowledged once that is stored
+            self._outbox.ack(ref)
 
     def _on_idle(self, spider: Spider) -> None:
         timeout = self.config.idle_timeout
@@ -1029,7 +846,7 @@ class Scheduler(BaseScheduler):
         self._kick()
 
     def _on_response(self, response: Any, request: Request, spider: Spider) -> None:
-        if self._feedback.add(request, response):
+        if self._outbox.feedback(request, response):
             self._inc("distcrawl/politeness/throttled")
             self._inc(f"distcrawl/politeness/throttled/{response.status}")
             # every worker must hold back from now on, not from this worker's next batch
