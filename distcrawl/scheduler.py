@@ -20,6 +20,13 @@ that stores the last of its children (or a later one), so a worker killed at any
 loses nothing: its leases expire, or are given back as soon as its liveness beats stop, and
 another worker takes them. Each lease carries a token, so an acknowledgement that comes too
 late (the request was leased again) changes nothing.
+
+This class is Scrapy's interface and the pump; the parts that keep state of their own are
+private modules, each with the reason it is apart: ``_leases`` (the requests held under a
+lease), ``_outbox`` (what waits for a commit), ``_intake`` (entries made from requests and
+start URLs), ``_polling`` (when each Redis step is next due), ``_outage`` (the back-off while
+Redis fails), ``_riders`` (other components' commands in its batches), ``_report`` (stats
+and warnings about what Redis did) and ``_opening`` (what a worker settles before joining).
 """
 
 from __future__ import annotations
@@ -40,9 +47,12 @@ from distcrawl import _engine
 from distcrawl._intake import RETRY_DELAY_META as RETRY_DELAY_META
 from distcrawl._intake import Intake
 from distcrawl._leases import Leases
-from distcrawl._opening import check_durability, check_layout, dupefilter_for
+from distcrawl._opening import check_durability, check_layout, connect, dupefilter_for
+from distcrawl._outage import Outage
 from distcrawl._outbox import Outbox
+from distcrawl._polling import Polling
 from distcrawl._report import Reporter
+from distcrawl._riders import Riders
 from distcrawl.batch import (
     SPLIT_AFTER,
     Batch,
@@ -53,7 +63,7 @@ from distcrawl.batch import (
     refused,
 )
 from distcrawl.config import DistcrawlConfig
-from distcrawl.connection import RedisIO, auth_refusal, redact_url, redis_io
+from distcrawl.connection import RedisIO, redact_url, redis_io
 from distcrawl.dupefilter import RedisDupeFilter
 from distcrawl.frontier import (
     CommitResult,
@@ -67,7 +77,6 @@ from distcrawl.frontier import (
 from distcrawl.keys import FrontierKeys
 from distcrawl.layout import LayoutMismatch
 from distcrawl.liveness import Liveness
-from distcrawl.politeness import politeness
 from distcrawl.redact import redact_error, redacted_exc_info
 from distcrawl.serialize import RequestCodec
 
@@ -76,14 +85,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-BUSY_PEEK_INTERVAL = 1.0
-#: longest lease back-off while the shared queue holds requests this worker could not take
-#: (their slots are full): DISTCRAWL_IDLE_POLL_MAX is for an empty queue
-CONTENDED_POLL_MAX = 0.25
-#: the liveness thread beats once no batch carried a beat for this many heartbeat intervals
-#: (the worker timeout is at least three)
-OWN_BEAT_AFTER = 1.5
-MAX_RETRY_DELAY = 15.0
 #: how old (s) the last look at the whole frontier may be for an idle worker to close
 DRAIN_CHECK_MAX_AGE = 0.5
 #: how long (s) a closing worker waits for a batch still running
@@ -133,6 +134,7 @@ class Scheduler(BaseScheduler):
         self._outbox = Outbox(config)
         self._leases = Leases()
         self._report = Reporter(crawler, config, self.df)
+        self._outage = Outage(config, crawler.stats)
         #: made at open, with the codec
         self._intake: Intake | None = None
         self._busy = False
@@ -144,23 +146,16 @@ class Scheduler(BaseScheduler):
         self._loop: task.LoopingCall | None = None
         self._remote_queue = 0
         self._start_pending = 0
-        now = time.monotonic()
-        self._next_lease = self._next_peek = self._next_reclaim = now
-        self._next_renew = now + config.lease_timeout / 3
-        self._idle_delay = 0.0
-        #: how long the next lease poll waits in Redis for a wake-up token (_idle), and
-        #: whether the batch running is such a wait (it brings no work of this worker's)
-        self._wake_wait = 0.0
+        self._polling = Polling(config)
+        #: whether the batch running is a lease poll's wait in Redis for a wake-up token
+        #: (Polling.take_wake_wait): it brings no work of this worker's
         self._waiting = False
-        self._retry_at = 0.0
-        self._retry_delay = 0.0
-        self._last_work = now
-        self._failing = False
+        self._last_work = time.monotonic()
         #: the last look at the whole frontier (monotonic time, what it saw), for idle close
         self._drained: tuple[float, Drained] | None = None
         self._drain_wanted = False
         #: other components' commands waiting for a batch to ride with (ride())
-        self._riders: list[Rider] = []
+        self._riders = Riders()
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Scheduler:
@@ -171,7 +166,9 @@ class Scheduler(BaseScheduler):
 
     def open(self, spider: Spider) -> defer.Deferred[Any]:
         _engine.check(self.crawler)
-        self.spider = self._report.spider = spider
+        self.spider = spider
+        # the helpers' log records name the spider, as the scheduler's do
+        self._report.spider = self._outage.spider = self._riders.spider = spider
         self.keys = FrontierKeys(self.config.namespace or spider.name)
         self.codec = RequestCodec(
             self.config.serializer, spider, allowed_callbacks=self.config.allowed_callbacks
@@ -215,43 +212,8 @@ class Scheduler(BaseScheduler):
         slot map), the keys named for it, the Frontier and the liveness beat; on the Redis
         thread, never the reactor's. Until it succeeds the pump retries it (_pump)."""
         assert self.keys is not None and self.codec is not None
-        client = self.io.connect()
-        keys = self.keys.on_cluster(bool(self.io.cluster))
-        if keys.cluster:
-            logger.info(
-                "%s is a Redis Cluster node: every key of %r is in the hash slot of %s",
-                redact_url(self.config.redis_url),
-                keys.namespace,
-                keys.start_urls,
-                extra={"spider": self.spider},
-            )
-        frontier = Frontier(
-            client,
-            keys,
-            politeness(self.config),
-            seen=self.config.seen,
-            bloom_capacity=self.config.bloom_capacity,
-            bloom_error_rate=self.config.bloom_error_rate,
-            tag=self.tag,
-        )
-        self._liveness = Liveness(
-            self.config.redis_url,
-            keys,
-            self.tag,
-            interval=self.config.heartbeat_interval,
-            socket_timeout=self.config.socket_timeout,
-            cluster=self.io.cluster,
-            # batches carry the beats (Batch.beat): the thread is the fallback
-            own_after=OWN_BEAT_AFTER * self.config.heartbeat_interval,
-        )
-        self.keys, self.frontier = keys, frontier
-        self._runner = Runner(
-            frontier,
-            self.codec,
-            lease_ms=int(self.config.lease_timeout * 1000),
-            worker_timeout_ms=int(self.config.worker_timeout * 1000),
-            schemes=self.config.allowed_schemes,
-            liveness=self._liveness,
+        self.keys, self.frontier, self._liveness, self._runner = connect(
+            self.io, self.keys, self.codec, self.config, self.tag, self.spider
         )
 
     def _open_frontier(self) -> dict[str, int]:
@@ -298,7 +260,7 @@ class Scheduler(BaseScheduler):
                 extra={"spider": self.spider},
             )
             return failure
-        self._note_error(failure.value)
+        self._outage.error(failure.value, *self._outbox.counts())
         self._start_loop()
 
     def _start_loop(self) -> None:
@@ -372,7 +334,7 @@ class Scheduler(BaseScheduler):
         if self._paused:
             logger.info("Crawl resumed", extra={"spider": self.spider})
         self._paused = self._unclaimed = False
-        self._next_lease = self._next_peek = time.monotonic()
+        self._polling.resume()
         self._kick()
 
     @property
@@ -385,8 +347,7 @@ class Scheduler(BaseScheduler):
         caller sends them itself."""
         if self._closing or self._loop is None or self._runner is None:
             return False
-        rider.since = time.monotonic()
-        self._riders.append(rider)
+        self._riders.add(rider)
         return True
 
     def next_request(self) -> Request | None:
@@ -417,8 +378,7 @@ class Scheduler(BaseScheduler):
                 break
             await task.deferLater(reactor, 0.05)
         self._collect_finished()
-        riders, self._riders = self._riders, []
-        self._drop_riders(riders)
+        self._riders.drop(self._riders.take())
         # requests not done are given back at once, for another worker to take
         release = self._leases.release_all()
         commits = self._outbox.take_all()
@@ -481,7 +441,7 @@ class Scheduler(BaseScheduler):
         if self._busy or self._closing:
             return
         now = time.monotonic()
-        if now < self._retry_at:
+        if not self._outage.due(now):
             return
         if self._runner is None:
             self._reconnect()
@@ -496,21 +456,6 @@ class Scheduler(BaseScheduler):
         d.addCallback(self._apply, batch)
         d.addErrback(self._crashed, batch)
 
-    def _drop_riders(self, riders: list[Rider]) -> None:
-        """Tell riders their commands were not sent (they keep what they meant to send)."""
-        self._deliver(riders, [[redis.ConnectionError("not sent")] * len(r.ops) for r in riders])
-
-    def _deliver(self, riders: list[Rider], replies: list[list[Any]]) -> None:
-        """Hand each rider its replies, once: a rider's bug is logged, and must not fail
-        the batch (whose errback would hand them again)."""
-        pending = list(riders)
-        riders.clear()  # the batch's own list: handed now, never again
-        for rider, got in zip(pending, replies, strict=True):
-            try:
-                rider.done(got)
-            except Exception:
-                logger.exception("distcrawl rider failed", extra={"spider": self.spider})
-
     def _build_batch(self, now: float) -> Batch:
         """The work due now, and what may ride with it: the reclaim of expired leases, other
         components' commands, a liveness beat. Those run in a batch of their own only once
@@ -518,15 +463,10 @@ class Scheduler(BaseScheduler):
         lease poll, about one a second (DISTCRAWL_IDLE_POLL_MAX)."""
         batch = self._build_work(now)
         work = not batch.empty()
-        if now >= self._next_reclaim and (
-            work or now >= self._next_reclaim + self.config.reclaim_interval
-        ):
+        if self._polling.reclaim_due(now, work=work):
             batch.reclaim = True
-            self._next_reclaim = now + self.config.reclaim_interval
-        if self._riders and (
-            not batch.empty() or any(now - r.since >= r.wait for r in self._riders)
-        ):
-            batch.riders, self._riders = self._riders, []
+        if self._riders.due(now, work=not batch.empty()):
+            batch.riders = self._riders.take()
         if not batch.empty() and self._liveness is not None and self._liveness.due(batch.wait):
             batch.beat = True
         return batch
@@ -537,9 +477,8 @@ class Scheduler(BaseScheduler):
         commit = self._outbox.current()
         if commit is not None:
             batch.commits = [commit]
-        if now >= self._next_renew:
+        if self._polling.renew_due(now):
             batch.renew = self._held_refs()
-            self._next_renew = now + self.config.lease_timeout / 3
         if self._drain_wanted:
             batch.drain = True
             self._drain_wanted = False
@@ -550,19 +489,16 @@ class Scheduler(BaseScheduler):
             batch.release = self._leases.release_waiting()
             return batch
         prefetch = self.config.prefetch
-        lease = self._leases.ready <= prefetch // 2 and now >= self._next_lease
+        lease = self._leases.ready <= prefetch // 2 and self._polling.lease_due(now)
         batch.release, held = self._leases.release_idle_reserves(lease)
         self._inc("distcrawl/places/reserves_returned", len(batch.release))
         if lease:
-            if self._wake_wait and self._idle() and not batch.drain:
-                # the back-off spent in Redis, where a commit's wake-up token ends it
-                batch.wait = min(self._wake_wait, self.config.socket_timeout / 2)
-            self._wake_wait = 0.0
+            batch.wait = self._polling.take_wake_wait(lambda: self._idle() and not batch.drain)
             batch.want = max(0, prefetch - self._leases.waiting)
             batch.held = held
             batch.reserve = prefetch // 2
             batch.reserved = self._leases.reserved()
-        if self._start_pending == 0 and now >= self._next_peek and not self._full():
+        if self._start_pending == 0 and self._polling.peek_due(now) and not self._full():
             batch.peek = self.config.start_urls_batch
         return batch
 
@@ -592,16 +528,9 @@ class Scheduler(BaseScheduler):
             # one lost pipeline, the commit's and the other steps' failure: counted once
             del errors[1]
         for error in errors:
-            self._note_error(error)
-        if res.commit_error is None and res.error is None and self._failing:
-            logger.info(
-                "Redis is reachable again at %s",
-                redact_url(self.config.redis_url),
-                extra={"spider": self.spider},
-            )
-            self._failing = False
-            self._retry_delay = 0.0
-            self._inc("distcrawl/redis_reconnects")
+            self._outage.error(error, *self._outbox.counts())
+        if res.commit_error is None and res.error is None:
+            self._outage.answered()
         self._inc("distcrawl/released", res.released)
         self._inc("distcrawl/start_urls/given_back", res.unclaimed)
         self._inc("distcrawl/places/freed", res.freed)
@@ -613,8 +542,7 @@ class Scheduler(BaseScheduler):
         if lease_now:
             # work just arrived (e.g. from a start URL): ask for it now, not at the next
             # idle poll
-            self._idle_delay = 0.0
-            self._next_lease = now
+            self._polling.lease_now(now)
         if batch.renew and res.error is None and res.renewed < len(batch.renew):
             logger.debug(
                 "%d of %d leases had expired or been taken over before renewal",
@@ -625,40 +553,16 @@ class Scheduler(BaseScheduler):
         got = self._handle_leased(res)
         if batch.want and res.lease is not None:
             if got:
-                self._idle_delay = 0.0
-                self._next_lease = now
+                self._polling.lease_now(now)
             else:
-                cap = self.config.idle_poll_max
-                if res.lease.queue_size:
-                    # requests wait in slots other workers fill: a place may free any moment
-                    cap = min(cap, CONTENDED_POLL_MAX)
-                self._idle_delay = min(max(self._idle_delay * 2, 0.05), cap)
-                wait = self._idle_delay
-                if res.lease.wait is not None:  # a slot's turn comes sooner: ask for it then
-                    wait = min(wait, max(res.lease.wait, self.config.flush_interval))
-                    self._next_lease = now + wait
-                elif not res.lease.queue_size and self._idle():
-                    # nothing queued anywhere and nothing here: wait in Redis, woken as
-                    # soon as any worker's commit queues something
-                    self._wake_wait = wait
-                    self._next_lease = now
-                else:
-                    self._next_lease = now + wait
+                self._polling.back_off(now, res.lease, idle=self._idle())
         if res.woken:
             self._inc("distcrawl/idle/woken")
-        self._deliver(batch.riders, res.riders)
+        self._riders.deliver(batch.riders, res.riders)
         if batch.peek and res.error is None:
             self._handle_peeked(res.peeked)
-            if res.peeked:
-                # the commit that stores them goes at once: the lease rides with it
-                self._idle_delay = 0.0
-                self._next_lease = now
-            if len(res.peeked) >= batch.peek:
-                self._next_peek = now
-            elif not (self._leases.ready or self._leases.active):
-                self._next_peek = self._next_lease
-            else:
-                self._next_peek = now + BUSY_PEEK_INTERVAL
+            busy = bool(self._leases.ready or self._leases.active)
+            self._polling.peeked(now, len(res.peeked), batch.peek, busy=busy)
         if res.drained is not None:
             self._drained = (now, res.drained)
             _engine.wake(self.crawler)  # the engine asks spider_idle again, which reads it
@@ -701,7 +605,7 @@ class Scheduler(BaseScheduler):
         self._remote_queue = c.queue_size
         self._report.commit(c, commit)
         if c.dropped or c.held:
-            self._next_peek = time.monotonic() + BUSY_PEEK_INTERVAL
+            self._polling.queue_full()
 
     def _handle_leased(self, res: BatchResult) -> int:
         lease = res.lease
@@ -745,7 +649,7 @@ class Scheduler(BaseScheduler):
     def _crashed(self, failure: Any, batch: Batch) -> None:
         """A bug, not an outage: keep the work and log it loudly."""
         self._busy = False
-        self._drop_riders(batch.riders)
+        self._riders.drop(batch.riders)
         logger.error(
             "distcrawl scheduler error",
             exc_info=redacted_exc_info(
@@ -753,30 +657,7 @@ class Scheduler(BaseScheduler):
             ),
             extra={"spider": self.spider},
         )
-        self._retry_at = time.monotonic() + 1.0
-
-    def _note_error(self, exc: BaseException) -> None:
-        self._inc("distcrawl/redis_errors")
-        self._retry_delay = min(max(self._retry_delay * 2, 0.5), MAX_RETRY_DELAY)
-        self._retry_at = time.monotonic() + self._retry_delay
-        if not self._failing:
-            pushes, acks = self._outbox.counts()
-            what = auth_refusal(exc) or (
-                "Redis refused a batch"
-                if isinstance(exc, redis.ResponseError)
-                else "Redis unreachable"
-            )
-            logger.error(
-                "%s at %s (%s: %s); keeping %d pushes and %d acknowledgements and retrying",
-                what,
-                redact_url(self.config.redis_url),
-                type(exc).__name__,
-                redact_error(exc, self.config.redis_url),
-                pushes,
-                acks,
-                extra={"spider": self.spider},
-            )
-        self._failing = True
+        self._outage.crashed()
 
     # -- lease tracking ------------------------------------------------------------------
 
@@ -792,7 +673,7 @@ class Scheduler(BaseScheduler):
         if (
             timeout is None
             or (self._busy and not self._waiting)
-            or self._failing  # cannot tell whether the shared queue is empty
+            or self._outage.failing  # cannot tell whether the shared queue is empty
             or self._paused
             or self.has_pending_requests()
             or self._leases.active
@@ -841,8 +722,7 @@ class Scheduler(BaseScheduler):
         # now, while its lease waits for what the page yields to be stored (the ack); and this
         # worker may take it in the same batch, not after the back-off of a lease that found
         # the slot full
-        self._idle_delay = 0.0
-        self._next_lease = min(self._next_lease, time.monotonic())
+        self._polling.place_freed()
         self._kick()
 
     def _on_response(self, response: Any, request: Request, spider: Spider) -> None:
