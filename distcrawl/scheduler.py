@@ -22,11 +22,12 @@ another worker takes them. Each lease carries a token, so an acknowledgement tha
 late (the request was leased again) changes nothing.
 
 This class is Scrapy's interface and the pump; the parts that keep state of their own are
-private modules, each with the reason it is apart: ``_leases`` (the requests held under a
-lease), ``_outbox`` (what waits for a commit), ``_intake`` (entries made from requests and
-start URLs), ``_polling`` (when each Redis step is next due), ``_outage`` (the back-off while
-Redis fails), ``_riders`` (other components' commands in its batches), ``_report`` (stats
-and warnings about what Redis did) and ``_opening`` (what a worker settles before joining).
+in distcrawl/_scheduler/, each module with the reason it is apart: ``leases`` (the requests
+held under a lease), ``outbox`` (what waits for a commit), ``intake`` (entries made from
+requests and start URLs), ``polling`` (when each Redis step is next due), ``outage`` (the
+back-off while Redis fails), ``riders`` (other components' commands in its batches),
+``report`` (stats and warnings about what Redis did) and ``opening`` (what a worker settles
+before joining a crawl).
 """
 
 from __future__ import annotations
@@ -44,15 +45,15 @@ from scrapy.exceptions import DontCloseSpider
 from twisted.internet import defer, task
 
 from distcrawl import _engine
-from distcrawl._intake import RETRY_DELAY_META as RETRY_DELAY_META
-from distcrawl._intake import Intake
-from distcrawl._leases import Leases
-from distcrawl._opening import check_durability, check_layout, connect, dupefilter_for
-from distcrawl._outage import Outage
-from distcrawl._outbox import Outbox
-from distcrawl._polling import Polling
-from distcrawl._report import Reporter
-from distcrawl._riders import Riders
+from distcrawl._scheduler.intake import RETRY_DELAY_META as RETRY_DELAY_META
+from distcrawl._scheduler.intake import Intake
+from distcrawl._scheduler.leases import Leases
+from distcrawl._scheduler.opening import check_durability, check_layout, connect, dupefilter_for
+from distcrawl._scheduler.outage import Outage
+from distcrawl._scheduler.outbox import Outbox
+from distcrawl._scheduler.polling import Polling
+from distcrawl._scheduler.report import Reporter
+from distcrawl._scheduler.riders import Riders
 from distcrawl.batch import (
     SPLIT_AFTER,
     Batch,

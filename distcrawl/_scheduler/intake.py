@@ -17,7 +17,7 @@ from typing import Any
 
 from scrapy import Request, Spider
 
-from distcrawl._report import Reporter
+from distcrawl._scheduler.report import Reporter
 from distcrawl.batch import refused_scheme
 from distcrawl.config import DistcrawlConfig
 from distcrawl.dupefilter import RedisDupeFilter
