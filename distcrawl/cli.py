@@ -31,6 +31,7 @@ from redis.retry import Retry
 from scrapy.settings import BaseSettings, Settings
 from scrapy.utils.project import get_project_settings, inside_project
 
+from distcrawl._version import VersionAction
 from distcrawl.config import DEFAULT_REDIS_URL, ConfigError, cluster_mode
 from distcrawl.connection import auth_refusal, is_cluster, make_redis
 from distcrawl.frontier import Frontier
@@ -744,6 +745,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="exit codes: 0 ok, 1 partial failure/refused/problems left, 2 usage error, "
         "3 Redis unreachable, 4 pending cap reached",
     )
+    parser.add_argument("--version", action=VersionAction)
     _global_options(parser, defaults=True)
     common = argparse.ArgumentParser(add_help=False)
     _global_options(common, defaults=False)

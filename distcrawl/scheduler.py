@@ -20,14 +20,20 @@ that stores the last of its children (or a later one), so a worker killed at any
 loses nothing: its leases expire, or are given back as soon as its liveness beats stop, and
 another worker takes them. Each lease carries a token, so an acknowledgement that comes too
 late (the request was leased again) changes nothing.
+
+This class is Scrapy's interface and the pump; the parts that keep state of their own are
+in distcrawl/_scheduler/, each module with the reason it is apart: ``leases`` (the requests
+held under a lease), ``outbox`` (what waits for a commit), ``intake`` (entries made from
+requests and start URLs), ``polling`` (when each Redis step is next due), ``outage`` (the
+back-off while Redis fails), ``riders`` (other components' commands in its batches),
+``report`` (stats and warnings about what Redis did) and ``opening`` (what a worker settles
+before joining a crawl).
 """
 
 from __future__ import annotations
 
-import base64
 import logging
 import time
-from collections import Counter, deque
 from typing import TYPE_CHECKING, Any
 from weakref import WeakKeyDictionary
 
@@ -36,24 +42,29 @@ from scrapy import Request, Spider, signals
 from scrapy.core.scheduler import BaseScheduler
 from scrapy.dupefilters import BaseDupeFilter
 from scrapy.exceptions import DontCloseSpider
-from scrapy.settings import SETTINGS_PRIORITIES
-from scrapy.utils.misc import build_from_crawler, load_object
 from twisted.internet import defer, task
 
 from distcrawl import _engine
+from distcrawl._scheduler.intake import RETRY_DELAY_META as RETRY_DELAY_META
+from distcrawl._scheduler.intake import Intake
+from distcrawl._scheduler.leases import Leases
+from distcrawl._scheduler.opening import check_durability, check_layout, connect, dupefilter_for
+from distcrawl._scheduler.outage import Outage
+from distcrawl._scheduler.outbox import Outbox
+from distcrawl._scheduler.polling import Polling
+from distcrawl._scheduler.report import Reporter
+from distcrawl._scheduler.riders import Riders
 from distcrawl.batch import (
     SPLIT_AFTER,
-    Ack,
     Batch,
     BatchResult,
     Commit,
     Rider,
     Runner,
     refused,
-    refused_scheme,
 )
-from distcrawl.config import ConfigError, DistcrawlConfig
-from distcrawl.connection import RedisIO, auth_refusal, node_info, redact_url, redis_io
+from distcrawl.config import DistcrawlConfig
+from distcrawl.connection import RedisIO, redact_url, redis_io
 from distcrawl.dupefilter import RedisDupeFilter
 from distcrawl.frontier import (
     CommitResult,
@@ -61,44 +72,24 @@ from distcrawl.frontier import (
     Entry,
     Frontier,
     LeaseRef,
-    bad_slot,
     dead_letter,
     new_tag,
 )
 from distcrawl.keys import FrontierKeys
-from distcrawl.layout import Layout, LayoutMismatch, class_path
+from distcrawl.layout import LayoutMismatch
 from distcrawl.liveness import Liveness
-from distcrawl.politeness import FeedbackBuffer, politeness, slot_of
 from distcrawl.redact import redact_error, redacted_exc_info
-from distcrawl.serialize import RequestCodec, SerializationError
-from distcrawl.start_urls import InvalidEntry, parse_entry, request_from_entry
+from distcrawl.serialize import RequestCodec
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
 logger = logging.getLogger(__name__)
 
-#: meta key a component sets to have the scheduler store a request for later (seconds)
-RETRY_DELAY_META = "distcrawl_retry_delay"
-BUSY_PEEK_INTERVAL = 1.0
-#: longest lease back-off while the shared queue holds requests this worker could not take
-#: (their slots are full): DISTCRAWL_IDLE_POLL_MAX is for an empty queue
-CONTENDED_POLL_MAX = 0.25
-#: the liveness thread beats once no batch carried a beat for this many heartbeat intervals
-#: (the worker timeout is at least three)
-OWN_BEAT_AFTER = 1.5
-MAX_RETRY_DELAY = 15.0
 #: how old (s) the last look at the whole frontier may be for an idle worker to close
 DRAIN_CHECK_MAX_AGE = 0.5
 #: how long (s) a closing worker waits for a batch still running
 CLOSE_WAIT = 30.0
-REDIS_DUPEFILTER = "distcrawl.dupefilter.RedisDupeFilter"
-#: seconds between two warnings of the same kind
-WARN_EVERY = 10.0
-#: seconds between two warnings about requests refused for the same scheme
-SCHEME_WARN_EVERY = 60.0
-#: schemes whose last warning time is kept (a page can make up any number of schemes)
-SCHEME_WARN_MAX = 100
 
 
 _SCHEDULERS: WeakKeyDictionary[Any, Scheduler] = WeakKeyDictionary()
@@ -108,26 +99,6 @@ def scheduler_of(crawler: Crawler) -> Scheduler | None:
     """The open distcrawl scheduler of this crawler, for components that hand it requests
     to delay or to dead-letter; None when the crawl does not use distcrawl's scheduler."""
     return _SCHEDULERS.get(crawler)
-
-
-def _dupefilter(crawler: Crawler) -> RedisDupeFilter | BaseDupeFilter:
-    """DUPEFILTER_CLASS as Scrapy users mean it: distcrawl's (or a subclass) filters
-    against the shared seen-set, ``BaseDupeFilter`` turns filtering off, Scrapy's default
-    left in place means distcrawl's; any other class cannot see what other workers saw."""
-    settings = crawler.settings
-    path = settings["DUPEFILTER_CLASS"]
-    cls = load_object(path)
-    if isinstance(cls, type) and issubclass(cls, RedisDupeFilter):
-        return build_from_crawler(cls, crawler)
-    if cls is BaseDupeFilter:
-        return BaseDupeFilter()
-    if settings.getpriority("DUPEFILTER_CLASS") == SETTINGS_PRIORITIES["default"]:
-        return build_from_crawler(RedisDupeFilter, crawler)
-    raise ConfigError(
-        f"DUPEFILTER_CLASS={path!r}: distcrawl's scheduler filters duplicates against the "
-        f"shared seen-set with {REDIS_DUPEFILTER} (or a subclass of it); set "
-        "scrapy.dupefilters.BaseDupeFilter to turn filtering off"
-    )
 
 
 class Scheduler(BaseScheduler):
@@ -161,37 +132,12 @@ class Scheduler(BaseScheduler):
         self._runner: Runner | None = None
         self._liveness: Liveness | None = None
         self._liveness_started = False
-        self._outgoing: deque[Entry] = deque()
-        #: entries ever added to _outgoing / taken from it into commits
-        self._pushed = 0
-        self._taken = 0
-        self._acks: deque[Ack] = deque()
-        #: the commit being sent; sent again, unchanged, until Redis confirms it
-        self._commit: Commit | None = None
-        self._feedback = FeedbackBuffer(config)
-        #: lease id -> slot of every request this worker holds (for the fair share)
-        self._slots: dict[str, str] = {}
-        #: request -> (slot, server time of the lease) of held requests of slots with a
-        #: delay, until they reach the downloader (past its middlewares, robots.txt included)
-        self._to_send: dict[Request, tuple[str, int]] = {}
-        #: the same, of those that reached it since the last batch (Frontier.sent)
-        self._sent: list[tuple[str, int]] = []
-        self._warned_slot_full = 0.0
-        self._warned_full = 0.0
-        self._warned_acks = -WARN_EVERY
-        #: scheme -> monotonic time of the last warning about requests refused for it
-        self._warned_schemes: dict[str, float] = {}
-        self._ready: deque[tuple[LeaseRef, Request]] = deque()
-        self._active: dict[LeaseRef, Request] = {}
-        #: the lease of each request handed to the engine, until its response arrives
-        self._fetching: dict[Request, LeaseRef] = {}
-        #: leases that left the downloader since the last batch, and the reserves sent in
-        #: their places (Frontier.places)
-        self._freed: list[LeaseRef] = []
-        self._swapped: list[LeaseRef] = []
-        #: slot -> reserves: leased requests holding no place, sent only in the place of a
-        #: request of their slot that left the downloader (lease.lua)
-        self._reserves: dict[str, deque[tuple[LeaseRef, Request]]] = {}
+        self._outbox = Outbox(config)
+        self._leases = Leases()
+        self._report = Reporter(crawler, config, self.df)
+        self._outage = Outage(config, crawler.stats)
+        #: made at open, with the codec
+        self._intake: Intake | None = None
         self._busy = False
         self._closing = False
         self._paused = False
@@ -201,38 +147,34 @@ class Scheduler(BaseScheduler):
         self._loop: task.LoopingCall | None = None
         self._remote_queue = 0
         self._start_pending = 0
-        now = time.monotonic()
-        self._next_lease = self._next_peek = self._next_reclaim = now
-        self._next_renew = now + config.lease_timeout / 3
-        self._idle_delay = 0.0
-        #: how long the next lease poll waits in Redis for a wake-up token (_idle), and
-        #: whether the batch running is such a wait (it brings no work of this worker's)
-        self._wake_wait = 0.0
+        self._polling = Polling(config)
+        #: whether the batch running is a lease poll's wait in Redis for a wake-up token
+        #: (Polling.take_wake_wait): it brings no work of this worker's
         self._waiting = False
-        self._retry_at = 0.0
-        self._retry_delay = 0.0
-        self._last_work = now
-        self._failing = False
+        self._last_work = time.monotonic()
         #: the last look at the whole frontier (monotonic time, what it saw), for idle close
         self._drained: tuple[float, Drained] | None = None
         self._drain_wanted = False
         #: other components' commands waiting for a batch to ride with (ride())
-        self._riders: list[Rider] = []
+        self._riders = Riders()
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Scheduler:
         config = DistcrawlConfig.from_settings(crawler.settings)
-        return cls(crawler, config, _dupefilter(crawler), redis_io(crawler))
+        return cls(crawler, config, dupefilter_for(crawler), redis_io(crawler))
 
     # -- Scrapy's scheduler interface ------------------------------------------------
 
     def open(self, spider: Spider) -> defer.Deferred[Any]:
         _engine.check(self.crawler)
         self.spider = spider
+        # the helpers' log records name the spider, as the scheduler's do
+        self._report.spider = self._outage.spider = self._riders.spider = spider
         self.keys = FrontierKeys(self.config.namespace or spider.name)
         self.codec = RequestCodec(
             self.config.serializer, spider, allowed_callbacks=self.config.allowed_callbacks
         )
+        self._intake = Intake(self.config, self.df, self.codec, spider, self._report)
         self.io.start()
         # the Frontier, its runner and the liveness beat are made by _connect, on the Redis
         # thread: whether REDIS_URL is a cluster (and so the key names) is learnt by I/O
@@ -271,43 +213,8 @@ class Scheduler(BaseScheduler):
         slot map), the keys named for it, the Frontier and the liveness beat; on the Redis
         thread, never the reactor's. Until it succeeds the pump retries it (_pump)."""
         assert self.keys is not None and self.codec is not None
-        client = self.io.connect()
-        keys = self.keys.on_cluster(bool(self.io.cluster))
-        if keys.cluster:
-            logger.info(
-                "%s is a Redis Cluster node: every key of %r is in the hash slot of %s",
-                redact_url(self.config.redis_url),
-                keys.namespace,
-                keys.start_urls,
-                extra={"spider": self.spider},
-            )
-        frontier = Frontier(
-            client,
-            keys,
-            politeness(self.config),
-            seen=self.config.seen,
-            bloom_capacity=self.config.bloom_capacity,
-            bloom_error_rate=self.config.bloom_error_rate,
-            tag=self.tag,
-        )
-        self._liveness = Liveness(
-            self.config.redis_url,
-            keys,
-            self.tag,
-            interval=self.config.heartbeat_interval,
-            socket_timeout=self.config.socket_timeout,
-            cluster=self.io.cluster,
-            # batches carry the beats (Batch.beat): the thread is the fallback
-            own_after=OWN_BEAT_AFTER * self.config.heartbeat_interval,
-        )
-        self.keys, self.frontier = keys, frontier
-        self._runner = Runner(
-            frontier,
-            self.codec,
-            lease_ms=int(self.config.lease_timeout * 1000),
-            worker_timeout_ms=int(self.config.worker_timeout * 1000),
-            schemes=self.config.allowed_schemes,
-            liveness=self._liveness,
+        self.keys, self.frontier, self._liveness, self._runner = connect(
+            self.io, self.keys, self.codec, self.config, self.tag, self.spider
         )
 
     def _open_frontier(self) -> dict[str, int]:
@@ -321,48 +228,13 @@ class Scheduler(BaseScheduler):
                 removed,
                 self.frontier.keys.namespace,
             )
-        self._check_layout()
-        self._check_durability()
+        check_layout(self.frontier, self.config, self.crawler)
+        check_durability(self.io.client, self.frontier.keys, self.config.redis_url, self.spider)
         # alive before the first lease or claim, so that a worker dying at once is seen dead
         # (and its claims are not taken for orphans: requeue.lua)
         self._liveness.beat()
         self.frontier.publish_settings(max_pending=self.config.max_pending)
         return self.frontier.sizes()
-
-    def _check_layout(self) -> None:
-        """Join the crawl only if this worker lays the frontier out as the crawl does
-        (distcrawl/layout.py); on the Redis thread, before anything is leased."""
-        assert self.frontier is not None
-        mine = Layout(
-            shards=1,
-            seen=self.config.seen,
-            serializer=self.config.serializer,
-            fingerprinter=class_path(self.crawler.request_fingerprinter),
-        )
-        stored = self.frontier.record_layout(mine.fields())
-        differences = mine.differences(stored)
-        if differences:
-            raise LayoutMismatch(self.frontier.keys.namespace, differences)
-
-    def _check_durability(self) -> None:
-        """Say at start when Redis keeps no append-only file: a restart then rolls the
-        frontier back to its last snapshot (or empties it), which loses the requests queued
-        since and brings back pages already acknowledged. Nothing else warns about it
-        until it happens."""
-        assert self.keys is not None
-        try:
-            aof = node_info(self.io.client, "persistence", self.keys.queue).get("aof_enabled")
-        except redis.ResponseError:  # INFO not granted: nothing to say
-            return
-        if aof in (0, "0"):
-            logger.warning(
-                "Redis at %s keeps no append-only file (appendonly no): if it restarts, the "
-                "frontier goes back to its last snapshot, or is empty without one; requests "
-                "queued since are lost. Set appendonly yes (appendfsync everysec) for a crawl "
-                "you cannot start over",
-                redact_url(self.config.redis_url),
-                extra={"spider": self.spider},
-            )
 
     def _opened(self, sizes: dict[str, int]) -> None:
         self._remote_queue = sizes["queue"]
@@ -389,7 +261,7 @@ class Scheduler(BaseScheduler):
                 extra={"spider": self.spider},
             )
             return failure
-        self._note_error(failure.value)
+        self._outage.error(failure.value, *self._outbox.counts())
         self._start_loop()
 
     def _start_loop(self) -> None:
@@ -420,94 +292,25 @@ class Scheduler(BaseScheduler):
     def __len__(self) -> int:
         """Requests waiting to be crawled as far as this worker knows without asking Redis:
         those it holds, those it has yet to push, and the shared queue at its last look."""
-        return len(self._ready) + self._reserve_count() + len(self._outgoing) + self._remote_queue
+        return self._leases.waiting + self._outbox.entries + self._remote_queue
 
     def has_pending_requests(self) -> bool:
-        return bool(
-            self._ready
-            or self._reserves
-            or self._outgoing
-            or self._acks
-            or self._commit
-            or self._remote_queue > 0
-        )
-
-    def _reserve_count(self) -> int:
-        return sum(len(q) for q in self._reserves.values())
-
-    def _take_reserves(self) -> list[LeaseRef]:
-        """Every reserve's lease, the reserves forgotten: for giving them back."""
-        refs = [ref for q in self._reserves.values() for ref, _ in q]
-        self._reserves.clear()
-        return refs
+        return bool(self._leases.waiting or self._outbox.pending() or self._remote_queue > 0)
 
     def enqueue_request(self, request: Request) -> bool:
-        # first of all: a page can link to file://, and Scrapy would read the file
-        why = refused_scheme(request.url, self.config.allowed_schemes)
-        if why is not None:
-            self._refuse_scheme(request, why)
+        assert self._intake is not None, "enqueue_request() before open()"
+        entry = self._intake.entry(request)
+        if entry is None:
             return False
-        fp = b""
-        if not request.dont_filter and self.df is not None:
-            fp = self.df.fingerprint(request)
-            if self.df.seen_locally(fp):
-                self.df.log(request, self.spider)  # type: ignore[arg-type]
-                return False
-        assert self.codec is not None, "enqueue_request() before open()"
-        delay = request.meta.pop(RETRY_DELAY_META, None)
-        slot = slot_of(request, by_ip=self.config.slots_by_ip)
-        why = bad_slot(slot)
-        if why is not None:
-            logger.error(
-                "%s: invalid download slot %r (%s); dead-lettered",
-                request,
-                slot[:300],
-                why,
-                extra={"spider": self.spider},
-            )
-            self._inc("distcrawl/invalid_slot")
-            record = dead_letter(f"invalid download slot: {why}", url=request.url, source="enqueue")
-            self._push(Entry("d", b"", 0, record))
+        self._outbox.push(entry)
+        if entry.kind == "d":
             return False
-        try:
-            payload = self.codec.encode(request)
-        except SerializationError as exc:
-            logger.error("%s: dead-lettered", exc, extra={"spider": self.spider})
-            self._inc("distcrawl/unserializable")
-            record = dead_letter(str(exc), url=request.url, source="enqueue")
-            self._push(Entry("d", b"", 0, record))
-            return False
-        if delay is not None:
-            delay_ms = str(max(0, int(float(delay) * 1000))).encode()
-            self._push(Entry("l", b"", request.priority, payload, delay_ms, slot, request))
-            self._inc("distcrawl/retry/scheduled")
-        else:
-            self._push(Entry("r", fp, request.priority, payload, b"", slot, request))
         self._last_work = time.monotonic()
         self._inc("scheduler/enqueued")
         self._inc("scheduler/enqueued/redis")
-        if len(self._outgoing) >= self.config.push_batch_size:
+        if self._outbox.entries >= self.config.push_batch_size:
             self._kick()
         return True
-
-    def _refuse_scheme(self, request: Request, why: str) -> None:
-        """Count the refusal; warn once a minute per scheme, as a crawled page can hold
-        any number of such links."""
-        self._inc("distcrawl/refused/scheme")
-        scheme = request.url.partition(":")[0].lower()[:20]
-        now = time.monotonic()
-        last = self._warned_schemes.get(scheme)
-        if last is not None and now - last < SCHEME_WARN_EVERY:
-            return
-        if len(self._warned_schemes) >= SCHEME_WARN_MAX:
-            self._warned_schemes.clear()
-        self._warned_schemes[scheme] = now
-        logger.warning(
-            "Refused %s: %s (counted in distcrawl/refused/scheme; logged once a minute per scheme)",
-            redact_url(request.url)[:200],
-            why,
-            extra={"spider": self.spider},
-        )
 
     def dead_letter(self, request: Request, reason: str, *, source: str, **extra: Any) -> None:
         """Store a request that will not be crawled, with what is needed to re-drive it.
@@ -515,20 +318,8 @@ class Scheduler(BaseScheduler):
         It is committed no later than the acknowledgement of the request being processed,
         like any push, so it is neither lost nor stored twice.
         """
-        assert self.codec is not None
-        try:
-            payload: str | None = base64.b64encode(self.codec.encode(request)).decode("ascii")
-        except SerializationError:
-            payload = None
-        record = dead_letter(
-            reason,
-            url=request.url,
-            source=source,
-            payload=payload,
-            priority=request.priority,
-            **extra,
-        )
-        self._push(Entry("d", b"", 0, record))
+        assert self._intake is not None
+        self._outbox.push(self._intake.dead_letter(request, reason, source=source, **extra))
         self._inc(f"distcrawl/dead/{source}")
 
     def pause(self) -> None:
@@ -544,7 +335,7 @@ class Scheduler(BaseScheduler):
         if self._paused:
             logger.info("Crawl resumed", extra={"spider": self.spider})
         self._paused = self._unclaimed = False
-        self._next_lease = self._next_peek = time.monotonic()
+        self._polling.resume()
         self._kick()
 
     @property
@@ -557,23 +348,20 @@ class Scheduler(BaseScheduler):
         caller sends them itself."""
         if self._closing or self._loop is None or self._runner is None:
             return False
-        rider.since = time.monotonic()
-        self._riders.append(rider)
+        self._riders.add(rider)
         return True
 
     def next_request(self) -> Request | None:
         if self._paused:
             return None
-        if not self._ready:
+        request = self._leases.hand_out()
+        if request is None:
             self._kick()
             return None
-        ref, request = self._ready.popleft()
-        self._active[ref] = request
-        self._fetching[request] = ref
         self._last_work = time.monotonic()
         self._inc("scheduler/dequeued")
         self._inc("scheduler/dequeued/redis")
-        if len(self._ready) < self.config.prefetch // 2:
+        if self._leases.ready < self.config.prefetch // 2:
             self._kick()
         return request
 
@@ -591,20 +379,10 @@ class Scheduler(BaseScheduler):
                 break
             await task.deferLater(reactor, 0.05)
         self._collect_finished()
-        riders, self._riders = self._riders, []
-        self._drop_riders(riders)
+        self._riders.drop(self._riders.take())
         # requests not done are given back at once, for another worker to take
-        release = [ref for ref, _ in self._ready] + list(self._active) + self._take_reserves()
-        self._active.clear()
-        self._fetching.clear()
-        self._freed, self._swapped = [], []
-        self._to_send.clear()
-        self._forget(release)
-        self._ready.clear()
-        commits = [self._commit] if self._commit is not None else []
-        self._commit = None
-        while (commit := self._next_commit()) is not None:
-            commits.append(commit)
+        release = self._leases.release_all()
+        commits = self._outbox.take_all()
         # after the commits: what is still claimed was never stored, another worker takes it
         batch = Batch(commits=commits, release=release, unclaim=True)
         acks = sum(len(c.acks) for c in commits)
@@ -664,7 +442,7 @@ class Scheduler(BaseScheduler):
         if self._busy or self._closing:
             return
         now = time.monotonic()
-        if now < self._retry_at:
+        if not self._outage.due(now):
             return
         if self._runner is None:
             self._reconnect()
@@ -679,40 +457,6 @@ class Scheduler(BaseScheduler):
         d.addCallback(self._apply, batch)
         d.addErrback(self._crashed, batch)
 
-    def _drop_riders(self, riders: list[Rider]) -> None:
-        """Tell riders their commands were not sent (they keep what they meant to send)."""
-        self._deliver(riders, [[redis.ConnectionError("not sent")] * len(r.ops) for r in riders])
-
-    def _deliver(self, riders: list[Rider], replies: list[list[Any]]) -> None:
-        """Hand each rider its replies, once: a rider's bug is logged, and must not fail
-        the batch (whose errback would hand them again)."""
-        pending = list(riders)
-        riders.clear()  # the batch's own list: handed now, never again
-        for rider, got in zip(pending, replies, strict=True):
-            try:
-                rider.done(got)
-            except Exception:
-                logger.exception("distcrawl rider failed", extra={"spider": self.spider})
-
-    def _push(self, entry: Entry) -> None:
-        self._outgoing.append(entry)
-        self._pushed += 1
-
-    def _next_commit(self) -> Commit | None:
-        """The next commit from the buffers: up to a batch of entries, and the
-        acknowledgements of the requests all of whose children are in it or before it."""
-        entries: list[Entry] = []
-        while self._outgoing and len(entries) < self.config.push_batch_size:
-            entries.append(self._outgoing.popleft())
-        self._taken += len(entries)
-        acks: list[LeaseRef] = []
-        while self._acks and self._acks[0].after <= self._taken:
-            acks.append(self._acks.popleft().ref)
-        feedback = self._feedback.drain()
-        if not (entries or acks or feedback):
-            return None
-        return Commit(acks, entries, feedback)
-
     def _build_batch(self, now: float) -> Batch:
         """The work due now, and what may ride with it: the reclaim of expired leases, other
         components' commands, a liveness beat. Those run in a batch of their own only once
@@ -720,31 +464,22 @@ class Scheduler(BaseScheduler):
         lease poll, about one a second (DISTCRAWL_IDLE_POLL_MAX)."""
         batch = self._build_work(now)
         work = not batch.empty()
-        if now >= self._next_reclaim and (
-            work or now >= self._next_reclaim + self.config.reclaim_interval
-        ):
+        if self._polling.reclaim_due(now, work=work):
             batch.reclaim = True
-            self._next_reclaim = now + self.config.reclaim_interval
-        if self._riders and (
-            not batch.empty() or any(now - r.since >= r.wait for r in self._riders)
-        ):
-            batch.riders, self._riders = self._riders, []
+        if self._riders.due(now, work=not batch.empty()):
+            batch.riders = self._riders.take()
         if not batch.empty() and self._liveness is not None and self._liveness.due(batch.wait):
             batch.beat = True
         return batch
 
     def _build_work(self, now: float) -> Batch:
         batch = Batch()
-        batch.sent, self._sent = self._sent, []
-        batch.freed, self._freed = self._freed, []
-        batch.taken, self._swapped = self._swapped, []
-        if self._commit is None:
-            self._commit = self._next_commit()
-        if self._commit is not None:
-            batch.commits = [self._commit]
-        if now >= self._next_renew:
+        self._leases.report(batch)
+        commit = self._outbox.current()
+        if commit is not None:
+            batch.commits = [commit]
+        if self._polling.renew_due(now):
             batch.renew = self._held_refs()
-            self._next_renew = now + self.config.lease_timeout / 3
         if self._drain_wanted:
             batch.drain = True
             self._drain_wanted = False
@@ -752,31 +487,19 @@ class Scheduler(BaseScheduler):
             if self._start_pending == 0 and not self._unclaimed:
                 # every start entry read is stored: what is still claimed goes back
                 batch.unclaim = self._unclaimed = True
-            batch.release = [ref for ref, _ in self._ready] + self._take_reserves()
-            self._forget(batch.release)
-            for _, request in self._ready:
-                self._to_send.pop(request, None)
-            self._ready.clear()
+            batch.release = self._leases.release_waiting()
             return batch
-        # reserves of a slot of which this worker has no request left to be replaced (they
-        # arrived after those left the downloader): given back, to be leased with a place
         prefetch = self.config.prefetch
-        lease = len(self._ready) <= prefetch // 2 and now >= self._next_lease
-        # counted only when needed: a batch can start on every response
-        held = Counter(self._slots.values()) if lease or self._reserves else Counter()
-        for slot in [s for s in self._reserves if not held[s]]:
-            batch.release += [ref for ref, _ in self._reserves.pop(slot)]
+        lease = self._leases.ready <= prefetch // 2 and self._polling.lease_due(now)
+        batch.release, held = self._leases.release_idle_reserves(lease)
         self._inc("distcrawl/places/reserves_returned", len(batch.release))
         if lease:
-            if self._wake_wait and self._idle() and not batch.drain:
-                # the back-off spent in Redis, where a commit's wake-up token ends it
-                batch.wait = min(self._wake_wait, self.config.socket_timeout / 2)
-            self._wake_wait = 0.0
-            batch.want = max(0, prefetch - len(self._ready) - self._reserve_count())
+            batch.wait = self._polling.take_wake_wait(lambda: self._idle() and not batch.drain)
+            batch.want = max(0, prefetch - self._leases.waiting)
             batch.held = held
             batch.reserve = prefetch // 2
-            batch.reserved = Counter({s: len(q) for s, q in self._reserves.items()})
-        if self._start_pending == 0 and now >= self._next_peek and not self._full():
+            batch.reserved = self._leases.reserved()
+        if self._start_pending == 0 and self._polling.peek_due(now) and not self._full():
             batch.peek = self.config.start_urls_batch
         return batch
 
@@ -785,15 +508,8 @@ class Scheduler(BaseScheduler):
         to store or acknowledge, no start entry being stored, not pausing or closing. Only
         then may a batch block the Redis thread in a wait for work."""
         return not (
-            self._ready
-            or self._active
-            or self._reserves
-            or self._outgoing
-            or self._acks
-            or self._sent
-            or self._freed
-            or self._swapped
-            or self._commit is not None
+            self._leases.busy()
+            or self._outbox.pending()
             or self._start_pending
             or self._paused
             or self._closing
@@ -802,12 +518,7 @@ class Scheduler(BaseScheduler):
     def _held_refs(self) -> list[LeaseRef]:
         """Every lease this worker holds: waiting, in progress, and done but not yet
         acknowledged (kept while a commit is being retried, so that they stay ours)."""
-        refs = [ref for ref, _ in self._ready] + list(self._active)
-        refs += [ref for q in self._reserves.values() for ref, _ in q]
-        refs += [ack.ref for ack in self._acks]
-        if self._commit is not None:
-            refs += self._commit.acks
-        return refs
+        return self._leases.held_refs() + self._outbox.acked_refs()
 
     def _apply(self, res: BatchResult, batch: Batch) -> None:
         self._busy = False
@@ -818,85 +529,46 @@ class Scheduler(BaseScheduler):
             # one lost pipeline, the commit's and the other steps' failure: counted once
             del errors[1]
         for error in errors:
-            self._note_error(error)
-        if res.commit_error is None and res.error is None and self._failing:
-            logger.info(
-                "Redis is reachable again at %s",
-                redact_url(self.config.redis_url),
-                extra={"spider": self.spider},
-            )
-            self._failing = False
-            self._retry_delay = 0.0
-            self._inc("distcrawl/redis_reconnects")
+            self._outage.error(error, *self._outbox.counts())
+        if res.commit_error is None and res.error is None:
+            self._outage.answered()
         self._inc("distcrawl/released", res.released)
         self._inc("distcrawl/start_urls/given_back", res.unclaimed)
         self._inc("distcrawl/places/freed", res.freed)
         self._inc("distcrawl/places/taken", res.taken)
         if res.error is not None and (batch.freed or batch.taken):
             # the report is idempotent: sent again with the next batch rather than lost
-            self._freed[:0] = batch.freed
-            self._swapped[:0] = batch.taken
+            self._leases.report_again(batch)
         lease_now = bool(res.committed and res.committed.queue_size and not batch.want)
         if lease_now:
             # work just arrived (e.g. from a start URL): ask for it now, not at the next
             # idle poll
-            self._idle_delay = 0.0
-            self._next_lease = now
+            self._polling.lease_now(now)
         if batch.renew and res.error is None and res.renewed < len(batch.renew):
             logger.debug(
                 "%d of %d leases had expired or been taken over before renewal",
                 len(batch.renew) - res.renewed,
                 len(batch.renew),
             )
-        self._apply_requeue(res)
+        self._report.requeue(res)
         got = self._handle_leased(res)
         if batch.want and res.lease is not None:
             if got:
-                self._idle_delay = 0.0
-                self._next_lease = now
+                self._polling.lease_now(now)
             else:
-                cap = self.config.idle_poll_max
-                if res.lease.queue_size:
-                    # requests wait in slots other workers fill: a place may free any moment
-                    cap = min(cap, CONTENDED_POLL_MAX)
-                self._idle_delay = min(max(self._idle_delay * 2, 0.05), cap)
-                wait = self._idle_delay
-                if res.lease.wait is not None:  # a slot's turn comes sooner: ask for it then
-                    wait = min(wait, max(res.lease.wait, self.config.flush_interval))
-                    self._next_lease = now + wait
-                elif not res.lease.queue_size and self._idle():
-                    # nothing queued anywhere and nothing here: wait in Redis, woken as
-                    # soon as any worker's commit queues something
-                    self._wake_wait = wait
-                    self._next_lease = now
-                else:
-                    self._next_lease = now + wait
+                self._polling.back_off(now, res.lease, idle=self._idle())
         if res.woken:
             self._inc("distcrawl/idle/woken")
-        self._deliver(batch.riders, res.riders)
+        self._riders.deliver(batch.riders, res.riders)
         if batch.peek and res.error is None:
             self._handle_peeked(res.peeked)
-            if res.peeked:
-                # the commit that stores them goes at once: the lease rides with it
-                self._idle_delay = 0.0
-                self._next_lease = now
-            if len(res.peeked) >= batch.peek:
-                self._next_peek = now
-            elif not (self._ready or self._active):
-                self._next_peek = self._next_lease
-            else:
-                self._next_peek = now + BUSY_PEEK_INTERVAL
+            busy = bool(self._leases.ready or self._leases.active)
+            self._polling.peeked(now, len(res.peeked), batch.peek, busy=busy)
         if res.drained is not None:
             self._drained = (now, res.drained)
             _engine.wake(self.crawler)  # the engine asks spider_idle again, which reads it
-        low = len(self._ready) <= self.config.prefetch // 2
-        if (
-            self._outgoing
-            or self._acks
-            or self._freed
-            or self._swapped
-            or ((got or lease_now) and low)
-        ):
+        low = self._leases.ready <= self.config.prefetch // 2
+        if self._outbox.due or self._leases.unreported or ((got or lease_now) and low):
             # the next batch now, not one reactor turn later: a turn can be a page's parsing
             self._pump()
 
@@ -922,9 +594,9 @@ class Scheduler(BaseScheduler):
                     extra={"spider": self.spider},
                 )
                 failed.split = True
-            self._commit = failed
+            self._outbox.commit = failed
         elif commits:
-            self._commit = None
+            self._outbox.commit = None
         if res.committed is not None:
             self._apply_commit(res.committed, commits[0] if len(commits) == 1 else None)
         if res.split_dead:
@@ -932,115 +604,9 @@ class Scheduler(BaseScheduler):
 
     def _apply_commit(self, c: CommitResult, commit: Commit | None) -> None:
         self._remote_queue = c.queue_size
-        self._inc("distcrawl/pushed", c.enqueued)
-        self._inc("distcrawl/duplicates", c.duplicates)
-        self._inc("distcrawl/dead_letters", c.dead)
-        self._inc("distcrawl/commit/replayed", c.replayed)
-        self._inc("distcrawl/ack/late", c.late)
-        self._inc("distcrawl/ack/stale", c.stale)
-        self._inc("distcrawl/ack/missing", c.missing)
-        # start entries no longer in this worker's claim list: it was taken for dead and
-        # they went back to start_urls, for another worker; not stored here
-        self._inc("distcrawl/start_urls/taken_over", c.skipped)
-        if c.replayed:
-            logger.warning(
-                "A commit whose reply was lost had already been stored; not stored again",
-                extra={"spider": self.spider},
-            )
-        if (c.stale or c.missing) and time.monotonic() - self._warned_acks >= WARN_EVERY:
-            self._warned_acks = time.monotonic()
-            logger.warning(
-                "%d acknowledgements came after their leases were taken over and %d found no "
-                "request (already done, or lost by Redis); they changed nothing (stats: "
-                "distcrawl/ack/stale, distcrawl/ack/missing)",
-                c.stale,
-                c.missing,
-                extra={"spider": self.spider},
-            )
-        if commit is not None and not commit.split:
-            self._dropped(commit, c.not_stored)
-        elif c.duplicates and self.df is not None:
-            self.df.count(c.duplicates)
-        if c.slot_dropped:
-            self._inc("distcrawl/backpressure/slot_dropped", c.slot_dropped)
-            if time.monotonic() - self._warned_slot_full >= WARN_EVERY:
-                self._warned_slot_full = time.monotonic()
-                logger.warning(
-                    "%d new requests dropped: their slots have DISTCRAWL_MAX_PENDING_PER_SLOT=%d "
-                    "requests queued (stat distcrawl/backpressure/slot_dropped)",
-                    c.slot_dropped,
-                    self.config.max_pending_per_slot,
-                    extra={"spider": self.spider},
-                )
+        self._report.commit(c, commit)
         if c.dropped or c.held:
-            self._inc("distcrawl/backpressure/dropped", c.dropped)
-            self._inc("distcrawl/backpressure/start_urls_held", c.held)
-            self._next_peek = time.monotonic() + BUSY_PEEK_INTERVAL
-            if time.monotonic() - self._warned_full >= WARN_EVERY:
-                self._warned_full = time.monotonic()
-                logger.warning(
-                    "The shared queue is at DISTCRAWL_MAX_PENDING=%d: %d new requests dropped "
-                    "and %d start URLs left waiting in Redis (stats: distcrawl/backpressure/)",
-                    self.config.max_pending,
-                    c.dropped,
-                    c.held,
-                    extra={"spider": self.spider},
-                )
-
-    def _dropped(self, commit: Commit, positions: tuple[int, ...]) -> None:
-        """Requests Redis did not store (duplicates; negative positions: over the pending
-        cap): logged and signalled as Scrapy does for the requests its scheduler drops."""
-        for position in positions:
-            entry = commit.entries[position if position >= 0 else -position - 1]
-            request = entry.request
-            if position >= 0 and self.df is not None:
-                if request is not None:
-                    self.df.log(request, self.spider)  # type: ignore[arg-type]
-                else:
-                    self.df.count(1)
-            if request is not None:
-                self.crawler.signals.send_catch_log(
-                    signals.request_dropped, request=request, spider=self.spider
-                )
-
-    def _apply_requeue(self, res: BatchResult) -> None:
-        if res.swept is not None:
-            self._inc("distcrawl/slots/forgotten", res.swept.forgotten)
-        r = res.requeue
-        if r is None:
-            return
-        if r.requeued - r.released:
-            logger.info(
-                "Requeued %d requests whose leases expired",
-                r.requeued - r.released,
-                extra={"spider": self.spider},
-            )
-            self._inc("distcrawl/lease_expired", r.requeued - r.released)
-        if r.dead_workers:
-            logger.warning(
-                "%d workers stopped sending liveness beats for %.0fs: %d of their leases "
-                "given back",
-                r.dead_workers,
-                self.config.worker_timeout,
-                r.released,
-                extra={"spider": self.spider},
-            )
-            self._inc("distcrawl/dead_workers", r.dead_workers)
-            self._inc("distcrawl/dead_worker_released", r.released)
-        if r.unclaimed:
-            logger.warning(
-                "%d start URLs claimed by workers no longer alive given back to start_urls",
-                r.unclaimed,
-                extra={"spider": self.spider},
-            )
-            self._inc("distcrawl/start_urls/reclaimed", r.unclaimed)
-        if r.orphans:
-            logger.warning(
-                "%d leases had no request record (Redis lost data, or it was edited): removed",
-                r.orphans,
-                extra={"spider": self.spider},
-            )
-            self._inc("distcrawl/orphan_leases", r.orphans)
+            self._polling.queue_full()
 
     def _handle_leased(self, res: BatchResult) -> int:
         lease = res.lease
@@ -1056,45 +622,14 @@ class Scheduler(BaseScheduler):
                     extra={"spider": self.spider},
                 )
                 record = dead_letter(item.error, raw=item.payload, source="queue")
-                self._push(Entry("d", b"", 0, record))
-                self._acks.append(Ack(item.ref, self._pushed))
+                self._outbox.push(Entry("d", b"", 0, record))
+                self._outbox.ack(item.ref)
                 self._inc("distcrawl/quarantined")
                 continue
-            if item.reserve:
-                self._reserves.setdefault(item.slot, deque()).append((item.ref, item.request))
-                got += 1
-                continue
-            self._slots[item.ref.id] = item.slot
-            if item.paced:
-                # its slot's turn began in Redis when it was leased: sent behind the requests
-                # already waiting here, it would leave the next worker's turn closer than the
-                # slot's delay; what lag remains is reported when it is sent (sent.lua)
-                self._to_send[item.request] = (item.slot, lease.leased_at)
-                self._ready.appendleft((item.ref, item.request))
-            else:
-                self._ready.append((item.ref, item.request))
+            self._leases.add(item, lease.leased_at)
             got += 1
         self._remote_queue = lease.queue_size
-        self._inc("distcrawl/retry/due", lease.released)
-        if lease.quarantined:
-            logger.error(
-                "%d malformed queue entries moved to the dead letters",
-                lease.quarantined,
-                extra={"spider": self.spider},
-            )
-        if lease.missing_retries:
-            logger.warning(
-                "%d retries were due but their records were gone (Redis lost data?)",
-                lease.missing_retries,
-                extra={"spider": self.spider},
-            )
-            self._inc("distcrawl/retry/missing", lease.missing_retries)
-        if lease.rearmed:
-            logger.warning(
-                "%d queued slots were missing from the ready set: armed again",
-                lease.rearmed,
-                extra={"spider": self.spider},
-            )
+        self._report.lease(lease)
         if got:
             self._inc("distcrawl/leased", got)
             self._last_work = time.monotonic()
@@ -1104,55 +639,18 @@ class Scheduler(BaseScheduler):
     def _handle_peeked(self, raws: list[bytes]) -> None:
         """Entries claimed for this worker (Frontier.claim_start_urls): each becomes a
         request or a dead letter, whose commit takes it out of the claim list."""
+        assert self._intake is not None
         for raw in raws:
-            self._push(self._start_entry(raw))
+            self._outbox.push(self._intake.start_entry(raw))
             self._start_pending += 1
         if raws:
             self._inc("distcrawl/start_urls/read", len(raws))
             self._kick()
 
-    def _start_entry(self, raw: bytes) -> Entry:
-        assert self.codec is not None
-        try:
-            data = parse_entry(
-                raw,
-                max_bytes=self.config.start_url_max_bytes,
-                schemes=self.config.allowed_schemes,
-                start_meta_keys=self.config.start_meta_keys,
-            ).data
-            make = getattr(self.spider, "make_request_from_data", None)
-            request = make(data) if callable(make) else request_from_entry(data)
-            if not isinstance(request, Request):
-                raise InvalidEntry(f"make_request_from_data returned {type(request).__name__}")
-            why = refused_scheme(request.url, self.config.allowed_schemes)
-            if why is not None:  # the spider's hook may have made another URL of the entry
-                raise InvalidEntry(why)
-            fp = b""
-            if not request.dont_filter and self.df is not None:
-                fp = self.df.fingerprint(request)
-            slot = slot_of(request, by_ip=self.config.slots_by_ip)
-            why = bad_slot(slot)
-            if why is not None:
-                raise InvalidEntry(f"invalid download slot: {why}")
-            payload = self.codec.encode(request)
-            return Entry("s", fp, request.priority, payload, raw, slot, request)
-        except (InvalidEntry, SerializationError) as exc:
-            reason = str(exc)
-        except Exception as exc:  # a spider hook failing on one entry must not stop the rest
-            reason = f"{type(exc).__name__}: {exc}"
-        logger.warning(
-            "Bad start_urls entry %r: %s; dead-lettered",
-            raw[:200],
-            reason,
-            extra={"spider": self.spider},
-        )
-        self._inc("distcrawl/start_urls/invalid")
-        return Entry("x", b"", 0, dead_letter(reason, raw=raw, source="start_urls"), raw)
-
     def _crashed(self, failure: Any, batch: Batch) -> None:
         """A bug, not an outage: keep the work and log it loudly."""
         self._busy = False
-        self._drop_riders(batch.riders)
+        self._riders.drop(batch.riders)
         logger.error(
             "distcrawl scheduler error",
             exc_info=redacted_exc_info(
@@ -1160,54 +658,26 @@ class Scheduler(BaseScheduler):
             ),
             extra={"spider": self.spider},
         )
-        self._retry_at = time.monotonic() + 1.0
-
-    def _note_error(self, exc: BaseException) -> None:
-        self._inc("distcrawl/redis_errors")
-        self._retry_delay = min(max(self._retry_delay * 2, 0.5), MAX_RETRY_DELAY)
-        self._retry_at = time.monotonic() + self._retry_delay
-        if not self._failing:
-            what = auth_refusal(exc) or (
-                "Redis refused a batch"
-                if isinstance(exc, redis.ResponseError)
-                else "Redis unreachable"
-            )
-            logger.error(
-                "%s at %s (%s: %s); keeping %d pushes and %d acknowledgements and retrying",
-                what,
-                redact_url(self.config.redis_url),
-                type(exc).__name__,
-                redact_error(exc, self.config.redis_url),
-                len(self._outgoing) + (len(self._commit.entries) if self._commit else 0),
-                len(self._acks) + (len(self._commit.acks) if self._commit else 0),
-                extra={"spider": self.spider},
-            )
-        self._failing = True
+        self._outage.crashed()
 
     # -- lease tracking ------------------------------------------------------------------
 
     def _collect_finished(self) -> None:
-        if not self._active:
+        if not self._leases.active:
             return
-        in_progress = _engine.in_progress(self.crawler)
-        done = [ref for ref, req in self._active.items() if req not in in_progress]
-        for ref in done:
-            request = self._active.pop(ref)
-            self._to_send.pop(request, None)
-            self._fetching.pop(request, None)
-            self._slots.pop(ref.id, None)
-            # everything it produced is in _outgoing by now: acknowledged once that is stored
-            self._acks.append(Ack(ref, self._pushed))
+        for ref in self._leases.finished(_engine.in_progress(self.crawler)):
+            # everything it produced is pushed by now: acknowledged once that is stored
+            self._outbox.ack(ref)
 
     def _on_idle(self, spider: Spider) -> None:
         timeout = self.config.idle_timeout
         if (
             timeout is None
             or (self._busy and not self._waiting)
-            or self._failing  # cannot tell whether the shared queue is empty
+            or self._outage.failing  # cannot tell whether the shared queue is empty
             or self._paused
             or self.has_pending_requests()
-            or self._active
+            or self._leases.active
         ):
             raise DontCloseSpider
         now = time.monotonic()
@@ -1234,50 +704,30 @@ class Scheduler(BaseScheduler):
             extra={"spider": spider},
         )
 
-    def _forget(self, refs: list[LeaseRef]) -> None:
-        for ref in refs:
-            self._slots.pop(ref.id, None)
-
     def _full(self) -> bool:
         cap = self.config.max_pending
         return cap is not None and self._remote_queue >= cap
 
     def _on_downloading(self, request: Request, spider: Spider) -> None:
-        paced = self._to_send.pop(request, None)
-        if paced is not None:
-            self._sent.append(paced)
+        if self._leases.downloading(request):
             self._kick()  # before the slot's next turn, which this lag pushes back
 
     def _on_left(self, request: Request, spider: Spider) -> None:
-        ref = self._fetching.pop(request, None)
-        if ref is None:
+        swapped = self._leases.left(request)
+        if swapped is None:
             return
-        self._freed.append(ref)
-        slot = self._slots.pop(ref.id, None)
-        waiting = self._reserves.get(slot) if slot is not None else None
-        if slot is not None and waiting:
-            # a reserve of the same slot takes the place, now; Redis hears of it after
-            taken, taken_request = waiting.popleft()
-            if not waiting:
-                del self._reserves[slot]
-            self._slots[taken.id] = slot
-            self._swapped.append(taken)
-            self._ready.appendleft((taken, taken_request))
-            _engine.wake(self.crawler)
-            # no batch of its own: Redis' count is right meanwhile (the place is still
-            # counted, for the request that left), and the report goes with the next batch,
-            # before any acknowledgement of that request
+        if swapped:
+            _engine.wake(self.crawler)  # a reserve of its slot took its place
             return
         # off the site (answered or failed): its place in the slot is free for the next request
         # now, while its lease waits for what the page yields to be stored (the ack); and this
         # worker may take it in the same batch, not after the back-off of a lease that found
         # the slot full
-        self._idle_delay = 0.0
-        self._next_lease = min(self._next_lease, time.monotonic())
+        self._polling.place_freed()
         self._kick()
 
     def _on_response(self, response: Any, request: Request, spider: Spider) -> None:
-        if self._feedback.add(request, response):
+        if self._outbox.feedback(request, response):
             self._inc("distcrawl/politeness/throttled")
             self._inc(f"distcrawl/politeness/throttled/{response.status}")
             # every worker must hold back from now on, not from this worker's next batch

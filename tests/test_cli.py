@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import io
 import json
+import platform
 import shutil
 import subprocess
 import sys
@@ -11,7 +13,10 @@ import time
 from pathlib import Path
 
 import pytest
+import redis
+import scrapy
 
+import distcrawl
 from distcrawl.cli import main
 from distcrawl.demo.redis_server import RedisServer
 from distcrawl.frontier import Entry, Frontier, dead_letter
@@ -124,6 +129,19 @@ def test_help_never_shows_the_password_from_the_environment(capsys, monkeypatch)
     monkeypatch.setenv("REDIS_URL", SECRET_URL)
     assert main(["--help"]) == 0
     assert "s3cret" not in capsys.readouterr().out
+
+
+def test_version_names_distcrawl_scrapy_redis_py_and_python(capsys):
+    """One line for a bug report, with distcrawl's version from the installed metadata (the
+    number pyproject.toml sets), which distcrawl.__version__ must agree with."""
+    assert main(["--version"]) == 0
+    out = capsys.readouterr().out
+    installed = importlib.metadata.version("distcrawl")
+    assert out == (
+        f"distcrawl {installed} (Scrapy {scrapy.__version__}, redis-py {redis.__version__}, "
+        f"Python {platform.python_version()})\n"
+    )
+    assert distcrawl.__version__ == installed
 
 
 def test_invalid_redis_url_is_a_usage_error(capsys):

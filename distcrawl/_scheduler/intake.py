@@ -1,0 +1,158 @@
+"""What a worker stores in the frontier, made into entries: the requests its engine
+schedules, the ``start_urls`` entries it claimed, and the dead letters of those it cannot
+store.
+
+A request is checked here before anything is stored: the scheme first (a page can link to
+``file://``, and Scrapy would read the file), then the duplicate filter, the politeness slot
+and the codec. What fails a check is a dead letter with the reason, never an exception in the
+engine or a request silently lost. The scheduler pushes the entries (Outbox); nothing here
+touches Redis.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+from typing import Any
+
+from scrapy import Request, Spider
+
+from distcrawl._scheduler.report import Reporter
+from distcrawl.batch import refused_scheme
+from distcrawl.config import DistcrawlConfig
+from distcrawl.dupefilter import RedisDupeFilter
+from distcrawl.frontier import Entry, bad_slot, dead_letter
+from distcrawl.politeness import slot_of
+from distcrawl.serialize import RequestCodec, SerializationError
+from distcrawl.start_urls import InvalidEntry, parse_entry, request_from_entry
+
+#: the scheduler's logger: these are its messages, filtered and configured as such
+logger = logging.getLogger("distcrawl.scheduler")
+
+#: meta key a component sets to have the scheduler store a request for later (seconds)
+RETRY_DELAY_META = "distcrawl_retry_delay"
+
+
+class Intake:
+    """Entries from requests and ``start_urls`` entries, with the crawl's checks."""
+
+    def __init__(
+        self,
+        config: DistcrawlConfig,
+        df: RedisDupeFilter | None,
+        codec: RequestCodec,
+        spider: Spider,
+        report: Reporter,
+    ) -> None:
+        self.config = config
+        self.df = df
+        self.codec = codec
+        self.spider = spider
+        self._report = report
+        self.stats = report.stats
+
+    def entry(self, request: Request) -> Entry | None:
+        """The entry that stores a request the engine scheduled (a retry to store for
+        later when a component set RETRY_DELAY_META); a dead letter when it cannot be
+        stored; None when it is dropped here: a refused scheme, or a duplicate this worker
+        has seen."""
+        # first of all: a page can link to file://, and Scrapy would read the file
+        why = refused_scheme(request.url, self.config.allowed_schemes)
+        if why is not None:
+            self._report.refused_scheme(request, why)
+            return None
+        fp = b""
+        if not request.dont_filter and self.df is not None:
+            fp = self.df.fingerprint(request)
+            if self.df.seen_locally(fp):
+                self.df.log(request, self.spider)
+                return None
+        delay = request.meta.pop(RETRY_DELAY_META, None)
+        slot = slot_of(request, by_ip=self.config.slots_by_ip)
+        why = bad_slot(slot)
+        if why is not None:
+            logger.error(
+                "%s: invalid download slot %r (%s); dead-lettered",
+                request,
+                slot[:300],
+                why,
+                extra={"spider": self.spider},
+            )
+            self._inc("distcrawl/invalid_slot")
+            record = dead_letter(f"invalid download slot: {why}", url=request.url, source="enqueue")
+            return Entry("d", b"", 0, record)
+        try:
+            payload = self.codec.encode(request)
+        except SerializationError as exc:
+            logger.error("%s: dead-lettered", exc, extra={"spider": self.spider})
+            self._inc("distcrawl/unserializable")
+            record = dead_letter(str(exc), url=request.url, source="enqueue")
+            return Entry("d", b"", 0, record)
+        if delay is not None:
+            delay_ms = str(max(0, int(float(delay) * 1000))).encode()
+            self._inc("distcrawl/retry/scheduled")
+            return Entry("l", b"", request.priority, payload, delay_ms, slot, request)
+        return Entry("r", fp, request.priority, payload, b"", slot, request)
+
+    def dead_letter(self, request: Request, reason: str, *, source: str, **extra: Any) -> Entry:
+        """The dead letter of a request that will not be crawled, with what is needed to
+        re-drive it."""
+        assert self.codec is not None
+        try:
+            payload: str | None = base64.b64encode(self.codec.encode(request)).decode("ascii")
+        except SerializationError:
+            payload = None
+        record = dead_letter(
+            reason,
+            url=request.url,
+            source=source,
+            payload=payload,
+            priority=request.priority,
+            **extra,
+        )
+        return Entry("d", b"", 0, record)
+
+    def start_entry(self, raw: bytes) -> Entry:
+        """The entry that stores a ``start_urls`` entry this worker claimed, checked as
+        the producer checks it (entries.py), or its dead letter: one bad entry, or a
+        spider hook failing on it, must not stop the others."""
+        assert self.codec is not None
+        try:
+            data = parse_entry(
+                raw,
+                max_bytes=self.config.start_url_max_bytes,
+                schemes=self.config.allowed_schemes,
+                start_meta_keys=self.config.start_meta_keys,
+            ).data
+            make = getattr(self.spider, "make_request_from_data", None)
+            request = make(data) if callable(make) else request_from_entry(data)
+            if not isinstance(request, Request):
+                raise InvalidEntry(f"make_request_from_data returned {type(request).__name__}")
+            why = refused_scheme(request.url, self.config.allowed_schemes)
+            if why is not None:  # the spider's hook may have made another URL of the entry
+                raise InvalidEntry(why)
+            fp = b""
+            if not request.dont_filter and self.df is not None:
+                fp = self.df.fingerprint(request)
+            slot = slot_of(request, by_ip=self.config.slots_by_ip)
+            why = bad_slot(slot)
+            if why is not None:
+                raise InvalidEntry(f"invalid download slot: {why}")
+            payload = self.codec.encode(request)
+            return Entry("s", fp, request.priority, payload, raw, slot, request)
+        except (InvalidEntry, SerializationError) as exc:
+            reason = str(exc)
+        except Exception as exc:  # a spider hook failing on one entry must not stop the rest
+            reason = f"{type(exc).__name__}: {exc}"
+        logger.warning(
+            "Bad start_urls entry %r: %s; dead-lettered",
+            raw[:200],
+            reason,
+            extra={"spider": self.spider},
+        )
+        self._inc("distcrawl/start_urls/invalid")
+        return Entry("x", b"", 0, dead_letter(reason, raw=raw, source="start_urls"), raw)
+
+    def _inc(self, key: str, count: int = 1) -> None:
+        if count and self.stats is not None:
+            self.stats.inc_value(key, count)

@@ -1,0 +1,160 @@
+"""What a worker settles before it joins a crawl: its duplicate filter, its connection to
+Redis, the frontier's layout, and whether Redis keeps what the crawl stores.
+
+Each is a refusal or a warning that must come before the first lease: a worker that filters
+against another set, or lays the frontier out otherwise, corrupts the crawl quietly instead of
+failing (layout.py), and a Redis without an append-only file loses the frontier on a restart
+with nothing said until then.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, NamedTuple
+
+import redis
+from scrapy import Spider
+from scrapy.dupefilters import BaseDupeFilter
+from scrapy.settings import SETTINGS_PRIORITIES
+from scrapy.utils.misc import build_from_crawler, load_object
+
+from distcrawl.batch import Runner
+from distcrawl.config import ConfigError, DistcrawlConfig
+from distcrawl.connection import RedisIO, node_info, redact_url
+from distcrawl.dupefilter import RedisDupeFilter
+from distcrawl.frontier import Frontier
+from distcrawl.keys import FrontierKeys
+from distcrawl.layout import Layout, LayoutMismatch, class_path
+from distcrawl.liveness import Liveness
+from distcrawl.politeness import politeness
+from distcrawl.serialize import RequestCodec
+
+if TYPE_CHECKING:
+    from scrapy.crawler import Crawler
+
+#: the liveness thread beats once no batch carried a beat for this many heartbeat intervals
+#: (the worker timeout is at least three)
+OWN_BEAT_AFTER = 1.5
+
+#: the scheduler's logger: these are its messages, filtered and configured as such
+logger = logging.getLogger("distcrawl.scheduler")
+
+REDIS_DUPEFILTER = "distcrawl.dupefilter.RedisDupeFilter"
+
+
+def dupefilter_for(crawler: Crawler) -> RedisDupeFilter | BaseDupeFilter:
+    """DUPEFILTER_CLASS as Scrapy users mean it: distcrawl's (or a subclass) filters
+    against the shared seen-set, ``BaseDupeFilter`` turns filtering off, Scrapy's default
+    left in place means distcrawl's; any other class cannot see what other workers saw."""
+    settings = crawler.settings
+    path = settings["DUPEFILTER_CLASS"]
+    cls = load_object(path)
+    if isinstance(cls, type) and issubclass(cls, RedisDupeFilter):
+        return build_from_crawler(cls, crawler)
+    if cls is BaseDupeFilter:
+        return BaseDupeFilter()
+    if settings.getpriority("DUPEFILTER_CLASS") == SETTINGS_PRIORITIES["default"]:
+        return build_from_crawler(RedisDupeFilter, crawler)
+    raise ConfigError(
+        f"DUPEFILTER_CLASS={path!r}: distcrawl's scheduler filters duplicates against the "
+        f"shared seen-set with {REDIS_DUPEFILTER} (or a subclass of it); set "
+        "scrapy.dupefilters.BaseDupeFilter to turn filtering off"
+    )
+
+
+def check_layout(frontier: Frontier, config: DistcrawlConfig, crawler: Crawler) -> None:
+    """Join the crawl only if this worker lays the frontier out as the crawl does
+    (distcrawl/layout.py); on the Redis thread, before anything is leased."""
+    mine = Layout(
+        shards=1,
+        seen=config.seen,
+        serializer=config.serializer,
+        fingerprinter=class_path(crawler.request_fingerprinter),
+    )
+    stored = frontier.record_layout(mine.fields())
+    differences = mine.differences(stored)
+    if differences:
+        raise LayoutMismatch(frontier.keys.namespace, differences)
+
+
+def check_durability(
+    client: redis.Redis, keys: FrontierKeys, redis_url: str, spider: Spider | None
+) -> None:
+    """Say at start when Redis keeps no append-only file: a restart then rolls the
+    frontier back to its last snapshot (or empties it), which loses the requests queued
+    since and brings back pages already acknowledged. Nothing else warns about it
+    until it happens."""
+    try:
+        aof = node_info(client, "persistence", keys.queue).get("aof_enabled")
+    except redis.ResponseError:  # INFO not granted: nothing to say
+        return
+    if aof in (0, "0"):
+        logger.warning(
+            "Redis at %s keeps no append-only file (appendonly no): if it restarts, the "
+            "frontier goes back to its last snapshot, or is empty without one; requests "
+            "queued since are lost. Set appendonly yes (appendfsync everysec) for a crawl "
+            "you cannot start over",
+            redact_url(redis_url),
+            extra={"spider": spider},
+        )
+
+
+class Connected(NamedTuple):
+    """What a worker can make only once Redis answers: the key names depend on whether
+    REDIS_URL is a cluster."""
+
+    keys: FrontierKeys
+    frontier: Frontier
+    liveness: Liveness
+    runner: Runner
+
+
+def connect(
+    io: RedisIO,
+    keys: FrontierKeys,
+    codec: RequestCodec,
+    config: DistcrawlConfig,
+    tag: str,
+    spider: Spider | None,
+) -> Connected:
+    """Make the client (a RedisCluster when REDIS_URL is a cluster node: it loads the
+    slot map), the keys named for it, the Frontier, the liveness beat and the batch runner;
+    on the Redis thread, never the reactor's."""
+    client = io.connect()
+    keys = keys.on_cluster(bool(io.cluster))
+    if keys.cluster:
+        logger.info(
+            "%s is a Redis Cluster node: every key of %r is in the hash slot of %s",
+            redact_url(config.redis_url),
+            keys.namespace,
+            keys.start_urls,
+            extra={"spider": spider},
+        )
+    frontier = Frontier(
+        client,
+        keys,
+        politeness(config),
+        seen=config.seen,
+        bloom_capacity=config.bloom_capacity,
+        bloom_error_rate=config.bloom_error_rate,
+        tag=tag,
+    )
+    liveness = Liveness(
+        config.redis_url,
+        keys,
+        tag,
+        interval=config.heartbeat_interval,
+        socket_timeout=config.socket_timeout,
+        cluster=io.cluster,
+        # batches carry the beats (Batch.beat): the thread is the fallback
+        own_after=OWN_BEAT_AFTER * config.heartbeat_interval,
+    )
+    runner = Runner(
+        frontier,
+        codec,
+        lease_ms=int(config.lease_timeout * 1000),
+        worker_timeout_ms=int(config.worker_timeout * 1000),
+        schemes=config.allowed_schemes,
+        liveness=liveness,
+    )
+    return Connected(keys, frontier, liveness, runner)

@@ -1,0 +1,134 @@
+"""Items as MongoDB documents: the stable ``_id`` that makes every write an upsert, the checks
+that tell a document MongoDB will refuse before it is sent, and the dead-letter record of one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+import bson
+from bson import json_util
+from bson.binary import UuidRepresentation
+from bson.codec_options import CodecOptions
+from bson.errors import InvalidDocument
+
+#: MongoDB's document size limit (``maxBsonObjectSize``), the same on every server since 1.8
+MAX_DOCUMENT_BYTES = 16 * 1024 * 1024
+
+
+#: how much of a refused item a dead-letter record keeps (as JSON text)
+DEAD_ITEM_MAX_CHARS = 1_000_000
+
+
+#: how documents are turned into BSON (UUIDs in the standard representation)
+CODEC_OPTIONS: CodecOptions[Any] = CodecOptions(uuid_representation=UuidRepresentation.STANDARD)
+
+
+JSON_OPTIONS = json_util.JSONOptions(
+    json_mode=json_util.JSONMode.RELAXED,
+    uuid_representation=UuidRepresentation.STANDARD,
+    tz_aware=True,
+)
+
+
+class NoKey(ValueError):
+    """The item has no usable key; the message says why."""
+
+
+def key_from_fields(data: Mapping[str, Any], fields: Iterable[str]) -> str:
+    """A stable hex key of the values of ``fields``: the same values give the same key."""
+    values = []
+    for name in fields:
+        if name not in data or data[name] is None:
+            raise NoKey(f"key field {name!r} is missing")
+        values.append(data[name])
+    try:
+        text = json.dumps(values, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    except (TypeError, ValueError):
+        text = json_util.dumps(values, json_options=JSON_OPTIONS, sort_keys=True)
+    return hashlib.sha1(text.encode("utf-8")).hexdigest()  # a key, not a secret
+
+
+@dataclass
+class Doc:
+    """One item on its way to MongoDB: the document (with ``_id`` first) and its target."""
+
+    collection: str
+    doc: dict[str, Any]
+    #: the item's key, or None if it has none (then ``error`` says why)
+    key: Any = None
+    item_type: str = "dict"
+    #: set when the item was refused before any write (no key)
+    error: str | None = None
+
+
+@dataclass
+class FlushResult:
+    """What became of each Doc of a batch: "upserted", "updated", "dead" or "spilled"."""
+
+    outcomes: list[str] = field(default_factory=list)
+    reasons: dict[int, str] = field(default_factory=dict)
+
+    def count(self, outcome: str) -> int:
+        return self.outcomes.count(outcome)
+
+
+def check_document(doc: Mapping[str, Any]) -> bytes | str:
+    """The BSON of ``doc``, or the reason MongoDB would refuse it."""
+    for name in doc:
+        if isinstance(name, str) and name.startswith("$"):
+            return (
+                f"field name {name!r} starts with '$' (MongoDB refuses it at the top level "
+                "of a replacement document, error 52)"
+            )
+    try:
+        data = bson.encode(doc, codec_options=CODEC_OPTIONS)
+    except (InvalidDocument, OverflowError, TypeError, ValueError) as exc:
+        return f"cannot be encoded as BSON: {_short(str(exc))}"
+    if len(data) > MAX_DOCUMENT_BYTES:
+        return (
+            f"document too large: {len(data)} bytes of BSON, "
+            f"MongoDB's limit is {MAX_DOCUMENT_BYTES}"
+        )
+    return data
+
+
+def _short(text: str, limit: int = 500) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def item_text(doc: Mapping[str, Any]) -> tuple[str, bool]:
+    """A JSON rendering of a (possibly unencodable) item for a dead letter, and whether it
+    was cut to DEAD_ITEM_MAX_CHARS."""
+    try:
+        text = json.dumps(doc, default=repr, ensure_ascii=False)
+    except (TypeError, ValueError):
+        text = repr(doc)
+    if len(text) > DEAD_ITEM_MAX_CHARS:
+        return text[:DEAD_ITEM_MAX_CHARS], True
+    return text, False
+
+
+def dead_record(
+    doc: Doc, reason: str, code: int | None, *, database: str, source: str
+) -> dict[str, Any]:
+    text, truncated = item_text(doc.doc)
+    key = doc.key if isinstance(doc.key, str | int) else None
+    return {
+        # the same item refused again replaces its record instead of adding one
+        "_id": key if key is not None else bson.ObjectId(),
+        "reason": reason,
+        "code": code,
+        "database": database,
+        "collection": doc.collection,
+        "item_type": doc.item_type,
+        "item": text,
+        "truncated": truncated,
+        "source": source,
+        "time": datetime.now(timezone.utc),
+    }

@@ -1,0 +1,81 @@
+"""``distcrawl mongo replay``: a spill file written to MongoDB later, in batches, exactly as
+the pipeline would have written it (upserts by ``_id``, so replaying twice is harmless)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from distcrawl.mongo._documents import Doc
+from distcrawl.mongo._spill import SpillFile, read_spill
+from distcrawl.mongo._writer import MongoWriter
+
+
+@dataclass
+class ReplayResult:
+    documents: int = 0
+    upserted: int = 0
+    updated: int = 0
+    dead: int = 0
+    spilled: int = 0
+    files: list[str] = field(default_factory=list)
+
+
+def replay(
+    paths: Iterable[str | os.PathLike[str]],
+    uri: str,
+    *,
+    database: str | None = None,
+    batch_size: int = 500,
+    timeout: float = 5.0,
+) -> ReplayResult:
+    """Write the documents of spill files into MongoDB (upserts by ``_id``: replaying a
+    file twice changes nothing). Documents MongoDB refuses are dead-lettered again; what
+    cannot even be dead-lettered goes to ``<file>.rejected.jsonl``. Raises on a failure
+    of a whole batch (MongoDB unreachable): nothing is lost, run it again."""
+    result = ReplayResult()
+    writers: dict[str, MongoWriter] = {}
+    try:
+        for path in paths:
+            spill = SpillFile(f"{path}.rejected.jsonl")
+            batches: dict[str, list[Doc]] = {}
+            for _number, record in read_spill(path):
+                name = database or record["database"]
+                doc = record["doc"]
+                batch = batches.setdefault(name, [])
+                batch.append(Doc(record["collection"], doc, key=doc["_id"], item_type="replay"))
+                if len(batch) >= batch_size:
+                    _replay_batch(writers, uri, name, batch, spill, timeout, result)
+                    batches[name] = []
+            for name, batch in batches.items():
+                if batch:
+                    _replay_batch(writers, uri, name, batch, spill, timeout, result)
+            result.files.append(str(path))
+    finally:
+        for writer in writers.values():
+            writer.close()
+    return result
+
+
+def _replay_batch(
+    writers: dict[str, MongoWriter],
+    uri: str,
+    database: str,
+    batch: list[Doc],
+    spill: SpillFile,
+    timeout: float,
+    result: ReplayResult,
+) -> None:
+    writer = writers.get(database)
+    if writer is None:
+        writer = writers[database] = MongoWriter(
+            uri, database, spill=spill, source="replay", timeout=timeout
+        )
+    writer.spill_file = spill
+    outcome = writer.write(batch)
+    result.documents += len(batch)
+    result.upserted += outcome.count("upserted")
+    result.updated += outcome.count("updated")
+    result.dead += outcome.count("dead")
+    result.spilled += outcome.count("spilled")

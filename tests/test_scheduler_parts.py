@@ -1,0 +1,165 @@
+"""The scheduler's parts with state of their own (distcrawl/_scheduler/), without Redis or a
+crawl: the rules a crawl test would only show through timing, checked one at a time."""
+
+from __future__ import annotations
+
+import time
+
+from scrapy import Request
+
+from distcrawl._scheduler.leases import Leases
+from distcrawl._scheduler.outbox import Outbox
+from distcrawl._scheduler.polling import CONTENDED_POLL_MAX, Polling
+from distcrawl.batch import Batch, LeasedRequest
+from distcrawl.config import DistcrawlConfig
+from distcrawl.frontier import Entry, LeaseRef, LeaseResult
+
+
+def leased(n: int, slot: str = "a.example", *, reserve: bool = False, paced: bool = False):
+    ref = LeaseRef(f"id{n}", b"t")
+    request = Request(f"https://{slot}/{n}")
+    return LeasedRequest(ref, request, b"", slot, paced, reserve=reserve), ref, request
+
+
+def entry(n: int) -> Entry:
+    return Entry("r", b"", 0, str(n).encode())
+
+
+# ---------------------------------------------------------------------- leases
+
+
+def test_a_reserve_takes_the_place_of_a_request_of_its_slot_that_left_the_downloader():
+    leases = Leases()
+    first, first_ref, first_request = leased(1)
+    reserve, reserve_ref, reserve_request = leased(2, reserve=True)
+    leases.add(first, leased_at=0)
+    leases.add(reserve, leased_at=0)
+    assert (leases.ready, leases.waiting) == (1, 2)
+    assert leases.hand_out() is first_request
+    assert leases.hand_out() is None  # a reserve is never handed out without a place
+
+    assert leases.left(first_request) is True
+    assert leases.hand_out() is reserve_request
+    batch = Batch()
+    leases.report(batch)
+    assert (batch.freed, batch.taken) == ([first_ref], [reserve_ref])
+    assert not leases.unreported
+
+
+def test_a_request_without_a_reserve_frees_its_place_and_is_acknowledged_once_done():
+    leases = Leases()
+    item, ref, request = leased(1)
+    leases.add(item, leased_at=0)
+    leases.hand_out()
+    assert leases.left(Request("https://a.example/other")) is None  # not one of ours
+    assert leases.left(request) is False
+    assert leases.finished(in_progress={request}) == []
+    assert leases.finished(in_progress=set()) == [ref]
+    assert leases.unreported and not leases.active  # only the place report is left
+
+
+def test_a_paced_request_goes_first_and_is_reported_when_it_reaches_the_downloader():
+    leases = Leases()
+    plain, _, plain_request = leased(1)
+    paced, _, paced_request = leased(2, slot="slow.example", paced=True)
+    leases.add(plain, leased_at=0)
+    leases.add(paced, leased_at=1234)
+    assert leases.hand_out() is paced_request
+    assert leases.downloading(plain_request) is False
+    assert leases.downloading(paced_request) is True
+    batch = Batch()
+    leases.report(batch)
+    assert batch.sent == [("slow.example", 1234)]
+
+
+def test_closing_gives_back_every_lease_and_pausing_only_those_not_in_the_engine():
+    leases = Leases()
+    items = [leased(n) for n in range(3)] + [leased(3, reserve=True)]
+    for item, _, _ in items:
+        leases.add(item, leased_at=0)
+    leases.hand_out()
+    assert sorted(r.id for r in leases.release_waiting()) == ["id1", "id2", "id3"]
+    assert leases.active and leases.waiting == 0
+    assert [r.id for r in leases.release_all()] == ["id0"]
+    assert not leases.busy()
+
+
+def test_reserves_of_a_slot_with_nothing_left_to_replace_go_back():
+    leases = Leases()
+    reserve, ref, _ = leased(1, slot="gone.example", reserve=True)
+    held_item, _, _ = leased(2, slot="kept.example")
+    kept_reserve, _, _ = leased(3, slot="kept.example", reserve=True)
+    for item in (reserve, held_item, kept_reserve):
+        leases.add(item, leased_at=0)
+    release, held = leases.release_idle_reserves(count=True)
+    assert release == [ref]
+    assert held == {"kept.example": 1}
+    assert leases.reserved() == {"kept.example": 1}
+
+
+# ---------------------------------------------------------------------- outbox
+
+
+def test_an_acknowledgement_waits_for_the_entries_pushed_before_it():
+    outbox = Outbox(DistcrawlConfig(push_batch_size=2))
+    for n in range(3):
+        outbox.push(entry(n))
+    ref = LeaseRef("id1", b"t")
+    outbox.ack(ref)
+    outbox.push(entry(3))  # pushed after the ack: not waited for
+
+    first = outbox.current()
+    assert first is not None and (len(first.entries), first.acks) == (2, [])
+    assert outbox.current() is first  # sent again, unchanged, until Redis confirms it
+    assert outbox.acked_refs() == [ref]
+    outbox.commit = None
+    second = outbox.current()
+    assert second is not None and (len(second.entries), second.acks) == (2, [ref])
+    assert outbox.counts() == (2, 1)
+
+
+def test_closing_takes_every_commit_left():
+    outbox = Outbox(DistcrawlConfig(push_batch_size=2))
+    for n in range(5):
+        outbox.push(entry(n))
+    outbox.ack(LeaseRef("id1", b"t"))
+    commits = outbox.take_all()
+    assert [len(c.entries) for c in commits] == [2, 2, 1]
+    assert [len(c.acks) for c in commits] == [0, 0, 1]
+    assert not outbox.pending() and outbox.take_all() == []
+
+
+# ---------------------------------------------------------------------- polling
+
+
+def test_an_empty_lease_poll_backs_off_doubling_up_to_the_cap():
+    config = DistcrawlConfig(idle_poll_max=0.4)
+    polling = Polling(config)
+    now = time.monotonic()
+    waits = []
+    for _ in range(5):
+        polling.back_off(now, LeaseResult([], 0, 0, 0), idle=False)
+        waits.append(round(polling._next_lease - now, 3))
+    assert waits == [0.05, 0.1, 0.2, 0.4, 0.4]
+    polling.lease_now(now)
+    assert polling.lease_due(now)
+
+
+def test_requests_waiting_in_full_slots_cap_the_back_off_lower():
+    polling = Polling(DistcrawlConfig(idle_poll_max=1.0))
+    now = time.monotonic()
+    for _ in range(10):
+        polling.back_off(now, LeaseResult([], 5, 0, 0), idle=True)
+    assert polling._next_lease - now == CONTENDED_POLL_MAX
+
+
+def test_an_idle_worker_waits_in_redis_once_then_polls_again():
+    config = DistcrawlConfig()
+    polling = Polling(config)
+    now = time.monotonic()
+    polling.back_off(now, LeaseResult([], 0, 0, 0), idle=True)
+    assert polling.lease_due(now)  # the wait is spent in Redis, not here
+    assert polling.take_wake_wait(lambda: False) == 0.0  # no longer idle: no wait...
+    polling.back_off(now, LeaseResult([], 0, 0, 0), idle=True)
+    assert polling.take_wake_wait(lambda: True) == 0.1
+    assert polling.take_wake_wait(lambda: True) == 0.0  # ...and used once
