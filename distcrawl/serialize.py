@@ -232,8 +232,10 @@ class RequestCodec:
             elif attr == "errback":
                 value = self._stored_name(request.errback, "errback")
             elif attr == "headers":
-                # pairs, not a dict: JSON has no bytes keys
-                value = [[k, list(v)] for k, v in request.headers.items()]
+                # pairs, not a dict: JSON has no bytes keys; Headers.items() costs ~4 us
+                # even when empty, as most requests' headers are
+                headers = request.headers
+                value = [[k, list(v)] for k, v in headers.items()] if headers else []
             else:
                 value = getattr(request, attr)
             if value != default:

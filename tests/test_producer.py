@@ -10,11 +10,18 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from scrapy import Request
 from scrapy.settings import Settings
+from scrapy.spiderloader import get_spider_loader
+from scrapy.utils.request import fingerprint as scrapy_fingerprint
 
 from distcrawl import AsyncProducer, Outcome, Producer
+from distcrawl.config import DistcrawlConfig
+from distcrawl.dupefilter import get_fingerprint
+from distcrawl.entries import EntryMaker, Refused, entry_bytes
 from distcrawl.frontier import Frontier, dead_letter, parse_entry
 from distcrawl.keys import FrontierKeys
+from distcrawl.politeness import slot_for, slot_of
 from distcrawl.producer import ProducerError, RedriveResult
 from distcrawl.serialize import RequestCodec
 from tests.support import page_fetches
@@ -205,6 +212,84 @@ def test_bad_entries_get_the_verdicts_a_worker_gives(redis_url, redis_client, wo
         print(f"{raw[:60]!r:64} {by_producer[sha]}")
         assert by_producer[sha] == by_worker[sha], raw
     assert redis_client.zcard(SITE.queue) == 0
+
+
+#: URLs whose canonical form differs from what was pushed in every way w3lib knows
+URLS = [
+    "http://a.test/",
+    "http://a.test",
+    "HTTP://A.Test:8080/P?b=2&a=1&a=0#frag",
+    "https://a.test/r\u00e9sum\u00e9?q=caf\u00e9&x=%e9",
+    "https://b\u00fccher.test/%7euser/./a/../b;p=1?q=a+b&q=",
+    "http://user:pw@a.test:80/x?",
+    "http://[::0:1]:8000/a%2fb",
+    "http://a.test/\u2603?\u2603=\u2603",
+    "http://a.test/pa th?q=a b",
+]
+
+
+@pytest.mark.parametrize("url", URLS)
+def test_the_producers_fingerprint_and_slot_are_the_workers(url):
+    """get_fingerprint and slot_for (the producer's) against what a worker computes with
+    Scrapy's fingerprinter and slot_of: the seen-set and the slots must not depend on who
+    made the entry."""
+    request = Request(url)
+    assert get_fingerprint(request.url) == scrapy_fingerprint(request)
+    assert slot_for(request.url, request.meta) == slot_of(request)
+    request = Request(url, meta={"download_slot": "x"})
+    assert slot_for(request.url, request.meta) == slot_of(request) == "x"
+
+
+def entry_makers(**overrides: Any) -> tuple[EntryMaker, EntryMaker]:
+    """The site spider's EntryMaker (Scrapy's fingerprinter: the fast path for plain GETs)
+    and the same with that path off (every fingerprint from the fingerprinter)."""
+    settings = project_settings(**overrides)
+    spidercls = get_spider_loader(settings).load("site")
+    settings = settings.copy()
+    spidercls.update_settings(settings)
+    config = DistcrawlConfig.from_settings(settings)
+    fast = EntryMaker(spidercls, settings, config)
+    general = EntryMaker(spidercls, settings, config)
+    general.url_only = False
+    assert fast.url_only
+    return fast, general
+
+
+def made_or_refused(maker: EntryMaker, item: Any) -> Any:
+    try:
+        made = maker.make(*entry_bytes(item))
+    except Refused as exc:
+        return ("refused", str(exc))
+    return (made.url, made.entry._replace(request=None))
+
+
+def test_the_fast_path_and_the_general_path_give_the_same_verdicts():
+    """A mixed list of good and bad entries, through the plain-GET fast path and through the
+    fingerprinter: the same refusals with the same reasons, and field for field the same
+    queue entries (fingerprint, priority, payload, slot)."""
+    mixed: list[Any] = [
+        *BAD_ENTRIES,
+        *URLS,
+        "  http://a.test/padded  ",
+        b"http://a.test/bytes",
+        {"url": "http://a.test/j", "priority": 5, "meta": {"k": [1, 2]}},
+        {"url": "http://a.test/post", "method": "POST", "body": "a=1"},
+        {"url": "http://a.test/head", "method": "HEAD"},
+        {"url": "http://a.test/h", "headers": {"X-A": "1"}},
+        {"url": "http://a.test/v", "meta": {"verbatim_url": True}},
+        {"url": "http://a.test/df", "dont_filter": True},
+        {"url": "http://a.test/cb", "callback": "parse"},
+        {"url": "http://a.test/cb", "callback": "page_item"},
+        {"url": "http://a.test/s", "meta": {"download_slot": "shared"}},
+        {"url": "http://a.test/bad", "method": "GET\n"},
+        "http://a.test/\ud800",
+    ]
+    for overrides in ({}, {"DISTCRAWL_START_META_KEYS": "download_slot,verbatim_url,dont_filter"}):
+        fast, general = entry_makers(DISTCRAWL_START_URL_MAX_BYTES=300, **overrides)
+        verdicts = [made_or_refused(fast, item) for item in mixed]
+        assert verdicts == [made_or_refused(general, item) for item in mixed]
+        refused = sum(v[0] == "refused" for v in verdicts)
+        assert 0 < refused < len(mixed), verdicts  # both kinds were compared
 
 
 def test_async_producer_in_a_running_asyncio_app(redis_url, demo_site, workers):
