@@ -10,6 +10,7 @@ stored by the producer as the worker would have stored it. Nothing here touches 
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -135,12 +136,17 @@ class EntryMaker:
             fingerprinter=class_path(self.fingerprinter),
         )
 
-    def make(self, raw: bytes, callback: str | None = None) -> Made:
+    def make(self, raw: bytes, callback: str | None = None, once: bytes | None = None) -> Made:
         """The commit entry for one raw entry; :class:`Refused` with the reason otherwise.
 
         Kind ``r`` with the fingerprint: Redis queues it only if it was never seen, so a
         push sent again (a retried task) stores nothing twice. Start URLs are not held at
-        the per-slot cap (the producer's commits carry none), only at the pending cap."""
+        the per-slot cap (the producer's commits carry none), only at the pending cap.
+
+        A request that has no fingerprint (``dont_filter``, or a crawl without a duplicate
+        filter) is fetched each time it is pushed, as in Scrapy; ``once`` (push_key's)
+        stands in for its fingerprint, so that the same push sent again (a retried task, a
+        push_many re-run after an error) is not a second request while another push is."""
         config = self.config
         try:
             data = parse_entry(
@@ -161,6 +167,8 @@ class EntryMaker:
             fp = b""
             if self.filtering and not request.dont_filter:
                 fp = self._fingerprint(request)[:FINGERPRINT_BYTES]
+            elif once is not None:
+                fp = once
             # slot_of's hostname, from urlsplit's cache (the hook most likely split this URL)
             # instead of a urlparse_cached entry that nothing in this process reads again
             slot = slot_for(request.url, request.meta, by_ip=config.slots_by_ip)
@@ -194,6 +202,18 @@ class EntryMaker:
         if why is not None:
             raise Refused(f"callback refused: {why}")
         return getattr(self.spider, name)
+
+
+def push_key(push_id: str, index: int, raw: bytes, callback: str | None) -> bytes:
+    """The seen-set member that makes push ``push_id``'s ``index``-th entry idempotent when
+    it has no fingerprint: a hash of all three (and the callback), in the fingerprints'
+    size, so that the commit script's seen check drops the same push sent again (and only
+    that: another push id, entry or position gives another member)."""
+    digest = hashlib.sha1(b"distcrawl-push\0")  # SHA1 as the fingerprints: not for secrecy
+    for part in (push_id.encode("utf-8", "surrogatepass"), str(index).encode(), raw):
+        digest.update(len(part).to_bytes(8, "big") + part)
+    digest.update((callback or "").encode("utf-8", "surrogatepass"))
+    return digest.digest()[:FINGERPRINT_BYTES]
 
 
 def check_raw(raw: bytes, config: DistcrawlConfig) -> str:

@@ -49,7 +49,15 @@ from scrapy.utils.project import get_project_settings
 from distcrawl import dashboard, deadletter
 from distcrawl.config import ConfigError, DistcrawlConfig
 from distcrawl.connection import is_cluster, make_redis
-from distcrawl.entries import EntryLike, EntryMaker, Refused, check_raw, entry_bytes, fields_of
+from distcrawl.entries import (
+    EntryLike,
+    EntryMaker,
+    Refused,
+    check_raw,
+    entry_bytes,
+    fields_of,
+    push_key,
+)
 from distcrawl.frontier import Entry, Frontier, Politeness
 from distcrawl.keys import FrontierKeys
 from distcrawl.politeness import politeness
@@ -264,10 +272,14 @@ class Producer:
         headers: Mapping[str, Any] | None = None,
         body: str | None = None,
         dont_filter: bool = False,
+        push_id: str | None = None,
     ) -> PushResult:
         """Push one URL; ``priority`` is the request's (higher first, as in Scrapy),
         ``callback`` the name of a spider method (target "queue" only). Raises
-        ``redis.RedisError`` when Redis cannot be reached: pushing again is safe."""
+        ``redis.RedisError`` when Redis cannot be reached: pushing again is safe.
+
+        ``push_id`` names this push, so that sending it again is a no-op even for a
+        ``dont_filter`` request (see :meth:`push_many`)."""
         fields = fields_of(
             url,
             priority=priority,
@@ -278,13 +290,22 @@ class Producer:
             body=body,
             dont_filter=dont_filter,
         )
-        return self.push_many([fields])[0]
+        return self.push_many([fields], push_id=push_id)[0]
 
-    def push_many(self, entries: Iterable[EntryLike], *, atomic: bool = False) -> list[PushResult]:
+    def push_many(
+        self, entries: Iterable[EntryLike], *, atomic: bool = False, push_id: str | None = None
+    ) -> list[PushResult]:
         """Push entries (each a start_urls entry's text or bytes, or its fields as a mapping),
         in batches of DISTCRAWL_PUSH_BATCH_SIZE sent in one pipeline; a result per entry, in
         order. A ``redis.RedisError`` leaves earlier batches stored: pushing everything again
-        stores nothing twice (but a ``dont_filter`` entry, which has no fingerprint).
+        stores nothing twice.
+
+        A ``dont_filter`` request has no fingerprint: as in Scrapy, each push of it is a
+        request of its own (a deliberate fetch again). ``push_id`` (a task id, any string
+        unique to this push) tells a push sent again from a new one: the same entries at the
+        same positions under the same ``push_id`` are stored once, their second sending
+        reported SEEN; the Celery tasks pass their task id. Target "queue" only: the
+        "start_urls" target has no seen check at the producer.
 
         ``atomic`` (target "start_urls" only): either every valid entry is pushed or, when
         the pending cap leaves too little room for all of them, none (``distcrawl push``)."""
@@ -304,7 +325,8 @@ class Producer:
                 results.append(None)
                 try:
                     raw, callback = entry_bytes(item)
-                    made = maker.make(raw, callback)
+                    once = None if push_id is None else push_key(push_id, at, raw, callback)
+                    made = maker.make(raw, callback, once)
                 except Refused as exc:
                     results[at] = PushResult(Outcome.REFUSED, _url_of(item), str(exc))
                     continue

@@ -270,3 +270,28 @@ def test_item_notifications_one_per_stored_document_none_for_dead_letters(
     keys = [m[2] for m in messages]
     assert sorted(keys) == sorted(stored)  # one per stored document, none for a dead letter
     assert "'distcrawl/mongo/notifications/sent': " + str(len(stored)) in worker.log()
+
+
+def test_a_push_task_retried_stores_a_dont_filter_request_once(redis_url, redis_client):
+    """The ``distcrawl.push`` task run twice under one task id (what a retry or a
+    re-delivery after a lost acknowledgement does) stores its dont_filter request once;
+    another task's push of it is a request of its own (docs/producers.md)."""
+    from celery import Celery
+
+    from distcrawl import celery as tasks
+
+    app = Celery("distcrawl_test", set_as_current=False)
+    app.conf.update(
+        distcrawl_redis_url=redis_url,
+        distcrawl_settings={"DISTCRAWL_START_META_KEYS": ["dont_filter"]},
+    )
+    push = app.tasks["distcrawl.push"]
+    try:
+        run = [
+            push.apply(["site", "http://a.test/x"], {"dont_filter": True}, task_id=task_id).get()
+            for task_id in ("t1", "t1", "t2")
+        ]
+    finally:
+        tasks.reset()
+    assert [r["outcome"] for r in run] == ["queued", "seen", "queued"]
+    assert stored_urls(redis_client) == ["http://a.test/x"] * 2

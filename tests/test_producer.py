@@ -214,6 +214,48 @@ def test_bad_entries_get_the_verdicts_a_worker_gives(redis_url, redis_client, wo
     assert redis_client.zcard(SITE.queue) == 0
 
 
+def test_a_dont_filter_request_is_fetched_per_push_and_a_push_sent_again_is_not(
+    redis_url, redis_client
+):
+    """What a Scrapy user expects of ``dont_filter``: it bypasses the duplicate filter, so
+    pushing a URL with it twice is two requests (a page fetched again on purpose, as when a
+    spider yields it twice). Sending the same push again (a Celery task retried after its
+    reply was lost, or re-delivered; a push_many re-run after a RedisError) is one push:
+    with a ``push_id`` (the Celery tasks pass their task id) the second sending stores
+    nothing and reports SEEN. Without one nothing tells the two apart, and Scrapy's meaning
+    wins: stored again."""
+    settings = project_settings(DISTCRAWL_START_META_KEYS="dont_filter")
+    with Producer.from_url(redis_url, "site", settings) as p:
+        assert p.push("http://a.test/x").outcome is Outcome.QUEUED
+        # bypasses the seen-set, each time: two requests
+        assert p.push("http://a.test/x", dont_filter=True).outcome is Outcome.QUEUED
+        assert p.push("http://a.test/x", dont_filter=True).outcome is Outcome.QUEUED
+        assert redis_client.zcard(SITE.queue) == 3
+
+        # one push sent twice: stored once
+        first = p.push("http://a.test/x", dont_filter=True, push_id="task-1")
+        again = p.push("http://a.test/x", dont_filter=True, push_id="task-1")
+        assert (first.outcome, again.outcome) == (Outcome.QUEUED, Outcome.SEEN)
+        assert redis_client.zcard(SITE.queue) == 4
+        # another push of the same request is another request
+        assert p.push("http://a.test/x", dont_filter=True, push_id="task-2").ok
+        assert redis_client.zcard(SITE.queue) == 5
+
+        # push_many re-run under the same id: every entry once, dont_filter ones included
+        entries: list[Any] = [
+            {"url": "http://a.test/x", "dont_filter": True},
+            {"url": "http://a.test/x", "dont_filter": True},  # twice in one push: two requests
+            "http://a.test/new",
+        ]
+        sent = p.push_many(entries, push_id="batch-1")
+        assert [r.outcome for r in sent] == [Outcome.QUEUED] * 3
+        resent = p.push_many(entries, push_id="batch-1")
+        assert [r.outcome for r in resent] == [Outcome.SEEN] * 3
+        assert redis_client.zcard(SITE.queue) == 8
+    stored = [d for d in queued(redis_client) if d["u"] == "http://a.test/x"]
+    assert sum(bool(d.get("d")) for d in stored) == 6  # all but the first are dont_filter
+
+
 #: URLs whose canonical form differs from what was pushed in every way w3lib knows
 URLS = [
     "http://a.test/",
