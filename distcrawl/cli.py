@@ -540,7 +540,9 @@ def cmd_dead_purge(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def cmd_dead_redrive(args: argparse.Namespace, ctx: Context) -> int:
-    result = ctx.producer(args.spider, target="start_urls").redrive(
+    # the project's spider makes the request of a record that holds only its URL
+    producer = ctx.producer(args.spider, _project_settings([]), target="start_urls")
+    result = producer.redrive(
         error=args.error, domain=args.domain, source=args.source, serializer=args.serializer
     )
     moved, unusable = result.redriven, result.not_redrivable

@@ -155,13 +155,7 @@ class EntryMaker:
                 schemes=config.allowed_schemes,
                 start_meta_keys=config.start_meta_keys,
             ).data
-            make = getattr(self.spider, "make_request_from_data", None)
-            request = make(data) if callable(make) else request_from_entry(data)
-            if not isinstance(request, Request):
-                raise InvalidEntry(f"make_request_from_data returned {type(request).__name__}")
-            why = refused_scheme(request.url, config.allowed_schemes)
-            if why is not None:
-                raise InvalidEntry(why)
+            request = self.request_of(data)
             if callback is not None:
                 request = request.replace(callback=self._callback(callback))
             fp = b""
@@ -183,6 +177,18 @@ class EntryMaker:
         except Exception as exc:  # the spider's hook failing on one entry, as in the worker
             raise Refused(f"{type(exc).__name__}: {exc}") from None
         return Made(request.url, Entry("r", fp, request.priority, payload, b"", slot))
+
+    def request_of(self, data: dict[str, Any]) -> Request:
+        """The spider's request for an entry's validated ``data``, as a worker makes it of a
+        start URL (its ``make_request_from_data``); InvalidEntry when it cannot be one."""
+        make = getattr(self.spider, "make_request_from_data", None)
+        request = make(data) if callable(make) else request_from_entry(data)
+        if not isinstance(request, Request):
+            raise InvalidEntry(f"make_request_from_data returned {type(request).__name__}")
+        why = refused_scheme(request.url, self.config.allowed_schemes)
+        if why is not None:  # the spider's hook may have made another URL of the entry
+            raise InvalidEntry(why)
+        return request
 
     def _fingerprint(self, request: Request) -> bytes:
         """The fingerprinter's fingerprint; most entries are plain GETs, whose fingerprint

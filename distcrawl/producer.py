@@ -41,7 +41,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 import redis
-from scrapy import Spider
+from scrapy import Request, Spider
 from scrapy.settings import BaseSettings, Settings
 from scrapy.spiderloader import get_spider_loader
 from scrapy.utils.project import get_project_settings
@@ -63,6 +63,7 @@ from distcrawl.keys import FrontierKeys
 from distcrawl.politeness import politeness
 from distcrawl.redact import redact_url
 from distcrawl.serialize import RequestCodec
+from distcrawl.start_urls import validate_url
 
 logger = logging.getLogger(__name__)
 
@@ -193,6 +194,7 @@ class Producer:
         self._client: redis.Redis | None = None
         self._frontier: Frontier | None = None
         self._maker: EntryMaker | None = None
+        self._unchecked: EntryMaker | None = None
         self._cap: tuple[float, int] | None = None
         self._sending: ThreadPoolExecutor | None = None
         #: the room the pending cap left at the last push to start_urls (None: no cap)
@@ -355,11 +357,19 @@ class Producer:
             self._sending = ThreadPoolExecutor(1, thread_name_prefix="distcrawl-push")
         return self._sending
 
+    def _unchecked_maker(self) -> EntryMaker:
+        """The spider, fingerprinter and codec, made once (needs the spider's class)."""
+        if self._unchecked is None:
+            assert self._spidercls is not None
+            self._unchecked = EntryMaker(
+                self._spidercls, self.settings, self.config, self._spider_kwargs
+            )
+        return self._unchecked
+
     def _entry_maker(self) -> EntryMaker:
         """The spider, fingerprinter and codec, made once; the layout checked once."""
         if self._maker is None:
-            assert self._spidercls is not None
-            maker = EntryMaker(self._spidercls, self.settings, self.config, self._spider_kwargs)
+            maker = self._unchecked_maker()
             frontier = self.frontier
             mine = maker.layout()
             differences = mine.differences(frontier.record_layout(mine.fields()))
@@ -523,10 +533,26 @@ class Producer:
         serializer: str | None = None,
     ) -> RedriveResult:
         """Put the matching dead letters back to work (deadletter.py); ``serializer``
-        defaults to DISTCRAWL_SERIALIZER."""
-        codec = RequestCodec(serializer or self.config.serializer)
+        defaults to DISTCRAWL_SERIALIZER. A record holding only its URL becomes the
+        request the spider makes of that URL (its ``make_request_from_data``, as for a start
+        URL) when this producer has the spider's code; else a plain GET of the URL."""
+        serializer = serializer or self.config.serializer
+        if self._spidercls is None:
+            codec = RequestCodec(serializer)
+            rebuild = None
+        else:
+            maker = self._unchecked_maker()
+            codec = RequestCodec(
+                serializer, maker.spider, allowed_callbacks=self.config.allowed_callbacks
+            )
+            schemes = self.config.allowed_schemes
+
+            def rebuild(data: dict[str, Any]) -> Request:
+                # a record's URL is a request's, but the record is text anyone could LPUSH
+                return maker.request_of({**data, "url": validate_url(data["url"], schemes)})
+
         moved, unusable = deadletter.redrive(
-            self.frontier, codec, error=error, domain=domain, source=source
+            self.frontier, codec, error=error, domain=domain, source=source, rebuild=rebuild
         )
         return RedriveResult(moved, unusable)
 

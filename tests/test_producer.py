@@ -190,6 +190,24 @@ BAD_ENTRIES = [
 ]
 
 
+def test_redrive_of_a_dead_letter_without_payload_keeps_the_site_scope(producer, redis_client):
+    """A dead letter that holds only its URL (its request could not be encoded, or was
+    written so) goes back to the queue as the spider makes a request of that URL: through
+    its make_request_from_data, so that the site spider scopes it (site_scope, the URL's
+    host) instead of following, after a redirect, the links of whatever site it lands on."""
+    redis_client.lpush(
+        SITE.dead,
+        dead_letter("gave up: 503", url="http://blog.a.test/x", source="retry", priority=4),
+        dead_letter("gave up: 503", url="http://b.test/y", source="retry"),
+    )
+    assert producer.redrive(error="503") == RedriveResult(2, 0)
+    by_url = {d["u"]: d for d in queued(redis_client)}
+    assert by_url["http://blog.a.test/x"]["M"] == {"site_scope": "blog.a.test"}
+    assert by_url["http://blog.a.test/x"]["p"] == 4
+    assert by_url["http://b.test/y"]["M"] == {"site_scope": "b.test"}
+    assert redis_client.llen(SITE.dead) == 0
+
+
 def test_bad_entries_get_the_verdicts_a_worker_gives(redis_url, redis_client, workers):
     """The same table through a worker's start_urls boundary (a real `scrapy crawl site`,
     reasons read from its dead letters) and through Producer.push_many: same verdicts."""
