@@ -10,6 +10,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
+import redis
 from scrapy import Request
 from scrapy.settings import Settings
 from scrapy.spiderloader import get_spider_loader
@@ -22,7 +23,7 @@ from distcrawl.entries import EntryMaker, Refused, entry_bytes
 from distcrawl.frontier import Frontier, dead_letter, parse_entry
 from distcrawl.keys import FrontierKeys
 from distcrawl.politeness import slot_for, slot_of
-from distcrawl.producer import ProducerError, RedriveResult
+from distcrawl.producer import ProducerError, RedriveResult, _execute
 from distcrawl.serialize import RequestCodec
 from tests.support import page_fetches
 
@@ -111,6 +112,30 @@ def test_push_many_in_pipelined_batches_and_the_pending_cap(redis_url, redis_cli
     settings = project_settings(DISTCRAWL_MAX_PENDING=2000)
     with Producer.from_url(redis_url, "site", settings) as p:
         assert p.push("http://cap.test/9").outcome is Outcome.QUEUED
+
+
+def test_push_many_after_a_script_flush_and_a_lost_reply(redis_proxy, redis_client):
+    """push_many packs its commits itself (producer._execute): a server that lost the
+    scripts (NOSCRIPT) gets them again; a lost reply is a ConnectionError (the client
+    retries nothing: producer clients are made as the workers', and a push is retried by
+    its caller, the Celery task) after which pushing again is safe and stores nothing twice;
+    an error reply belongs to its own command."""
+    with Producer.from_url(redis_proxy.url, "site", project_settings()) as producer:
+        assert producer.push("http://a.test/1").outcome is Outcome.QUEUED
+        redis_client.script_flush()
+        results = producer.push_many([f"http://a.test/{i}" for i in range(3)])
+        assert [r.outcome for r in results] == [Outcome.QUEUED, Outcome.SEEN, Outcome.QUEUED]
+
+        redis_proxy.drop_reply_once(lambda args: args[0].upper() == b"EVALSHA")
+        with pytest.raises(redis.ConnectionError):
+            producer.push_many(["http://a.test/lost", "http://a.test/0"])
+        again = producer.push_many(["http://a.test/lost", "http://a.test/0"])
+        assert [r.outcome for r in again] == [Outcome.SEEN, Outcome.SEEN]
+        assert redis_client.zcard(SITE.queue) == 4
+
+        replies = _execute(producer.frontier.client, [("SET", "k", 1.5), ("INCR", "k")])
+        assert replies[0] in (True, b"OK") and isinstance(replies[1], redis.ResponseError)
+        assert _execute(producer.frontier.client, [("GET", "k")]) == [b"1.5"]
 
 
 def test_results_for_tasks_and_logs_hide_a_password_in_the_url(producer):
