@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
+import json
 import threading
 import time
 from collections import Counter
@@ -231,6 +233,39 @@ def test_redrive_of_a_dead_letter_without_payload_keeps_the_site_scope(producer,
     assert by_url["http://blog.a.test/x"]["p"] == 4
     assert by_url["http://b.test/y"]["M"] == {"site_scope": "b.test"}
     assert redis_client.llen(SITE.dead) == 0
+
+
+def test_a_request_too_large_for_its_dead_letter_keeps_its_scope_and_callback(
+    producer, redis_client
+):
+    """A dead letter keeps at most 64 KB of a request: what fits (URL, callback, priority,
+    site_scope) stays in its payload and re-drives as it was; what did not (the largest
+    meta value, the body) is named in ``payload_dropped``."""
+    request = Request(
+        "http://blog.a.test/big",
+        method="POST",
+        body=b"b" * 30_000,
+        callback=producer._unchecked_maker().spider.parse,
+        priority=2,
+        meta={"site_scope": "a.test", "blob": "x" * 100_000, "small": 1},
+    )
+    codec = RequestCodec("msgpack", producer._unchecked_maker().spider)
+    payload = base64.b64encode(codec.encode(request)).decode("ascii")
+    record = dead_letter("gave up: 503", url=request.url, source="retry", payload=payload)
+    assert len(record) < 100_000
+    letter = json.loads(record)
+    assert letter["payload_dropped"] == ["meta.blob"]
+    assert letter["payload_length"] == len(payload)
+    redis_client.lpush(SITE.dead, record)
+    assert producer.redrive() == RedriveResult(1, 0)
+    [stored] = queued(redis_client)
+    assert stored["M"] == {"site_scope": "a.test", "small": 1}
+    assert (stored["cb"], stored["p"], stored["m"], len(stored["b"])) == (
+        "parse",
+        2,
+        "POST",
+        30_000,
+    )
 
 
 def test_bad_entries_get_the_verdicts_a_worker_gives(redis_url, redis_client, workers):
