@@ -120,7 +120,11 @@ def push(
     """Push one URL to the crawl of ``spider``; the other keyword arguments are those of
     :meth:`Producer.push <distcrawl.producer.Producer.push>` (method, headers, body,
     dont_filter)."""
-    result = producer_for(self.app, spider).push(url, priority, meta, callback, **fields)
+    producer = producer_for(self.app, spider)
+    # the task id stays the same when the task is retried or delivered again: that push of
+    # a dont_filter request is stored once, another task's is another request
+    push_id = fields.pop("push_id", None) or self.request.id
+    result = producer.push(url, priority, meta, callback, push_id=push_id, **fields)
     if result.outcome is Outcome.FULL:
         raise self.retry(countdown=FULL_RETRY_DELAY)
     return result.as_dict()
@@ -131,5 +135,5 @@ def push_many(self: Task, spider: str, entries: list[EntryLike]) -> list[dict[st
     """Push many entries in pipelined batches (each a URL or JSON entry's text, or its
     fields as a dict); entries over the pending cap are reported ``"full"``, not retried
     (the caller decides which to send again)."""
-    results = producer_for(self.app, spider).push_many(entries)
+    results = producer_for(self.app, spider).push_many(entries, push_id=self.request.id)
     return [r.as_dict() for r in results]

@@ -566,7 +566,9 @@ def cmd_dead_purge(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def cmd_dead_redrive(args: argparse.Namespace, ctx: Context) -> int:
-    result = ctx.producer(args.spider, target="start_urls").redrive(
+    # the project's spider makes the request of a record that holds only its URL
+    producer = ctx.producer(args.spider, _project_settings([]), target="start_urls")
+    result = producer.redrive(
         error=args.error, domain=args.domain, source=args.source, serializer=args.serializer
     )
     moved, unusable = result.redriven, result.not_redrivable
@@ -686,6 +688,45 @@ def cmd_mongo_replay(args: argparse.Namespace, ctx: Context) -> int:
                 file=sys.stderr,
             )
     return EXIT_PARTIAL if refused else EXIT_OK
+
+
+def cmd_notify_replay(args: argparse.Namespace, ctx: Context) -> int:
+    """Send the item notifications a worker spilled at close (its broker was down)."""
+    from distcrawl import notify
+
+    broker = (
+        args.broker
+        or _project_settings([]).get("DISTCRAWL_CELERY_BROKER_URL")
+        or os.environ.get("CELERY_BROKER_URL")
+    )
+    if not broker:
+        raise UsageError(
+            "no broker: pass --broker URL, or set DISTCRAWL_CELERY_BROKER_URL in the project's "
+            "settings or CELERY_BROKER_URL"
+        )
+    broker = str(broker)
+    shown = redact_url(broker)
+    for path in args.files:
+        if not os.path.isfile(path):
+            raise UsageError(f"cannot read {path}: no such file")
+    try:
+        result = notify.replay(args.files, broker)
+    except ConfigError as exc:  # Celery is not installed
+        raise UsageError(str(exc)) from None
+    except ValueError as exc:  # a line that is not a notification record
+        raise UsageError(str(exc)) from None
+    except Exception as exc:  # kombu raises the transport's own errors
+        reason = redact_text(str(exc), url_secrets(broker)) or type(exc).__name__
+        print(f"error: cannot send to the Celery broker at {shown}: {reason}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    if ctx.as_json:
+        _emit_json({"sent": result.sent, "files": result.files})
+    else:
+        print(
+            f"sent {result.sent} item notifications from {len(result.files)} file(s) via "
+            f"{shown}; each file renamed to FILE{notify.SENT_SUFFIX}"
+        )
+    return EXIT_OK
 
 
 # ---------------------------------------------------------------------- scrapyd
@@ -946,6 +987,31 @@ def build_parser() -> argparse.ArgumentParser:
         "--database", metavar="NAME", help="write here instead of the database in each record"
     )
     replay.set_defaults(handler=cmd_mongo_replay)
+    notify = commands.add_parser(
+        "notify",
+        parents=[common],
+        help="item notifications to Celery",
+        description="item notifications (DISTCRAWL_CELERY_ITEM_TASK)",
+    )
+    notify_commands = notify.add_subparsers(dest="notify_command", required=True, metavar="ACTION")
+    notify_help = (
+        "send the item notifications that workers spilled at close (their broker was down), "
+        "then rename each file to FILE.sent so that they are not sent twice"
+    )
+    notify_replay = notify_commands.add_parser(
+        "replay", parents=[common], help=notify_help, description=notify_help
+    )
+    notify_replay.add_argument(
+        "files", nargs="+", metavar="FILE", help="notification spill file (*-notify-*.jsonl)"
+    )
+    notify_replay.add_argument(
+        "--broker",
+        metavar="URL",
+        # never %(default)s: the broker's URL may hold a password
+        help="Celery's broker (default: DISTCRAWL_CELERY_BROKER_URL of the project's settings, "
+        "else $CELERY_BROKER_URL)",
+    )
+    notify_replay.set_defaults(handler=cmd_notify_replay)
     from distcrawl import importer, scrapyd
 
     scrapyd.add_parser(commands, common, cmd_scrapyd)

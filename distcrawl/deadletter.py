@@ -3,7 +3,10 @@
 Records are JSON written by workers (see ``frontier.dead_letter``). A record of a request
 carries the encoded request (``payload``), so re-driving restores it exactly (callback,
 meta, priority) with a fresh attempt count; a bad ``start_urls`` entry carries its raw entry
-and goes back to ``start_urls``, where it is validated again.
+and goes back to ``start_urls``, where it is validated again. A record that holds only the
+request's URL (its request could not be encoded) becomes the request the spider makes of
+that URL (``rebuild``: its ``make_request_from_data``, as for a start URL), so that what the
+spider's hook adds (the site spider's ``site_scope``) is not lost with the payload.
 """
 
 from __future__ import annotations
@@ -11,10 +14,12 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
+
+from scrapy import Request
 
 from distcrawl.frontier import Frontier, Redrive
 from distcrawl.politeness import slot_for
@@ -25,6 +30,10 @@ PAGE = 500
 
 #: meta keys that count attempts: a re-driven request starts again from zero
 ATTEMPT_META = ("retry_times", "distcrawl_errors", "distcrawl_callback_failures")
+
+#: makes the request of a record holding only a URL, from ``{"url": ..., "priority": ...}``;
+#: raises (anything) when it cannot
+Rebuild = Callable[[dict[str, Any]], Request]
 
 
 @dataclass(frozen=True)
@@ -72,7 +81,9 @@ def read(frontier: Frontier, limit: int = 0) -> Iterator[DeadLetter]:
         at += count
 
 
-def _requeue_payload(letter: DeadLetter, codec: RequestCodec) -> tuple[str, int, bytes] | None:
+def _requeue_payload(
+    letter: DeadLetter, codec: RequestCodec, rebuild: Rebuild | None = None
+) -> tuple[str, int, bytes] | None:
     record = letter.record
     if record.get("payload"):
         try:
@@ -88,7 +99,19 @@ def _requeue_payload(letter: DeadLetter, codec: RequestCodec) -> tuple[str, int,
         return slot, int(data.get("p", 0)), codec.encode_dict(data)
     # an import's dead letter holds another crawler's request (callback, body...): a plain
     # GET of its URL would not be that request; the import itself tries it again
-    if record.get("url") and record.get("source") not in ("queue", "import"):
+    redrivable = record.get("url") and record.get("source") not in ("queue", "import")
+    if redrivable and rebuild is not None:
+        try:
+            entry: dict[str, Any] = {"url": str(record["url"])}
+            if record.get("priority"):
+                entry["priority"] = int(record["priority"])
+            request = rebuild(entry)
+            payload = codec.encode(request)
+        except Exception:  # the spider's hook or the codec refusing it: nothing to re-drive
+            return None
+        return slot_for(request.url, request.meta), request.priority, payload
+    if redrivable:
+        # no spider to make the request with: a GET of the URL, all else lost
         try:
             payload = codec.encode_dict({"u": record["url"]})
             return slot_for(record["url"], None), int(record.get("priority") or 0), payload
@@ -105,6 +128,7 @@ def redrive(
     domain: str | None = None,
     source: str | None = None,
     page: int = 0,
+    rebuild: Rebuild | None = None,
 ) -> tuple[int, int]:
     """Re-drive the matching dead letters; returns (re-driven, matching but not re-drivable).
 
@@ -126,7 +150,7 @@ def redrive(
             letter = _letter(raw)
             if not letter.matches(error=error, domain=domain, source=source):
                 continue
-            move = _move(letter, codec)
+            move = _move(letter, codec, rebuild)
             if move is None:
                 unusable += 1
             else:
@@ -139,13 +163,13 @@ def redrive(
     return moved, unusable
 
 
-def _move(letter: DeadLetter, codec: RequestCodec) -> Redrive | None:
+def _move(letter: DeadLetter, codec: RequestCodec, rebuild: Rebuild | None) -> Redrive | None:
     record = letter.record
     if record.get("source") == "start_urls" and record.get("raw") is not None:
         raw = str(record["raw"])
         encoding = record.get("raw_encoding", "utf-8")
         return Redrive(letter.raw, "u", "", 0, raw.encode(encoding))
-    requeue = _requeue_payload(letter, codec)
+    requeue = _requeue_payload(letter, codec, rebuild)
     if requeue is None:
         return None
     return Redrive(letter.raw, "q", *requeue)

@@ -9,15 +9,18 @@ per page that point to already-queued pages mostly never cost a byte of Redis tr
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections import OrderedDict
+from json.encoder import encode_basestring_ascii
 from typing import TYPE_CHECKING
 
 from scrapy import Request, Spider
 from scrapy.dupefilters import BaseDupeFilter
 from scrapy.utils.request import RequestFingerprinter, referer_str
 from scrapy.utils.request import fingerprint as scrapy_fingerprint
+from w3lib.url import canonicalize_url
 
 from distcrawl.config import DistcrawlConfig
 
@@ -39,6 +42,9 @@ STATS_FLUSH_INTERVAL = 1.0
 #: URLs whose default fingerprint is remembered (about 200 bytes each): a site's menus and
 #: footers link to the same few pages from every page
 URL_MEMO_SIZE = 10_000
+#: the JSON that Scrapy's ``fingerprint`` hashes for a GET without a body (``json.dumps`` of
+#: its dict with ``sort_keys=True``), the canonical URL left to fill in
+_GET_FINGERPRINT_JSON = '{"body": "", "headers": {}, "method": "GET", "url": %s}'
 
 
 class RedisDupeFilter(BaseDupeFilter):
@@ -68,7 +74,7 @@ class RedisDupeFilter(BaseDupeFilter):
         #: alone (Scrapy's default fingerprinter): most links of a page were seen before,
         #: and fingerprinting each new Request object again (canonicalize_url, JSON, SHA1,
         #: ~15 us) was the largest per-link cost in profiles
-        self._url_memo: dict[str, bytes] | None = {} if _url_only(fingerprinter) else None
+        self._url_memo: dict[str, bytes] | None = {} if url_only(fingerprinter) else None
         self._logged_first = False
         # counted here and added to the stats at most once a second: inc_value per duplicate
         # link (~17 per page) showed in profiles
@@ -158,7 +164,7 @@ class RedisDupeFilter(BaseDupeFilter):
             self._url_memo.clear()
 
 
-def _url_only(fingerprinter: object) -> bool:
+def url_only(fingerprinter: object) -> bool:
     """Whether a GET's fingerprint depends on its URL alone: Scrapy's own fingerprinter
     computing Scrapy's fingerprint (method, canonical URL, body; no headers), not a subclass
     or a REQUEST_FINGERPRINTER_CLASS of the project, which may look at anything."""
@@ -166,3 +172,15 @@ def _url_only(fingerprinter: object) -> bool:
         type(fingerprinter) is RequestFingerprinter
         and getattr(fingerprinter, "_fingerprint", None) is scrapy_fingerprint
     )
+
+
+def get_fingerprint(url: str) -> bytes:
+    """Scrapy's fingerprint of a plain GET of ``url`` (no body, no ``verbatim_url``), for
+    fingerprinters for which :func:`url_only` holds; not truncated.
+
+    The same bytes as ``fingerprinter.fingerprint(Request(url))`` without the Request, the
+    dict, the sorted ``json.dumps`` and Scrapy's per-request cache (a WeakKeyDictionary):
+    about half the cost of a fingerprint, which was the largest single cost of
+    ``Producer.push_many``. tests/test_producer.py compares the two on a table of URLs."""
+    text = _GET_FINGERPRINT_JSON % encode_basestring_ascii(canonicalize_url(url))
+    return hashlib.sha1(text.encode()).digest()  # SHA1: Scrapy's choice

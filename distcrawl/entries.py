@@ -10,10 +10,10 @@ stored by the producer as the worker would have stored it. Nothing here touches 
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from scrapy import Request, Spider
 from scrapy.crawler import Crawler
@@ -23,10 +23,10 @@ from scrapy.utils.misc import build_from_crawler, load_object
 
 from distcrawl.batch import refused_scheme
 from distcrawl.config import DistcrawlConfig
-from distcrawl.dupefilter import FINGERPRINT_BYTES
+from distcrawl.dupefilter import FINGERPRINT_BYTES, get_fingerprint, url_only
 from distcrawl.frontier import Entry, bad_slot
 from distcrawl.layout import Layout, class_path
-from distcrawl.politeness import slot_of
+from distcrawl.politeness import slot_for
 from distcrawl.serialize import (
     DecodeError,
     RequestCodec,
@@ -45,9 +45,9 @@ class Refused(ValueError):
     would give (or, for what only a producer can ask, such as a callback, its own)."""
 
 
-@dataclass(frozen=True)
-class Made:
-    """An entry turned into what a commit stores (``entry``), and the URL it fetches."""
+class Made(NamedTuple):
+    """An entry turned into what a commit stores (``entry``), and the URL it fetches (a
+    tuple: one is made per pushed URL, at half a frozen dataclass's cost)."""
 
     url: str
     entry: Entry
@@ -122,6 +122,8 @@ class EntryMaker:
         self.spider = spidercls.from_crawler(self.crawler, **dict(spider_kwargs or {}))
         cls = load_object(self.crawler.settings["REQUEST_FINGERPRINTER_CLASS"])
         self.fingerprinter = build_from_crawler(cls, self.crawler)
+        #: a plain GET's fingerprint is get_fingerprint(url): Scrapy's fingerprinter as is
+        self.url_only = url_only(self.fingerprinter)
         # as the scheduler's _dupefilter: only BaseDupeFilter turns filtering off
         dupefilter = load_object(self.crawler.settings["DUPEFILTER_CLASS"])
         self.filtering = dupefilter is not BaseDupeFilter
@@ -138,12 +140,17 @@ class EntryMaker:
             fingerprinter=class_path(self.fingerprinter),
         )
 
-    def make(self, raw: bytes, callback: str | None = None) -> Made:
+    def make(self, raw: bytes, callback: str | None = None, once: bytes | None = None) -> Made:
         """The commit entry for one raw entry; :class:`Refused` with the reason otherwise.
 
         Kind ``r`` with the fingerprint: Redis queues it only if it was never seen, so a
         push sent again (a retried task) stores nothing twice. Start URLs are not held at
-        the per-slot cap (the producer's commits carry none), only at the pending cap."""
+        the per-slot cap (the producer's commits carry none), only at the pending cap.
+
+        A request that has no fingerprint (``dont_filter``, or a crawl without a duplicate
+        filter) is fetched each time it is pushed, as in Scrapy; ``once`` (push_key's)
+        stands in for its fingerprint, so that the same push sent again (a retried task, a
+        push_many re-run after an error) is not a second request while another push is."""
         config = self.config
         try:
             data = parse_entry(
@@ -152,13 +159,7 @@ class EntryMaker:
                 schemes=config.allowed_schemes,
                 start_meta_keys=config.start_meta_keys,
             ).data
-            make = getattr(self.spider, "make_request_from_data", None)
-            request = make(data) if callable(make) else request_from_entry(data)
-            if not isinstance(request, Request):
-                raise InvalidEntry(f"make_request_from_data returned {type(request).__name__}")
-            why = refused_scheme(request.url, config.allowed_schemes)
-            if why is not None:
-                raise InvalidEntry(why)
+            request = self.request_of(data)
             if callback is not None:
                 request = request.replace(callback=self._callback(callback))
         except InvalidEntry as exc:
@@ -167,17 +168,21 @@ class EntryMaker:
             raise
         except Exception as exc:  # the spider's hook failing on one entry, as in the worker
             raise Refused(f"{type(exc).__name__}: {exc}") from None
-        return self.made(request)
+        return self.made(request, once)
 
-    def made(self, request: Request) -> Made:
+    def made(self, request: Request, once: bytes | None = None) -> Made:
         """The commit entry of a request: its fingerprint (unless it is not filtered), its
         download slot and its payload, as a worker computes them; :class:`Refused` if the
         slot or the payload cannot be stored."""
         try:
             fp = b""
             if self.filtering and not request.dont_filter:
-                fp = self.fingerprinter.fingerprint(request)[:FINGERPRINT_BYTES]
-            slot = slot_of(request, by_ip=self.config.slots_by_ip)
+                fp = self._fingerprint(request)[:FINGERPRINT_BYTES]
+            elif once is not None:
+                fp = once
+            # slot_of's hostname, from urlsplit's cache (the hook most likely split this URL)
+            # instead of a urlparse_cached entry that nothing in this process reads again
+            slot = slot_for(request.url, request.meta, by_ip=self.config.slots_by_ip)
             why = bad_slot(slot)
             if why is not None:
                 raise InvalidEntry(f"invalid download slot: {why}")
@@ -198,12 +203,48 @@ class EntryMaker:
             raise Refused(str(exc)) from None
         return self.made(request)
 
+    def request_of(self, data: dict[str, Any]) -> Request:
+        """The spider's request for an entry's validated ``data``, as a worker makes it of a
+        start URL (its ``make_request_from_data``); InvalidEntry when it cannot be one."""
+        make = getattr(self.spider, "make_request_from_data", None)
+        request = make(data) if callable(make) else request_from_entry(data)
+        if not isinstance(request, Request):
+            raise InvalidEntry(f"make_request_from_data returned {type(request).__name__}")
+        why = refused_scheme(request.url, self.config.allowed_schemes)
+        if why is not None:  # the spider's hook may have made another URL of the entry
+            raise InvalidEntry(why)
+        return request
+
+    def _fingerprint(self, request: Request) -> bytes:
+        """The fingerprinter's fingerprint; most entries are plain GETs, whose fingerprint
+        get_fingerprint computes at half the cost when the fingerprinter is Scrapy's own."""
+        if (
+            self.url_only
+            and request.method == "GET"
+            and not request.body
+            and not request.meta.get("verbatim_url")
+        ):
+            return get_fingerprint(request.url)
+        return self.fingerprinter.fingerprint(request)
+
     def _callback(self, name: str) -> Any:
         """The spider's bound method ``name``, if a request read from Redis may name it."""
         why = callback_refusal(type(self.spider), name, self.config.allowed_callbacks)
         if why is not None:
             raise Refused(f"callback refused: {why}")
         return getattr(self.spider, name)
+
+
+def push_key(push_id: str, index: int, raw: bytes, callback: str | None) -> bytes:
+    """The seen-set member that makes push ``push_id``'s ``index``-th entry idempotent when
+    it has no fingerprint: a hash of all three (and the callback), in the fingerprints'
+    size, so that the commit script's seen check drops the same push sent again (and only
+    that: another push id, entry or position gives another member)."""
+    digest = hashlib.sha1(b"distcrawl-push\0")  # SHA1 as the fingerprints: not for secrecy
+    for part in (push_id.encode("utf-8", "surrogatepass"), str(index).encode(), raw):
+        digest.update(len(part).to_bytes(8, "big") + part)
+    digest.update((callback or "").encode("utf-8", "surrogatepass"))
+    return digest.digest()[:FINGERPRINT_BYTES]
 
 
 def check_raw(raw: bytes, config: DistcrawlConfig) -> str:

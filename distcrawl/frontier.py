@@ -10,6 +10,8 @@ to reuse from the ``distcrawl`` command.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import json
 import os
@@ -359,8 +361,18 @@ def dead_letter(
             record["truncated"] = True
     payload = extra.get("payload")
     if isinstance(payload, str) and len(payload) > DEAD_RAW_BYTES * 4 // 3 + 4:
-        # a request too large to keep: the record says so instead of holding megabytes
+        # a request too large to keep: the record holds what fits of it (its URL, callback
+        # and small meta, for a re-drive), says what it left out, not megabytes
         extra = {**extra, "payload": None, "payload_length": len(payload)}
+        from distcrawl.serialize import shrink_payload  # scrapy: not for every import
+
+        try:
+            shrunk = shrink_payload(base64.b64decode(payload), DEAD_RAW_BYTES)
+        except binascii.Error:
+            shrunk = None
+        if shrunk is not None:
+            kept, dropped = shrunk
+            extra.update(payload=base64.b64encode(kept).decode("ascii"), payload_dropped=dropped)
     record.update(extra)
     return json.dumps(record, separators=(",", ":"), default=repr).encode()
 

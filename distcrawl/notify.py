@@ -11,7 +11,8 @@ its request is acknowledged in Redis only then; a worker killed in between crawl
 again elsewhere, which writes the same ``_id`` again and notifies again. While the broker is
 down the messages of a batch are retried with backoff (items wait, the crawl slows down, as
 when MongoDB is down); at close, after DISTCRAWL_MONGO_CLOSE_TIMEOUT, they are appended to a
-JSON-lines file beside the item spill files.
+JSON-lines file beside the item spill files, which ``distcrawl notify replay`` (:func:`replay`)
+sends once the broker is back: a notification is lost only if nobody runs it.
 
 The broker is ``DISTCRAWL_CELERY_BROKER_URL``, else the ``CELERY_BROKER_URL`` environment
 variable; it is shown only redacted.
@@ -23,8 +24,8 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -70,39 +71,52 @@ def plain_key(key: Any) -> Any:
     return json.loads(json_util.dumps(key, json_options=JSON_OPTIONS))
 
 
+def celery_app(broker_url: str) -> Any:
+    """A Celery app of distcrawl's own for ``broker_url`` (nothing of the project's app is
+    imported); it fails at once when the broker is down, the callers decide what then."""
+    try:
+        from celery import Celery
+    except ImportError:
+        raise ConfigError(
+            "DISTCRAWL_CELERY_ITEM_TASK needs Celery: pip install distcrawl[celery]"
+        ) from None
+    app = Celery("distcrawl-notify", broker=broker_url, set_as_current=False)
+    app.conf.broker_connection_retry_on_startup = False
+    return app
+
+
+def send(app: Any, messages: Sequence[tuple[str, str, str, Any]]) -> None:
+    """One task message per (task, database, collection, _id): ``task(collection, _id,
+    database=...)``, the ``_id`` as JSON data (plain_key)."""
+    # one connection and producer for the batch; no retry of kombu's own: the callers wait
+    with app.producer_or_acquire() as producer:
+        for task, database, collection, key in messages:
+            app.send_task(
+                task,
+                args=[collection, plain_key(key)],
+                kwargs={"database": database},
+                producer=producer,
+                retry=False,
+            )
+
+
 class Notifier:
     """Sends notifications with a Celery app of its own (nothing of the project's app is
     imported), on the MongoDB pipeline's thread, a batch at a time."""
 
     def __init__(self, config: NotifyConfig, database: str, spill_path: Path) -> None:
-        try:
-            from celery import Celery
-        except ImportError:
-            raise ConfigError(
-                "DISTCRAWL_CELERY_ITEM_TASK needs Celery: pip install distcrawl[celery]"
-            ) from None
         assert config.task is not None and config.broker_url is not None
+        self.app = celery_app(config.broker_url)
         self.task = config.task
         self.database = database
         self.shown_broker = redact_url(config.broker_url)
         self._secrets = url_secrets(config.broker_url)
-        self.app = Celery("distcrawl-notify", broker=config.broker_url, set_as_current=False)
-        self.app.conf.broker_connection_retry_on_startup = False
         self.spill = SpillFile(spill_path)
         self.sent = 0
         self.spilled = 0
 
     def _send(self, keys: Sequence[tuple[str, Any]]) -> None:
-        # one connection and producer for the batch; no retry of kombu's own: ours waits
-        with self.app.producer_or_acquire() as producer:
-            for collection, key in keys:
-                self.app.send_task(
-                    self.task,
-                    args=[collection, plain_key(key)],
-                    kwargs={"database": self.database},
-                    producer=producer,
-                    retry=False,
-                )
+        send(self.app, [(self.task, self.database, collection, key) for collection, key in keys])
 
     def deliver(
         self, keys: Sequence[tuple[str, Any]], closing: Callable[[], bool], close_timeout: float
@@ -148,11 +162,73 @@ class Notifier:
         self.spill.append(records)
         self.spilled += len(records)
         logger.error(
-            "Celery broker at %s unreachable at close: %d item notifications are in %s",
+            "Celery broker at %s unreachable at close: %d item notifications are in %s; "
+            "send them once it is back with: distcrawl notify replay %s",
             self.shown_broker,
             len(records),
+            self.spill.path.resolve(),
             self.spill.path.resolve(),
         )
 
     def close(self) -> None:
         self.app.close()
+
+
+#: suffix a spill file of notifications gets once replay sent every one of them
+SENT_SUFFIX = ".sent"
+
+
+@dataclass
+class ReplayResult:
+    sent: int = 0
+    #: the files sent, each renamed to <file>.sent
+    files: list[str] = field(default_factory=list)
+
+
+def read_notifications(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
+    """The records of a notification spill file (Notifier._spill); ValueError names the
+    first line that is not one (an item spill file given by mistake, say)."""
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json_util.loads(line, json_options=JSON_OPTIONS)
+            except ValueError:
+                record = None
+            names = ("task", "database", "collection")
+            if (
+                not isinstance(record, dict)
+                or not all(isinstance(record.get(n), str) for n in names)
+                or "_id" not in record
+            ):
+                raise ValueError(
+                    f"{path}:{number}: not an item notification record (task, database, "
+                    "collection, _id)"
+                )
+            yield record
+
+
+def replay(
+    paths: Iterable[str | os.PathLike[str]], broker_url: str, *, batch_size: int = 500
+) -> ReplayResult:
+    """Send the notifications of spill files, as the worker would have (same task, same
+    arguments), then rename each file to ``<file>.sent``, so that running it again does
+    not send them twice. Every file is read before anything is sent (a bad line sends
+    nothing). Raises what kombu raises when the broker cannot be reached: the files not
+    yet renamed are sent again by the next run, some of their messages perhaps twice (at
+    least once, as notifications are: the task must be idempotent)."""
+    files = [(str(path), list(read_notifications(path))) for path in paths]
+    result = ReplayResult()
+    app = celery_app(broker_url)
+    try:
+        for path, records in files:
+            messages = [(r["task"], r["database"], r["collection"], r["_id"]) for r in records]
+            for at in range(0, len(messages), batch_size):
+                send(app, messages[at : at + batch_size])
+            os.replace(path, path + SENT_SUFFIX)
+            result.sent += len(messages)
+            result.files.append(path)
+    finally:
+        app.close()
+    return result

@@ -232,8 +232,10 @@ class RequestCodec:
             elif attr == "errback":
                 value = self._stored_name(request.errback, "errback")
             elif attr == "headers":
-                # pairs, not a dict: JSON has no bytes keys
-                value = [[k, list(v)] for k, v in request.headers.items()]
+                # pairs, not a dict: JSON has no bytes keys; Headers.items() costs ~4 us
+                # even when empty, as most requests' headers are
+                headers = request.headers
+                value = [[k, list(v)] for k, v in headers.items()] if headers else []
             else:
                 value = getattr(request, attr)
             if value != default:
@@ -430,3 +432,39 @@ class RequestCodec:
             signature.bind(None, **cb_kwargs)  # None stands for the response
         except TypeError as exc:
             raise DecodeError(f"cb_kwargs do not fit callback {callback!r}: {exc}") from None
+
+
+def shrink_payload(payload: bytes, limit: int) -> tuple[bytes, list[str]] | None:
+    """The same request in at most ``limit`` bytes, for a dead-letter record that cannot
+    hold it whole, and the names of what it leaves out: the largest of its body, headers,
+    cookies, cb_kwargs, extra attributes and single meta values go first, until it fits.
+    Its URL, method, priority, callback and small meta (the site spider's ``site_scope``)
+    stay, so that re-driving it makes the request the spider would have made, not a bare
+    GET of the URL. None for a pickle (not decoded here) or what does not fit even so."""
+    fmt = payload[:1]
+    if fmt not in (MSGPACK, JSON):
+        return None
+    codec = RequestCodec("msgpack" if fmt == MSGPACK else "json")
+    try:
+        data = codec.decode_dict(payload)
+        # (size, field, meta key or None), what can go
+        parts = [(len(codec.encode_dict({f: data[f]})), f, None) for f in "bhcka" if f in data]
+        meta = data.get("M") or {}
+        parts += [(len(codec.encode_dict({"M": {k: v}})), "M", k) for k, v in meta.items()]
+        out = codec.encode_dict(data)
+    except (DecodeError, SerializationError):
+        return None
+    dropped: list[str] = []
+    for _, name, key in sorted(parts, key=lambda part: -part[0]):
+        if len(out) <= limit:
+            break
+        if key is None:
+            del data[name]
+            dropped.append(_SHORT.get(name, "attributes"))
+        else:
+            del meta[key]
+            dropped.append(f"meta.{key}")
+            if not meta:
+                del data["M"]
+        out = codec.encode_dict(data)
+    return (out, dropped) if len(out) <= limit else None

@@ -270,3 +270,78 @@ def test_item_notifications_one_per_stored_document_none_for_dead_letters(
     keys = [m[2] for m in messages]
     assert sorted(keys) == sorted(stored)  # one per stored document, none for a dead letter
     assert "'distcrawl/mongo/notifications/sent': " + str(len(stored)) in worker.log()
+
+
+def test_a_push_task_retried_stores_a_dont_filter_request_once(redis_url, redis_client):
+    """The ``distcrawl.push`` task run twice under one task id (what a retry or a
+    re-delivery after a lost acknowledgement does) stores its dont_filter request once;
+    another task's push of it is a request of its own (docs/producers.md)."""
+    from celery import Celery
+
+    from distcrawl import celery as tasks
+
+    app = Celery("distcrawl_test", set_as_current=False)
+    app.conf.update(
+        distcrawl_redis_url=redis_url,
+        distcrawl_settings={"DISTCRAWL_START_META_KEYS": ["dont_filter"]},
+    )
+    push = app.tasks["distcrawl.push"]
+    try:
+        run = [
+            push.apply(["site", "http://a.test/x"], {"dont_filter": True}, task_id=task_id).get()
+            for task_id in ("t1", "t1", "t2")
+        ]
+    finally:
+        tasks.reset()
+    assert [r["outcome"] for r in run] == ["queued", "seen", "queued"]
+    assert stored_urls(redis_client) == ["http://a.test/x"] * 2
+
+
+def test_notifications_spilled_at_close_are_replayed_by_the_command(
+    celery_worker, broker, tmp_path, capsys
+):
+    """Notifications a worker spilled at close (its broker down: Notifier.deliver's real
+    spill path) reach the task with `distcrawl notify replay`, with the arguments the live
+    path sends; the file becomes FILE.sent, so a second run sends nothing. While the
+    broker is down the command fails and keeps the file."""
+    from bson import ObjectId
+
+    from distcrawl import cli
+    from distcrawl.notify import Notifier, NotifyConfig
+
+    dead_broker = "redis://127.0.0.1:1/0"
+    spill = tmp_path / "site-notify-1-1.jsonl"
+    notifier = Notifier(NotifyConfig("example.on_item", dead_broker), "distcrawl", spill)
+    oid = ObjectId()
+    keys = [("site", oid), ("site", "https://a.test/"), ("other", 7)]
+    try:
+        assert notifier.deliver(keys, closing=lambda: True, close_timeout=0) == "spilled"
+    finally:
+        notifier.close()
+    assert spill.exists()
+
+    argv = ["notify", "replay", str(spill), "--broker"]
+    assert cli.main([*argv, dead_broker]) == cli.EXIT_UNREACHABLE
+    assert "cannot send to the Celery broker" in capsys.readouterr().err
+    assert spill.exists()
+
+    celery_worker()
+    assert cli.main([*argv, broker.url]) == 0
+    assert "sent 3 item notifications from 1 file(s)" in capsys.readouterr().out
+    assert not spill.exists() and (tmp_path / "site-notify-1-1.jsonl.sent").exists()
+    client = broker.client()
+    try:
+        assert wait_until(lambda: client.llen("example:notified") >= 3, 30)
+        time.sleep(0.5)
+        got = [json.loads(m) for m in client.lrange("example:notified", 0, -1)]
+    finally:
+        client.close()
+    assert sorted(map(json.dumps, got)) == sorted(
+        json.dumps(m)
+        for m in [
+            ["distcrawl", "site", {"$oid": str(oid)}],  # what plain_key sends for an ObjectId
+            ["distcrawl", "site", "https://a.test/"],
+            ["distcrawl", "other", 7],
+        ]
+    )
+    assert cli.main([*argv, broker.url]) == cli.EXIT_USAGE  # renamed: nothing sent twice

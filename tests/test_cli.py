@@ -20,7 +20,9 @@ import distcrawl
 from distcrawl.cli import main
 from distcrawl.demo.redis_server import RedisServer
 from distcrawl.frontier import Entry, Frontier, dead_letter
+from distcrawl.frontier import parse_entry as parse_queue_entry
 from distcrawl.keys import FrontierKeys
+from distcrawl.serialize import RequestCodec
 from distcrawl.start_urls import parse_entry
 
 pytestmark = pytest.mark.timeout(60)
@@ -510,6 +512,19 @@ def test_dead_count(capsys, redis_url, redis_client):
     code, out, _ = run(capsys, redis_url, "dead", "count", "site", "--json")
     assert code == 0
     assert json.loads(out) == {"dead": 3}
+
+
+def test_dead_redrive_of_a_url_only_record_keeps_the_site_scope(capsys, redis_url, redis_client):
+    """`dead redrive` makes the request of a record without payload with the project's
+    spider (as `push` validates with the project's settings): the site spider's scope."""
+    redis_client.lpush(
+        SITE.dead, dead_letter("gave up: 503", url="http://a.test/x", source="retry")
+    )
+    code, out, _ = run(capsys, redis_url, "dead", "redrive", "site")
+    assert (code, out.strip()) == (0, "re-drove 1 dead letters of 'site'")
+    [raw] = redis_client.zrange(SITE.queue, 0, -1)
+    data = RequestCodec("msgpack").decode_dict(parse_queue_entry(raw).payload)
+    assert data == {"u": "http://a.test/x", "M": {"site_scope": "a.test"}}
 
 
 def test_dead_purge(capsys, redis_url, redis_client, monkeypatch):

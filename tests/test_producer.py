@@ -3,19 +3,29 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
+import json
 import threading
 import time
 from collections import Counter
 from typing import Any
 
 import pytest
+import redis
+from scrapy import Request
 from scrapy.settings import Settings
+from scrapy.spiderloader import get_spider_loader
+from scrapy.utils.request import fingerprint as scrapy_fingerprint
 
 from distcrawl import AsyncProducer, Outcome, Producer
+from distcrawl.config import DistcrawlConfig
+from distcrawl.dupefilter import get_fingerprint
+from distcrawl.entries import EntryMaker, Refused, entry_bytes
 from distcrawl.frontier import Frontier, dead_letter, parse_entry
 from distcrawl.keys import FrontierKeys
-from distcrawl.producer import ProducerError, RedriveResult
+from distcrawl.politeness import slot_for, slot_of
+from distcrawl.producer import ProducerError, RedriveResult, _execute
 from distcrawl.serialize import RequestCodec
 from tests.support import page_fetches
 
@@ -106,6 +116,30 @@ def test_push_many_in_pipelined_batches_and_the_pending_cap(redis_url, redis_cli
         assert p.push("http://cap.test/9").outcome is Outcome.QUEUED
 
 
+def test_push_many_after_a_script_flush_and_a_lost_reply(redis_proxy, redis_client):
+    """push_many packs its commits itself (producer._execute): a server that lost the
+    scripts (NOSCRIPT) gets them again; a lost reply is a ConnectionError (the client
+    retries nothing: producer clients are made as the workers', and a push is retried by
+    its caller, the Celery task) after which pushing again is safe and stores nothing twice;
+    an error reply belongs to its own command."""
+    with Producer.from_url(redis_proxy.url, "site", project_settings()) as producer:
+        assert producer.push("http://a.test/1").outcome is Outcome.QUEUED
+        redis_client.script_flush()
+        results = producer.push_many([f"http://a.test/{i}" for i in range(3)])
+        assert [r.outcome for r in results] == [Outcome.QUEUED, Outcome.SEEN, Outcome.QUEUED]
+
+        redis_proxy.drop_reply_once(lambda args: args[0].upper() == b"EVALSHA")
+        with pytest.raises(redis.ConnectionError):
+            producer.push_many(["http://a.test/lost", "http://a.test/0"])
+        again = producer.push_many(["http://a.test/lost", "http://a.test/0"])
+        assert [r.outcome for r in again] == [Outcome.SEEN, Outcome.SEEN]
+        assert redis_client.zcard(SITE.queue) == 4
+
+        replies = _execute(producer.frontier.client, [("SET", "k", 1.5), ("INCR", "k")])
+        assert replies[0] in (True, b"OK") and isinstance(replies[1], redis.ResponseError)
+        assert _execute(producer.frontier.client, [("GET", "k")]) == [b"1.5"]
+
+
 def test_results_for_tasks_and_logs_hide_a_password_in_the_url(producer):
     result = producer.push("http://user:s3cret-pw@a.test/private")
     assert result.outcome is Outcome.QUEUED
@@ -183,6 +217,57 @@ BAD_ENTRIES = [
 ]
 
 
+def test_redrive_of_a_dead_letter_without_payload_keeps_the_site_scope(producer, redis_client):
+    """A dead letter that holds only its URL (its request could not be encoded, or was
+    written so) goes back to the queue as the spider makes a request of that URL: through
+    its make_request_from_data, so that the site spider scopes it (site_scope, the URL's
+    host) instead of following, after a redirect, the links of whatever site it lands on."""
+    redis_client.lpush(
+        SITE.dead,
+        dead_letter("gave up: 503", url="http://blog.a.test/x", source="retry", priority=4),
+        dead_letter("gave up: 503", url="http://b.test/y", source="retry"),
+    )
+    assert producer.redrive(error="503") == RedriveResult(2, 0)
+    by_url = {d["u"]: d for d in queued(redis_client)}
+    assert by_url["http://blog.a.test/x"]["M"] == {"site_scope": "blog.a.test"}
+    assert by_url["http://blog.a.test/x"]["p"] == 4
+    assert by_url["http://b.test/y"]["M"] == {"site_scope": "b.test"}
+    assert redis_client.llen(SITE.dead) == 0
+
+
+def test_a_request_too_large_for_its_dead_letter_keeps_its_scope_and_callback(
+    producer, redis_client
+):
+    """A dead letter keeps at most 64 KB of a request: what fits (URL, callback, priority,
+    site_scope) stays in its payload and re-drives as it was; what did not (the largest
+    meta value, the body) is named in ``payload_dropped``."""
+    request = Request(
+        "http://blog.a.test/big",
+        method="POST",
+        body=b"b" * 30_000,
+        callback=producer._spider_objects().spider.parse,
+        priority=2,
+        meta={"site_scope": "a.test", "blob": "x" * 100_000, "small": 1},
+    )
+    codec = RequestCodec("msgpack", producer._spider_objects().spider)
+    payload = base64.b64encode(codec.encode(request)).decode("ascii")
+    record = dead_letter("gave up: 503", url=request.url, source="retry", payload=payload)
+    assert len(record) < 100_000
+    letter = json.loads(record)
+    assert letter["payload_dropped"] == ["meta.blob"]
+    assert letter["payload_length"] == len(payload)
+    redis_client.lpush(SITE.dead, record)
+    assert producer.redrive() == RedriveResult(1, 0)
+    [stored] = queued(redis_client)
+    assert stored["M"] == {"site_scope": "a.test", "small": 1}
+    assert (stored["cb"], stored["p"], stored["m"], len(stored["b"])) == (
+        "parse",
+        2,
+        "POST",
+        30_000,
+    )
+
+
 def test_bad_entries_get_the_verdicts_a_worker_gives(redis_url, redis_client, workers):
     """The same table through a worker's start_urls boundary (a real `scrapy crawl site`,
     reasons read from its dead letters) and through Producer.push_many: same verdicts."""
@@ -205,6 +290,126 @@ def test_bad_entries_get_the_verdicts_a_worker_gives(redis_url, redis_client, wo
         print(f"{raw[:60]!r:64} {by_producer[sha]}")
         assert by_producer[sha] == by_worker[sha], raw
     assert redis_client.zcard(SITE.queue) == 0
+
+
+def test_a_dont_filter_request_is_fetched_per_push_and_a_push_sent_again_is_not(
+    redis_url, redis_client
+):
+    """What a Scrapy user expects of ``dont_filter``: it bypasses the duplicate filter, so
+    pushing a URL with it twice is two requests (a page fetched again on purpose, as when a
+    spider yields it twice). Sending the same push again (a Celery task retried after its
+    reply was lost, or re-delivered; a push_many re-run after a RedisError) is one push:
+    with a ``push_id`` (the Celery tasks pass their task id) the second sending stores
+    nothing and reports SEEN. Without one nothing tells the two apart, and Scrapy's meaning
+    wins: stored again."""
+    settings = project_settings(DISTCRAWL_START_META_KEYS="dont_filter")
+    with Producer.from_url(redis_url, "site", settings) as p:
+        assert p.push("http://a.test/x").outcome is Outcome.QUEUED
+        # bypasses the seen-set, each time: two requests
+        assert p.push("http://a.test/x", dont_filter=True).outcome is Outcome.QUEUED
+        assert p.push("http://a.test/x", dont_filter=True).outcome is Outcome.QUEUED
+        assert redis_client.zcard(SITE.queue) == 3
+
+        # one push sent twice: stored once
+        first = p.push("http://a.test/x", dont_filter=True, push_id="task-1")
+        again = p.push("http://a.test/x", dont_filter=True, push_id="task-1")
+        assert (first.outcome, again.outcome) == (Outcome.QUEUED, Outcome.SEEN)
+        assert redis_client.zcard(SITE.queue) == 4
+        # another push of the same request is another request
+        assert p.push("http://a.test/x", dont_filter=True, push_id="task-2").ok
+        assert redis_client.zcard(SITE.queue) == 5
+
+        # push_many re-run under the same id: every entry once, dont_filter ones included
+        entries: list[Any] = [
+            {"url": "http://a.test/x", "dont_filter": True},
+            {"url": "http://a.test/x", "dont_filter": True},  # twice in one push: two requests
+            "http://a.test/new",
+        ]
+        sent = p.push_many(entries, push_id="batch-1")
+        assert [r.outcome for r in sent] == [Outcome.QUEUED] * 3
+        resent = p.push_many(entries, push_id="batch-1")
+        assert [r.outcome for r in resent] == [Outcome.SEEN] * 3
+        assert redis_client.zcard(SITE.queue) == 8
+    stored = [d for d in queued(redis_client) if d["u"] == "http://a.test/x"]
+    assert sum(bool(d.get("d")) for d in stored) == 6  # all but the first are dont_filter
+
+
+#: URLs whose canonical form differs from what was pushed in every way w3lib knows
+URLS = [
+    "http://a.test/",
+    "http://a.test",
+    "HTTP://A.Test:8080/P?b=2&a=1&a=0#frag",
+    "https://a.test/r\u00e9sum\u00e9?q=caf\u00e9&x=%e9",
+    "https://b\u00fccher.test/%7euser/./a/../b;p=1?q=a+b&q=",
+    "http://user:pw@a.test:80/x?",
+    "http://[::0:1]:8000/a%2fb",
+    "http://a.test/\u2603?\u2603=\u2603",
+    "http://a.test/pa th?q=a b",
+]
+
+
+@pytest.mark.parametrize("url", URLS)
+def test_the_producers_fingerprint_and_slot_are_the_workers(url):
+    """get_fingerprint and slot_for (the producer's) against what a worker computes with
+    Scrapy's fingerprinter and slot_of: the seen-set and the slots must not depend on who
+    made the entry."""
+    request = Request(url)
+    assert get_fingerprint(request.url) == scrapy_fingerprint(request)
+    assert slot_for(request.url, request.meta) == slot_of(request)
+    request = Request(url, meta={"download_slot": "x"})
+    assert slot_for(request.url, request.meta) == slot_of(request) == "x"
+
+
+def entry_makers(**overrides: Any) -> tuple[EntryMaker, EntryMaker]:
+    """The site spider's EntryMaker (Scrapy's fingerprinter: the fast path for plain GETs)
+    and the same with that path off (every fingerprint from the fingerprinter)."""
+    settings = project_settings(**overrides)
+    spidercls = get_spider_loader(settings).load("site")
+    settings = settings.copy()
+    spidercls.update_settings(settings)
+    config = DistcrawlConfig.from_settings(settings)
+    fast = EntryMaker(spidercls, settings, config)
+    general = EntryMaker(spidercls, settings, config)
+    general.url_only = False
+    assert fast.url_only
+    return fast, general
+
+
+def made_or_refused(maker: EntryMaker, item: Any) -> Any:
+    try:
+        made = maker.make(*entry_bytes(item))
+    except Refused as exc:
+        return ("refused", str(exc))
+    return (made.url, made.entry._replace(request=None))
+
+
+def test_the_fast_path_and_the_general_path_give_the_same_verdicts():
+    """A mixed list of good and bad entries, through the plain-GET fast path and through the
+    fingerprinter: the same refusals with the same reasons, and field for field the same
+    queue entries (fingerprint, priority, payload, slot)."""
+    mixed: list[Any] = [
+        *BAD_ENTRIES,
+        *URLS,
+        "  http://a.test/padded  ",
+        b"http://a.test/bytes",
+        {"url": "http://a.test/j", "priority": 5, "meta": {"k": [1, 2]}},
+        {"url": "http://a.test/post", "method": "POST", "body": "a=1"},
+        {"url": "http://a.test/head", "method": "HEAD"},
+        {"url": "http://a.test/h", "headers": {"X-A": "1"}},
+        {"url": "http://a.test/v", "meta": {"verbatim_url": True}},
+        {"url": "http://a.test/df", "dont_filter": True},
+        {"url": "http://a.test/cb", "callback": "parse"},
+        {"url": "http://a.test/cb", "callback": "page_item"},
+        {"url": "http://a.test/s", "meta": {"download_slot": "shared"}},
+        {"url": "http://a.test/bad", "method": "GET\n"},
+        "http://a.test/\ud800",
+    ]
+    for overrides in ({}, {"DISTCRAWL_START_META_KEYS": "download_slot,verbatim_url,dont_filter"}):
+        fast, general = entry_makers(DISTCRAWL_START_URL_MAX_BYTES=300, **overrides)
+        verdicts = [made_or_refused(fast, item) for item in mixed]
+        assert verdicts == [made_or_refused(general, item) for item in mixed]
+        refused = sum(v[0] == "refused" for v in verdicts)
+        assert 0 < refused < len(mixed), verdicts  # both kinds were compared
 
 
 def test_async_producer_in_a_running_asyncio_app(redis_url, demo_site, workers):

@@ -389,3 +389,24 @@ def test_an_attribute_must_be_plain_data():
 def test_only_the_attributes_the_class_declares(data, why):
     with pytest.raises(DecodeError, match=why):
         RequestCodec("msgpack", DemoSpider()).decode(payload(**data))
+
+
+def test_shrink_payload_leaves_out_the_largest_parts_first():
+    """What a dead letter keeps of a request too large for it (frontier.dead_letter)."""
+    from distcrawl.serialize import shrink_payload
+
+    request = Request(
+        "http://a.test/", body=b"b" * 500, meta={"big": "x" * 2000, "k": 1}, cookies={"c": "v"}
+    )
+    for name in ("json", "msgpack"):
+        codec = RequestCodec(name)
+        payload = codec.encode(request)
+        assert shrink_payload(payload, len(payload)) == (payload, [])
+        kept, dropped = shrink_payload(payload, 1000) or (b"", [])
+        assert dropped == ["meta.big"] and len(kept) <= 1000
+        assert codec.decode(kept).meta == {"k": 1} and codec.decode(kept).body == b"b" * 500
+        kept, dropped = shrink_payload(payload, 300) or (b"", [])
+        assert dropped == ["meta.big", "body"]
+        assert codec.decode(kept).cookies == {"c": "v"}
+        assert shrink_payload(payload, 10) is None  # the URL alone does not fit
+    assert shrink_payload(RequestCodec("pickle").encode(request), 100) is None

@@ -1,17 +1,19 @@
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
 import scrapy
 
-from distcrawl import deadletter, politeness, retry, scheduler
+from distcrawl import deadletter, politeness, retry, scheduler, start_urls
 from distcrawl.spiders import site
 from distcrawl.start_urls import (
     RESERVED_META_KEYS,
     InvalidEntry,
     parse_entry,
     request_from_entry,
+    validate_url,
 )
 
 SCHEMES = ("http", "https")
@@ -150,3 +152,15 @@ def test_list_covers_every_meta_key_scrapy_reads():
     assert {"proxy", "dont_obey_robotstxt", "download_fail_on_dataloss"} <= found  # sanity
     unclassified = found - NOT_ACTED_ON - RESERVED_META_KEYS
     assert not unclassified, sorted(unclassified)
+
+
+def test_a_url_with_any_unicode_space_is_not_a_url():
+    """validate_url refuses a URL holding a character for which str.isspace() is true (a
+    regular expression finds it): every such code point, and none other, is refused so."""
+    spaces = [chr(i) for i in range(sys.maxunicode + 1) if chr(i).isspace()]
+    assert len(spaces) > 20
+    for c in spaces:
+        with pytest.raises(InvalidEntry, match="not a URL"):
+            validate_url(f"http://a.test/x{c}y", ("http",))
+    others = "".join(chr(i) for i in range(sys.maxunicode + 1) if not chr(i).isspace())
+    assert not any(c.isspace() for c in others) and start_urls._SPACE.search(others) is None
