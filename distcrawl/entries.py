@@ -1,11 +1,12 @@
 """A producer's entries checked exactly as a worker checks a ``start_urls`` entry.
 
-The worker's boundary is ``Scheduler._start_entry``: :func:`parse_entry` with the crawl's
-settings, then the spider's ``make_request_from_data``, the scheme check, the fingerprint,
-the politeness slot and the codec. :class:`EntryMaker` runs the same steps with the same
-settings in the producer's process, so that an entry a worker would dead-letter is refused
-at the producer with the reason the dead letter would carry, and one it would store is
-stored by the producer as the worker would have stored it. Nothing here touches Redis.
+The worker's boundary is ``Intake.start_entry`` (distcrawl/_scheduler/intake.py):
+:func:`parse_entry` with the crawl's settings, then the spider's ``make_request_from_data``,
+the scheme check, the fingerprint, the politeness slot and the codec. :class:`EntryMaker`
+runs the same steps with the same settings in the producer's process, so that an entry a
+worker would dead-letter is refused at the producer with the reason the dead letter would
+carry, and one it would store is stored by the producer as the worker would have stored it.
+Nothing here touches Redis.
 """
 
 from __future__ import annotations
@@ -124,7 +125,8 @@ class EntryMaker:
         self.fingerprinter = build_from_crawler(cls, self.crawler)
         #: a plain GET's fingerprint is get_fingerprint(url): Scrapy's fingerprinter as is
         self.url_only = url_only(self.fingerprinter)
-        # as the scheduler's _dupefilter: only BaseDupeFilter turns filtering off
+        # as the scheduler's dupefilter_for (_scheduler/opening.py): only BaseDupeFilter turns
+        # filtering off
         dupefilter = load_object(self.crawler.settings["DUPEFILTER_CLASS"])
         self.filtering = dupefilter is not BaseDupeFilter
         self.codec = RequestCodec(

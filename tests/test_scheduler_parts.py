@@ -163,3 +163,44 @@ def test_an_idle_worker_waits_in_redis_once_then_polls_again():
     polling.back_off(now, LeaseResult([], 0, 0, 0), idle=True)
     assert polling.take_wake_wait(lambda: True) == 0.1
     assert polling.take_wake_wait(lambda: True) == 0.0  # ...and used once
+
+
+# ---------------------------------------------------------------------- intake
+
+
+def test_a_dead_letter_keeps_what_the_codec_takes_of_a_request_whose_meta_it_refuses():
+    """An object in meta (a middleware's) must not cost the rest of the request: the dead
+    letter keeps URL, method, body, callback, priority and the other meta, and names what it
+    left out, so that a re-drive makes the same request but for that value."""
+    import base64
+    import json
+    from types import SimpleNamespace
+
+    from scrapy import Spider
+
+    from distcrawl._scheduler.intake import Intake
+    from distcrawl.serialize import RequestCodec
+
+    class Blog(Spider):
+        name = "blog"
+
+        def parse_post(self, response):
+            pass
+
+    spider = Blog()
+    codec = RequestCodec("msgpack", spider)
+    intake = Intake(DistcrawlConfig(), None, codec, spider, SimpleNamespace(stats=None))
+    request = Request(
+        "https://blog.example/post",
+        method="POST",
+        body=b"q=1",
+        callback=spider.parse_post,
+        priority=7,
+        meta={"site_scope": "blog.example", "handle": object(), "depth": 2},
+    )
+    letter = json.loads(intake.dead_letter(request, "gave up", source="retry").payload)
+    assert letter["payload_dropped"] == ["meta.handle"]
+    again = codec.decode(base64.b64decode(letter["payload"]))
+    assert (again.url, again.method, again.body, again.priority) == (request.url, "POST", b"q=1", 7)
+    assert again.callback == spider.parse_post
+    assert again.meta == {"site_scope": "blog.example", "depth": 2}

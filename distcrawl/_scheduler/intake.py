@@ -101,7 +101,9 @@ class Intake:
         try:
             payload: str | None = base64.b64encode(self.codec.encode(request)).decode("ascii")
         except SerializationError:
-            payload = None
+            payload, dropped = self._partial_payload(request)
+            if dropped:
+                extra = {**extra, "payload_dropped": dropped}
         record = dead_letter(
             reason,
             url=request.url,
@@ -111,6 +113,26 @@ class Intake:
             **extra,
         )
         return Entry("d", b"", 0, record)
+
+    def _partial_payload(self, request: Request) -> tuple[str | None, list[str]]:
+        """A request whose meta the codec refuses (an object a middleware put there) still
+        re-drives as nearly as it was: its URL, method, body, callback, priority and every
+        meta value the codec takes; the values left out are named (``meta.<key>``)."""
+        assert self.codec is not None
+        kept: dict[str, Any] = {}
+        dropped: list[str] = []
+        for key, value in request.meta.items():
+            try:
+                self.codec.encode(request.replace(meta={key: value}))
+            except SerializationError:
+                dropped.append(f"meta.{key}")
+            else:
+                kept[key] = value
+        try:
+            encoded = self.codec.encode(request.replace(meta=kept))
+        except SerializationError:  # not the meta: nothing of it can be kept
+            return None, dropped
+        return base64.b64encode(encoded).decode("ascii"), dropped
 
     def start_entry(self, raw: bytes) -> Entry:
         """The entry that stores a ``start_urls`` entry this worker claimed, checked as
