@@ -1,0 +1,5 @@
+import sys
+
+from distcrawl.cli import main
+
+sys.exit(main())

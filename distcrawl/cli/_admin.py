@@ -1,0 +1,260 @@
+"""The commands around the frontier: Redis users (acl), MongoDB spill replay, Celery
+notification replay, and the entry of the Scrapyd commands."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from distcrawl.cli._common import (
+    EXIT_OK,
+    EXIT_PARTIAL,
+    EXIT_UNREACHABLE,
+    Context,
+    UsageError,
+    _emit_json,
+    _project_settings,
+    _spider,
+    command_maker,
+)
+from distcrawl.config import ConfigError
+from distcrawl.keys import FrontierKeys
+from distcrawl.redact import redact_text, redact_url, url_secrets
+
+# ---------------------------------------------------------------------- acl
+
+
+def cmd_acl(args: argparse.Namespace, ctx: Context) -> int:
+    """Print the producer and worker ACL users of a crawl; talks to no Redis (so a
+    cluster's key names are only used with ``--cluster yes``)."""
+    from distcrawl import acl
+
+    keys: FrontierKeys = (args.namespace or args.spider).on_cluster(ctx.cluster is True)
+    try:
+        users = acl.roles(
+            keys,
+            producer=args.producer_user,
+            worker=args.worker_user,
+            producer_password_env=args.producer_password_env,
+            worker_password_env=args.worker_password_env,
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if ctx.as_json:
+        _emit_json(
+            {
+                "namespace": keys.namespace,
+                "users": [
+                    {
+                        "role": u.role,
+                        "user": u.name,
+                        "rules": list(u.rules),
+                        "command": u.command(),
+                        "password_placeholder": u.placeholder,
+                    }
+                    for u in users
+                ],
+            }
+        )
+    else:
+        for user in users:
+            print(user.aclfile_line() if args.format == "aclfile" else user.command())
+    for user in users:
+        if user.placeholder:
+            print(
+                f"note: replace <{user.role}-password> before use, or pass "
+                f"--{user.role}-password-env VAR to print its SHA-256 instead",
+                file=sys.stderr,
+            )
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------- mongo
+
+
+def cmd_mongo_replay(args: argparse.Namespace, ctx: Context) -> int:
+    """Write spill files (items a worker could not store at close) into MongoDB."""
+    from pymongo.errors import ConfigurationError, ConnectionFailure, InvalidURI, PyMongoError
+
+    from distcrawl.mongo import auth_refusal as mongo_auth_refusal
+    from distcrawl.mongo import replay
+
+    uri = args.mongo_uri
+    if not uri:
+        raise UsageError("no MongoDB: pass --mongo-uri URI or set MONGO_URI")
+    shown = redact_url(uri)
+
+    def scrub(text: str, uri: str) -> str:
+        return redact_text(text, url_secrets(uri))
+
+    for path in args.files:
+        if not os.path.isfile(path):
+            raise UsageError(f"cannot read {path}: no such file")
+    try:
+        result = replay(args.files, uri, database=args.database)
+    except InvalidURI as exc:
+        raise UsageError(f"invalid --mongo-uri {shown}: {scrub(str(exc), uri)}") from None
+    except ValueError as exc:  # a line that is not a spill record
+        raise UsageError(str(exc)) from None
+    except (ConnectionFailure, ConfigurationError) as exc:
+        reason = scrub(str(exc), uri) or type(exc).__name__
+        print(f"error: cannot reach MongoDB at {shown}: {reason}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except PyMongoError as exc:
+        what = mongo_auth_refusal(exc) or "MongoDB"
+        print(f"error: {what} at {shown}: {scrub(str(exc), uri)}", file=sys.stderr)
+        return EXIT_PARTIAL
+    refused = result.dead + result.spilled
+    if ctx.as_json:
+        _emit_json(
+            {
+                "documents": result.documents,
+                "upserted": result.upserted,
+                "updated": result.updated,
+                "dead": result.dead,
+                "rejected": result.spilled,
+            }
+        )
+    else:
+        print(
+            f"replayed {result.documents} documents from {len(result.files)} file(s) into "
+            f"{shown}: {result.upserted} new, {result.updated} updated, "
+            f"{result.dead} dead-lettered"
+        )
+        if result.spilled:
+            print(
+                f"{result.spilled} documents could not even be dead-lettered: see "
+                f"{args.files[0]}.rejected.jsonl",
+                file=sys.stderr,
+            )
+    return EXIT_PARTIAL if refused else EXIT_OK
+
+
+def cmd_notify_replay(args: argparse.Namespace, ctx: Context) -> int:
+    """Send the item notifications a worker spilled at close (its broker was down)."""
+    from distcrawl import notify
+
+    broker = (
+        args.broker
+        or _project_settings([]).get("DISTCRAWL_CELERY_BROKER_URL")
+        or os.environ.get("CELERY_BROKER_URL")
+    )
+    if not broker:
+        raise UsageError(
+            "no broker: pass --broker URL, or set DISTCRAWL_CELERY_BROKER_URL in the project's "
+            "settings or CELERY_BROKER_URL"
+        )
+    broker = str(broker)
+    shown = redact_url(broker)
+    for path in args.files:
+        if not os.path.isfile(path):
+            raise UsageError(f"cannot read {path}: no such file")
+    try:
+        result = notify.replay(args.files, broker)
+    except ConfigError as exc:  # Celery is not installed
+        raise UsageError(str(exc)) from None
+    except ValueError as exc:  # a line that is not a notification record
+        raise UsageError(str(exc)) from None
+    except Exception as exc:  # kombu raises the transport's own errors
+        reason = redact_text(str(exc), url_secrets(broker)) or type(exc).__name__
+        print(f"error: cannot send to the Celery broker at {shown}: {reason}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    if ctx.as_json:
+        _emit_json({"sent": result.sent, "files": result.files})
+    else:
+        print(
+            f"sent {result.sent} item notifications from {len(result.files)} file(s) via "
+            f"{shown}; each file renamed to FILE{notify.SENT_SUFFIX}"
+        )
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------- scrapyd
+
+
+def cmd_scrapyd(args: argparse.Namespace, ctx: Context) -> int:
+    """``distcrawl scrapyd ACTION``: the actions are in :mod:`distcrawl.scrapyd`."""
+    from distcrawl.scrapyd import ConfigProblem
+
+    try:
+        return int(args.scrapyd_action(args, as_json=ctx.as_json))
+    except ConfigProblem as exc:
+        raise UsageError(str(exc)) from None
+
+
+def add_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
+    command = command_maker(common)
+    acl_help = (
+        "print ACL SETUSER commands of two least-privilege Redis users: a producer that can "
+        "only add start URLs (and read what push and status need), a worker with exactly the "
+        "commands distcrawl sends, on this crawl's keys"
+    )
+    acl = command(commands, "acl", cmd_acl, acl_help)
+    acl.add_argument(
+        "--namespace", type=_spider, metavar="NS", help="DISTCRAWL_NAMESPACE, if not SPIDER"
+    )
+    acl.add_argument("--producer-user", metavar="NAME", help="default: <namespace>-producer")
+    acl.add_argument("--worker-user", metavar="NAME", help="default: <namespace>-worker")
+    for role in ("producer", "worker"):
+        acl.add_argument(
+            f"--{role}-password-env",
+            metavar="VAR",
+            help=f"the {role} password is in this environment variable: printed as its "
+            "SHA-256 (#<hex>), never in clear; default: a >placeholder to replace",
+        )
+    acl.add_argument(
+        "--format",
+        choices=("commands", "aclfile"),
+        default="commands",
+        help="ACL SETUSER commands (for redis-cli) or lines of an ACL file (aclfile)",
+    )
+    mongo = commands.add_parser(
+        "mongo", parents=[common], help="items stored in MongoDB", description="MongoDB items"
+    )
+    mongo_commands = mongo.add_subparsers(dest="mongo_command", required=True, metavar="ACTION")
+    replay_help = (
+        "write spill files (items a worker could not store in MongoDB at close) into MongoDB; "
+        "documents are upserted by _id, so replaying twice changes nothing"
+    )
+    replay = mongo_commands.add_parser(
+        "replay", parents=[common], help=replay_help, description=replay_help
+    )
+    replay.add_argument("files", nargs="+", metavar="FILE", help="spill file (.jsonl)")
+    replay.add_argument(
+        "--mongo-uri",
+        default=os.environ.get("MONGO_URI"),
+        metavar="URI",
+        # never %(default)s: $MONGO_URI may hold a password
+        help="MongoDB to write to (default: $MONGO_URI)",
+    )
+    replay.add_argument(
+        "--database", metavar="NAME", help="write here instead of the database in each record"
+    )
+    replay.set_defaults(handler=cmd_mongo_replay)
+    notify = commands.add_parser(
+        "notify",
+        parents=[common],
+        help="item notifications to Celery",
+        description="item notifications (DISTCRAWL_CELERY_ITEM_TASK)",
+    )
+    notify_commands = notify.add_subparsers(dest="notify_command", required=True, metavar="ACTION")
+    notify_help = (
+        "send the item notifications that workers spilled at close (their broker was down), "
+        "then rename each file to FILE.sent so that they are not sent twice"
+    )
+    notify_replay = notify_commands.add_parser(
+        "replay", parents=[common], help=notify_help, description=notify_help
+    )
+    notify_replay.add_argument(
+        "files", nargs="+", metavar="FILE", help="notification spill file (*-notify-*.jsonl)"
+    )
+    notify_replay.add_argument(
+        "--broker",
+        metavar="URL",
+        # never %(default)s: the broker's URL may hold a password
+        help="Celery's broker (default: DISTCRAWL_CELERY_BROKER_URL of the project's settings, "
+        "else $CELERY_BROKER_URL)",
+    )
+    notify_replay.set_defaults(handler=cmd_notify_replay)

@@ -1,0 +1,270 @@
+"""What every ``distcrawl`` command shares: exit codes, the connection context, argument
+types, output helpers, and where the Redis URL and the project's settings come from.
+
+The Scrapyd commands (distcrawl/scrapyd) and ``distcrawl import`` use them too, so that an
+error, an exit code or a JSON line looks the same whichever command printed it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+from scrapy.settings import BaseSettings, Settings
+from scrapy.utils.project import get_project_settings, inside_project
+
+from distcrawl.config import DEFAULT_REDIS_URL, ConfigError, cluster_mode
+from distcrawl.connection import is_cluster, make_redis
+from distcrawl.frontier import Frontier
+from distcrawl.keys import FrontierKeys
+from distcrawl.producer import Producer
+from distcrawl.redact import redact_text, redact_url, url_secrets
+
+EXIT_OK = 0
+EXIT_PARTIAL = 1
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 3
+EXIT_FULL = 4
+
+#: how much of an entry or dead-letter field a human-readable line shows
+SHOW_CHARS = 200
+
+
+class UsageError(Exception):
+    """Bad input found after argument parsing (e.g. an unreadable --file): exit 2."""
+
+
+class Context:
+    """The parsed global options and the one lazily made Redis client of this run."""
+
+    def __init__(self, redis_url: str, as_json: bool, cluster: bool | None = False) -> None:
+        self.redis_url = redis_url
+        self.as_json = as_json
+        #: --cluster: whether the URL is a Redis Cluster node (None: ask it when connecting)
+        self.cluster = cluster
+        self._client: redis.Redis | None = None
+
+    @property
+    def shown_url(self) -> str:
+        return redact_url(self.redis_url)
+
+    @property
+    def client(self) -> redis.Redis:
+        if self._client is None:
+            try:
+                client = make_redis(self.redis_url, cluster=self.cluster)
+            except (ValueError, redis.exceptions.RedisClusterException) as exc:
+                raise UsageError(
+                    f"invalid --redis-url {self.shown_url}: {self.scrub(str(exc))}"
+                ) from None
+            self.cluster = is_cluster(client)
+            # A CLI should fail at once on a dead server, not after redis-py's backoff.
+            client.set_retry(Retry(NoBackoff(), 0))
+            self._client = client
+        return self._client
+
+    def keys(self, keys: FrontierKeys) -> FrontierKeys:
+        """``keys`` named as on this Redis (hash-tagged on a cluster); connects."""
+        return keys.on_cluster(is_cluster(self.client))
+
+    def frontier(self, keys: FrontierKeys) -> Frontier:
+        return Frontier(self.client, self.keys(keys))
+
+    def producer(
+        self, keys: FrontierKeys, settings: BaseSettings | None = None, **kwargs: Any
+    ) -> Producer:
+        """The :class:`Producer` of crawl ``keys`` on this run's client: the commands that
+        push, show the status or handle dead letters share its code with Python callers.
+        Without ``settings``, Scrapy's defaults (no project is loaded)."""
+        try:
+            return Producer(
+                lambda: self.client,
+                keys.namespace,
+                settings if settings is not None else Settings(),
+                namespace=keys.namespace,
+                **kwargs,
+            )
+        except ConfigError as exc:
+            raise UsageError(str(exc)) from None
+
+    def scrub(self, text: str) -> str:
+        """``text`` without the URL's secrets, should an error message quote them."""
+        return redact_text(text, url_secrets(self.redis_url))
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _spider(value: str) -> FrontierKeys:
+    try:
+        return FrontierKeys(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"invalid spider/namespace {value!r}: must be non-empty, without whitespace"
+        ) from None
+
+
+def _cluster_option(value: str) -> bool | None:
+    try:
+        return cluster_mode(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected auto, yes or no") from None
+
+
+def _json_object(value: str) -> dict[str, Any]:
+    try:
+        data = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise argparse.ArgumentTypeError('must be a JSON object, e.g. \'{"tag": "x"}\'')
+    return data
+
+
+def _non_negative_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
+    if number < 0:
+        raise argparse.ArgumentTypeError("must be >= 0")
+    return number
+
+
+def _positive_int(value: str) -> int:
+    number = _non_negative_int(value)
+    if number == 0:
+        raise argparse.ArgumentTypeError("must be >= 1")
+    return number
+
+
+def _one_line(text: str, limit: int | None = SHOW_CHARS) -> str:
+    """``text`` safe for one terminal line: control characters escaped, long text cut."""
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    if limit is not None and len(text) > limit:
+        text = text[:limit] + "..."
+    return text
+
+
+def _show_entry(raw: bytes) -> str:
+    return _one_line(raw.decode("utf-8", errors="backslashreplace"))
+
+
+def _emit_json(data: Any) -> None:
+    print(json.dumps(data, ensure_ascii=False, default=repr))
+
+
+def _confirm(args: argparse.Namespace, question: str) -> bool:
+    """True if ``--yes`` was given or a person at a terminal answered y/yes."""
+    if args.yes:
+        return True
+    if not sys.stdin.isatty():
+        print(
+            "error: stdin is not a terminal, so nothing can be confirmed; "
+            "pass --yes to delete without asking",
+            file=sys.stderr,
+        )
+        return False
+    sys.stderr.write(f"{question} [y/N] ")
+    sys.stderr.flush()
+    answer = sys.stdin.readline().strip().lower()
+    if answer in ("y", "yes"):
+        return True
+    print("aborted", file=sys.stderr)
+    return False
+
+
+def default_redis_url() -> str:
+    """Where the commands go without ``--redis-url``: ``$REDIS_URL``, else the ``REDIS_URL``
+    of the Scrapy project the command runs in (found as ``scrapy crawl`` finds it: scrapy.cfg
+    or SCRAPY_SETTINGS_MODULE), so that ``distcrawl push`` from a project reaches the Redis
+    its workers use; else the local default."""
+    from_env = os.environ.get("REDIS_URL")
+    if from_env:
+        return from_env
+    if inside_project():
+        try:
+            configured = get_project_settings().get("REDIS_URL")
+        except Exception:  # a broken settings module: the commands that read it say so
+            configured = None
+        if configured:
+            return str(configured)
+    return DEFAULT_REDIS_URL
+
+
+def _project_settings(overrides: list[str]) -> BaseSettings:
+    """The settings the project's workers run with (scrapy.cfg or SCRAPY_SETTINGS_MODULE, then
+    ``-s NAME=VALUE`` as on ``scrapy crawl``), so that push accepts what they accept."""
+    try:
+        settings = get_project_settings()
+    except Exception as exc:  # a broken settings module is the user's to fix, not a traceback
+        raise UsageError(f"cannot load the project settings: {type(exc).__name__}: {exc}") from None
+    for item in overrides:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise UsageError("-s expects NAME=VALUE")  # the text itself may be a secret
+        settings.set(name.strip(), value, priority="cmdline")
+    return settings
+
+
+Handler = Callable[[argparse.Namespace, Context], int]
+
+
+def global_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
+    """``--redis-url``/``--json``, accepted before and after the subcommand.
+
+    Subcommands use SUPPRESS so that they only set the value when it is given there.
+    """
+    parser.add_argument(
+        "--redis-url",
+        default=None if defaults else argparse.SUPPRESS,
+        metavar="URL",
+        # never %(default)s: $REDIS_URL may hold a password
+        help="Redis to use (default: $REDIS_URL, else the REDIS_URL setting of the Scrapy "
+        f"project the command runs in, else {DEFAULT_REDIS_URL})",
+    )
+    parser.add_argument(
+        "--cluster",
+        type=_cluster_option,
+        default=(os.environ.get("DISTCRAWL_REDIS_CLUSTER") or "auto")
+        if defaults
+        else argparse.SUPPRESS,
+        metavar="auto|yes|no",
+        help="whether --redis-url is a node of a Redis Cluster (default: "
+        "$DISTCRAWL_REDIS_CLUSTER, else auto: ask the server; acl: no)",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        default=False if defaults else argparse.SUPPRESS,
+        help="machine-readable JSON output",
+    )
+
+
+def command_maker(common: argparse.ArgumentParser) -> Callable[..., argparse.ArgumentParser]:
+    """``command(group, name, handler, help)``: a subcommand of ``group`` that takes the
+    crawl's SPIDER (its namespace) and the global options, run by ``handler``."""
+
+    def command(group: Any, name: str, handler: Handler, help_text: str) -> argparse.ArgumentParser:
+        sub: argparse.ArgumentParser = group.add_parser(
+            name, parents=[common], help=help_text, description=help_text
+        )
+        sub.add_argument(
+            "spider", type=_spider, metavar="SPIDER", help="namespace (usually the spider name)"
+        )
+        sub.set_defaults(handler=handler)
+        return sub
+
+    return command
