@@ -1012,10 +1012,11 @@ def build_parser() -> argparse.ArgumentParser:
         "else $CELERY_BROKER_URL)",
     )
     notify_replay.set_defaults(handler=cmd_notify_replay)
-    from distcrawl import importer, scrapyd
+    from distcrawl import importer, migrate, scrapyd
 
     scrapyd.add_parser(commands, common, cmd_scrapyd)
     importer.add_parser(commands, common)
+    migrate.add_parser(commands, common)
     return parser
 
 
