@@ -160,6 +160,8 @@ class Migration:
         self.source = source
         self.target = target
         self.worker_timeout = worker_timeout
+        #: the source's keys as the last ``run`` listed them
+        self.listed: list[KeyInfo] = []
 
     @classmethod
     def between(
@@ -204,6 +206,8 @@ class Migration:
         """Why the crawl may not move now (empty: it may): not paused, a live worker, or a
         layout this version cannot move."""
         src, k = self.source, self.source.keys
+        if not src.client.exists(*k.all()):
+            return [f"no crawl {k.namespace!r} at the source (moved with --delete-source?)"]
         out = []
         if not src.client.exists(k.paused):
             out.append(f"the crawl {k.namespace!r} is not paused (distcrawl pause {k.namespace})")
@@ -235,7 +239,8 @@ class Migration:
     def run(self, *, dry_run: bool = False, delete_source: bool = False) -> Outcome:
         """Copy, verify, then (``delete_source``) remove the source keys; refuses (raises
         MigrationRefused, having written nothing) when the target holds another crawl of
-        this name. Call ``problems()`` first."""
+        this name. Call ``problems()`` first. ``dry_run``: the checks and the listing
+        (``listed``) only."""
         started = time.monotonic()
         src, tgt = self.source, self.target
         if self.same_server():
@@ -246,8 +251,8 @@ class Migration:
         ours = outgoing is not None and theirs.get("id") == outgoing and "from" in theirs
         if ours and mine.get("state") == "done":
             outcome = Outcome(already_done=True)
+            infos = self.listed = self.source_keys()
             if delete_source and not dry_run:
-                infos = self.source_keys()
                 outcome.keys = len(infos)
                 outcome.deleted = self.delete([i.source for i in infos])
             outcome.seconds = time.monotonic() - started
@@ -258,11 +263,16 @@ class Migration:
                 f"the target already holds a crawl {tgt.keys.namespace!r} that this migration "
                 f"did not start: remove it there first (distcrawl reset {tgt.keys.namespace})"
             )
-        infos = self.source_keys()
+        infos = self.listed = self.source_keys()
+        if not infos:
+            raise MigrationRefused(f"no key of the crawl {src.keys.namespace!r} at the source")
         outcome = Outcome(keys=len(infos))
         if dry_run:
             return outcome
         ident = outgoing or uuid.uuid4().hex
+        if outgoing is None:  # the record of a migration that brought the crawl here
+            src.client.delete(src.keys.migration)
+        tgt.client.delete(tgt.keys.migration)
         src.client.hset(
             src.keys.migration, mapping={"id": ident, "to": tgt.shown, "state": "copying"}
         )
@@ -331,11 +341,15 @@ class Migration:
         return out
 
     def delete(self, names: Sequence[str]) -> int:
-        """UNLINK the source's keys (and its migration record): freed in the background."""
+        """UNLINK the source's keys: freed in the background. ``paused`` and the migration
+        record go last, in one command, so that a run again after an interruption here
+        still finds a paused crawl whose move is done, and deletes the rest."""
+        k = self.source.keys
+        last = [k.paused, k.migration]
         removed = 0
-        for chunk in _chunks([*names, self.source.keys.migration], 500):
+        for chunk in _chunks([n for n in names if n not in last], 500):
             removed += int(self.source.client.unlink(*chunk))
-        return removed
+        return removed + int(self.source.client.unlink(*last))
 
 
 # ---------------------------------------------------------------------- the command
@@ -384,14 +398,13 @@ def cmd_migrate(args: argparse.Namespace, ctx: Any) -> int:
             worker_timeout=args.worker_timeout,
         )
         problems = [] if args.force else migration.problems()
-        if problems:
-            for problem in problems:
-                print(f"distcrawl migrate: refused: {problem}", file=sys.stderr)
-            return EXIT_PARTIAL
-        if args.dry_run:
-            migration.run(dry_run=True)  # refuses as the real run would
-            _print_plan(migration.source_keys(), ctx.as_json)
-            return EXIT_OK
+        if args.dry_run:  # the keys, and what a run would refuse
+            migration.run(dry_run=True)
+            _print_plan(migration.listed, ctx.as_json)
+        for problem in problems:
+            print(f"distcrawl migrate: refused: {problem}", file=sys.stderr)
+        if problems or args.dry_run:
+            return EXIT_PARTIAL if problems else EXIT_OK
         outcome = migration.run(delete_source=args.delete_source)
     except MigrationRefused as exc:
         print(f"distcrawl migrate: refused: {exc}", file=sys.stderr)

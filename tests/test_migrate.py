@@ -190,6 +190,36 @@ def test_dry_run_lists_the_keys_and_writes_nothing(
     assert empty(cluster_client)
     assert contents(redis_client, PLAIN) == before
 
+    # not paused: still listed (to size the move beforehand), and what a run would refuse
+    redis_client.delete(PLAIN.paused)
+    code, out, err = run(
+        capsys, "--redis-url", redis_url, "migrate", "site", "--to", cluster_url, "--dry-run"
+    )
+    assert code == 1
+    assert "site:queue -> {site:start_urls}:queue" in out and "not paused" in err
+    assert empty(cluster_client)
+
+
+def test_an_interrupted_delete_of_the_source_finishes_when_run_again(
+    redis_url, redis_client, cluster_url, cluster_client, capsys
+):
+    before = seed_frontier(redis_client)
+    argv = ["--redis-url", redis_url, "migrate", "site", "--to", cluster_url]
+    assert run(capsys, *argv)[0] == 0
+    assert contents(redis_client, PLAIN).keys() == {*before, "migration"}  # source kept
+    # the delete cut short: some keys gone, paused and the record are deleted last
+    redis_client.unlink(PLAIN.queue, PLAIN.seen, PLAIN.start_urls)
+    code, out, err = run(capsys, *argv, "--delete-source")
+    assert code == 0, err
+    assert "already migrated" in out and "removed" in out
+    assert redis_client.keys("*") == []
+    moved = contents(cluster_client, TAGGED)
+    moved.pop("migration")
+    assert moved == before
+    code, out, err = run(capsys, *argv, "--delete-source")
+    assert (code, out) == (1, "")
+    assert "no crawl 'site' at the source" in err
+
 
 def test_an_interrupted_run_finishes_when_run_again_and_then_is_a_no_op(
     redis_url, redis_client, cluster_url, cluster_client, capsys, monkeypatch
