@@ -71,6 +71,8 @@ class KeyInfo:
 
 @dataclass
 class Outcome:
+    """What a run did, printed (or as JSON) by the command."""
+
     keys: int = 0
     copied: int = 0
     unchanged: int = 0
@@ -156,6 +158,10 @@ def _content(side: Side, name: str, kind: str) -> Any:
 
 
 class Migration:
+    """One crawl's move from ``source`` to ``target``: the checks, the copy, the verification
+    and the delete as separate steps, so that the command and the tests can run each alone
+    (a dry run is the checks and the listing)."""
+
     def __init__(self, source: Side, target: Side, *, worker_timeout: float = 10.0) -> None:
         self.source = source
         self.target = target

@@ -96,12 +96,19 @@ def seed_frontier(client: redis.Redis) -> dict[str, Any]:
     return contents(client, PLAIN)
 
 
+@pytest.mark.parametrize("seen", ["set", "bloom"])
 def test_a_crawl_half_done_on_one_node_finishes_on_a_cluster_every_page_once(
-    redis_url, redis_client, cluster_url, cluster_client, demo_site, workers, capsys
+    seen, redis_url, redis_client, cluster_url, cluster_client, demo_site, workers, capsys
 ):
+    """Real workers crawl part of the site on one node, the crawl is paused and moved, and
+    workers on the cluster finish it: the site's log shows every page once. With the Bloom
+    seen-set, its parts (listed in its ``bloom`` HASH) must move too, or the cluster's workers
+    would fetch the first half's pages again."""
+    # a small Bloom filter: a few kB of parts, not the default 1e9 URLs' worth
+    settings = {"DISTCRAWL_SEEN": seen, "DISTCRAWL_BLOOM_CAPACITY": 10_000}
     site = demo_site(pages=150, delay=0.02)
     assert run(capsys, "--redis-url", redis_url, "push", "site", site.url + "/")[0] == 0
-    first = workers(1, DISTCRAWL_IDLE_TIMEOUT=60)
+    first = workers(1, DISTCRAWL_IDLE_TIMEOUT=60, **settings)
     assert wait_until(lambda: len(page_fetches(site)) >= 40, timeout=60)
     assert run(capsys, "--redis-url", redis_url, "pause", "site")[0] == 0
     # paused: the worker finishes what it holds, then is stopped (a clean stop ends its beat)
@@ -112,6 +119,8 @@ def test_a_crawl_half_done_on_one_node_finishes_on_a_cluster_every_page_once(
     assert 40 <= len(before) < len(site.expected_pages())
     assert redis_client.zcard(PLAIN.queue) > 0
     frontier = contents(redis_client, PLAIN)
+    if seen == "bloom":
+        assert any(name.startswith("bloom:") for name in frontier), sorted(frontier)
 
     code, out, err = run(
         capsys, "--redis-url", redis_url, "migrate", "site", "--to", cluster_url, "--delete-source"
@@ -125,7 +134,7 @@ def test_a_crawl_half_done_on_one_node_finishes_on_a_cluster_every_page_once(
     assert cluster_client.exists(TAGGED.paused) == 1  # still paused there, until resumed
 
     assert run(capsys, "--redis-url", cluster_url, "resume", "site")[0] == 0
-    pool = [workers(i, REDIS_URL=cluster_url, DISTCRAWL_IDLE_TIMEOUT=3) for i in (2, 3)]
+    pool = [workers(i, REDIS_URL=cluster_url, DISTCRAWL_IDLE_TIMEOUT=3, **settings) for i in (2, 3)]
     for w in pool:
         assert w.wait(120) == 0, w.log()[-3000:]
         assert "is a Redis Cluster node" in w.log()
