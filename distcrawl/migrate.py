@@ -37,7 +37,7 @@ from typing import Any
 
 import redis
 
-from distcrawl.connection import is_cluster, make_redis, node_info
+from distcrawl.connection import auth_refusal, is_cluster, make_redis, node_info
 from distcrawl.frontier import Frontier
 from distcrawl.keys import FrontierKeys
 from distcrawl.redact import redact_text, redact_url, url_secrets
@@ -377,7 +377,14 @@ def _print_plan(infos: Sequence[KeyInfo], as_json: bool) -> None:
 def cmd_migrate(args: argparse.Namespace, ctx: Any) -> int:
     """Exit 0 when every key is on the target and verified (and, with --delete-source, gone
     from the source), 1 when refused (nothing written) or a key differs after the copy."""
-    from distcrawl.cli import EXIT_OK, EXIT_PARTIAL, UsageError, _cluster_option, _emit_json
+    from distcrawl.cli import (
+        EXIT_OK,
+        EXIT_PARTIAL,
+        EXIT_UNREACHABLE,
+        UsageError,
+        _cluster_option,
+        _emit_json,
+    )
 
     target_url: str = args.to
     shown_target = redact_url(target_url)
@@ -389,12 +396,28 @@ def cmd_migrate(args: argparse.Namespace, ctx: Any) -> int:
         to_cluster = _cluster_option(args.to_cluster)
     except argparse.ArgumentTypeError as exc:
         raise UsageError(str(exc)) from None
+    ctx.client.ping()  # the source first: cli.main reports its errors, naming it
+    where = f"the target {shown_target}"
+
+    def failed(exc: redis.RedisError) -> int:
+        """As the other commands report a Redis error (cli.main), naming the side."""
+        reason = scrub(str(exc)) or type(exc).__name__
+        refusal = auth_refusal(exc)
+        if refusal is not None:
+            print(f"error: {refusal} at {where}: {reason}", file=sys.stderr)
+            return EXIT_PARTIAL
+        if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
+            print(f"error: cannot reach Redis at {where}: {reason}", file=sys.stderr)
+            return EXIT_UNREACHABLE
+        print(f"error: Redis at {where}: {reason}", file=sys.stderr)
+        return EXIT_PARTIAL
+
     try:
         target = make_redis(target_url, cluster=to_cluster)
     except (ValueError, redis.exceptions.RedisClusterException) as exc:
         raise UsageError(f"invalid --to {shown_target}: {scrub(str(exc))}") from None
-    except redis.RedisError as exc:  # the error is the target's: name it, without secrets
-        raise type(exc)(f"the target {shown_target}: {scrub(str(exc))}") from None
+    except redis.RedisError as exc:  # a cluster's slot map is loaded here
+        return failed(exc)
     try:
         migration = Migration.between(
             ctx.client,
@@ -403,6 +426,8 @@ def cmd_migrate(args: argparse.Namespace, ctx: Any) -> int:
             shown=(ctx.shown_url, shown_target),
             worker_timeout=args.worker_timeout,
         )
+        migration.target.client.ping()  # a wrong --to is named as such, before any work
+        where = f"the source {ctx.shown_url} or the target {shown_target}"
         problems = [] if args.force else migration.problems()
         if args.dry_run:  # the keys, and what a run would refuse
             migration.run(dry_run=True)
@@ -416,7 +441,7 @@ def cmd_migrate(args: argparse.Namespace, ctx: Any) -> int:
         print(f"distcrawl migrate: refused: {exc}", file=sys.stderr)
         return EXIT_PARTIAL
     except redis.RedisError as exc:
-        raise type(exc)(scrub(str(exc))) from None
+        return failed(exc)
     finally:
         target.close()
     if ctx.as_json:

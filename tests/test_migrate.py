@@ -106,9 +106,11 @@ def test_a_crawl_half_done_on_one_node_finishes_on_a_cluster_every_page_once(
     would fetch the first half's pages again."""
     # a small Bloom filter: a few kB of parts, not the default 1e9 URLs' worth
     settings = {"DISTCRAWL_SEEN": seen, "DISTCRAWL_BLOOM_CAPACITY": 10_000}
-    site = demo_site(pages=150, delay=0.02)
+    site = demo_site(pages=200, delay=0.05)
     assert run(capsys, "--redis-url", redis_url, "push", "site", site.url + "/")[0] == 0
-    first = workers(1, DISTCRAWL_IDLE_TIMEOUT=60, **settings)
+    # one request at a time (about 20 pages/s): the pause lands well before the end
+    slow = {"DISTCRAWL_DOMAIN_CONCURRENCY": 1, "DISTCRAWL_HEARTBEAT_INTERVAL": 0.5}
+    first = workers(1, DISTCRAWL_IDLE_TIMEOUT=60, **slow, **settings)
     assert wait_until(lambda: len(page_fetches(site)) >= 40, timeout=60)
     assert run(capsys, "--redis-url", redis_url, "pause", "site")[0] == 0
     # paused: the worker finishes what it holds, then is stopped (a clean stop ends its beat)
@@ -116,6 +118,8 @@ def test_a_crawl_half_done_on_one_node_finishes_on_a_cluster_every_page_once(
     first.stop()
     assert first.wait(5) == 0, first.log()[-3000:]
     before = page_fetches(site)
+    with capsys.disabled():
+        print(f"migrate test ({seen}): {len(before)} of {len(site.expected_pages())} pages before")
     assert 40 <= len(before) < len(site.expected_pages())
     assert redis_client.zcard(PLAIN.queue) > 0
     frontier = contents(redis_client, PLAIN)
@@ -127,6 +131,8 @@ def test_a_crawl_half_done_on_one_node_finishes_on_a_cluster_every_page_once(
     )
     assert code == 0, err
     assert "removed" in out
+    with capsys.disabled():
+        print(out)
     assert redis_client.keys("*") == []
     moved = contents(cluster_client, TAGGED)
     assert moved.pop("migration")[0] == "hash"
@@ -338,15 +344,42 @@ def test_a_cluster_crawl_moves_back_to_a_single_node(
     assert moved == before
 
 
-def test_credentials_are_never_printed(redis_url, redis_client, redis_cluster, capsys):
+def test_credentials_are_never_printed_nor_stored(
+    redis_url, redis_client, redis_cluster, capsys, tmp_path
+):
     seed_frontier(redis_client)
     secret = "s3cret-Pw-91"
     target = f"redis://intruder:{secret}@127.0.0.1:{redis_cluster.ports[0]}/0"
     for extra in ([], ["--dry-run"], ["--json"]):
-        code, out, err = run(
-            capsys, "--redis-url", redis_url, "migrate", "site", "--to", target, *extra
-        )
-        assert code in (1, 3), (code, out, err)
-        assert secret not in out + err
-        assert "intruder:***@" in err
+        argv = ["--redis-url", redis_url, "migrate", "site", "--to", target, *extra]
+        code, out, err = run(capsys, *argv)
+        assert (code, out) == (1, "")
+        assert "error: Redis refused the password at the target redis://intruder:***@" in err
+        assert secret not in err
     assert redis_client.exists(PLAIN.migration) == 0
+
+    # a target that takes the password: the URLs the migration records keep are redacted too
+    other = RedisServer(directory=tmp_path / "locked", password=secret).start()
+    try:
+        code, out, err = run(capsys, "--redis-url", redis_url, "migrate", "site", "--to", other.url)
+        assert code == 0, err
+        assert secret not in out + err and ":***@" in out
+        record = redis_client.hgetall(PLAIN.migration)
+        assert secret.encode() not in record[b"to"] and b":***@" in record[b"to"]
+        locked = redis.Redis.from_url(other.url)
+        try:
+            assert locked.zcard(PLAIN.queue) == 200
+        finally:
+            locked.close()
+    finally:
+        other.stop()
+
+
+def test_the_same_server_as_target_is_refused(redis_url, redis_client, capsys):
+    """Same server, same names: --delete-source would delete the crawl it just "copied"."""
+    before = seed_frontier(redis_client)
+    argv = ["--redis-url", redis_url, "migrate", "site", "--to", redis_url, "--delete-source"]
+    code, out, err = run(capsys, *argv)
+    assert (code, out) == (1, "")
+    assert "the same Redis server" in err
+    assert contents(redis_client, PLAIN) == before
