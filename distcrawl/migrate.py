@@ -256,10 +256,9 @@ class Migration:
         outgoing = mine.get("id") if "to" in mine else None
         ours = outgoing is not None and theirs.get("id") == outgoing and "from" in theirs
         if ours and mine.get("state") == "done":
-            outcome = Outcome(already_done=True)
             infos = self.listed = self.source_keys()
+            outcome = Outcome(keys=len(infos), already_done=True)
             if delete_source and not dry_run:
-                outcome.keys = len(infos)
                 outcome.deleted = self.delete([i.source for i in infos])
             outcome.seconds = time.monotonic() - started
             return outcome
