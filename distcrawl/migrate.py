@@ -45,6 +45,9 @@ from distcrawl.seen import BloomState, part_keys
 
 #: keys per pipeline: bounds what one round trip carries (a DUMP holds a whole key)
 BATCH = 100
+#: bytes (MEMORY USAGE) per copy pipeline, past its first key: Bloom parts are large bitmaps,
+#: and a hundred of them in one round trip would all be held in this process at once
+BATCH_BYTES = 64 << 20
 #: members up to which two keys whose DUMPs differ are compared by content: a hash table's
 #: DUMP follows its server's hash seed, so equal hashes and sets of two servers differ there
 COMPARE_MEMBERS = 10_000
@@ -96,6 +99,21 @@ class Side:
 def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
     for at in range(0, len(items), size):
         yield items[at : at + size]
+
+
+def _by_size(infos: Sequence[KeyInfo]) -> Iterator[list[KeyInfo]]:
+    """Batches of at most BATCH keys and, but for a key larger alone, BATCH_BYTES."""
+    batch: list[KeyInfo] = []
+    size = 0
+    for info in infos:
+        weight = info.bytes or 0
+        if batch and (len(batch) >= BATCH or size + weight > BATCH_BYTES):
+            yield batch
+            batch, size = [], 0
+        batch.append(info)
+        size += weight
+    if batch:
+        yield batch
 
 
 def _text(fields: Any) -> dict[str, str]:
@@ -282,7 +300,7 @@ class Migration:
             src.keys.migration, mapping={"id": ident, "to": tgt.shown, "state": "copying"}
         )
         tgt.client.hset(tgt.keys.migration, mapping={"id": ident, "from": src.shown})
-        for chunk in _chunks(infos, BATCH):
+        for chunk in _by_size(infos):
             self._copy(chunk, outcome)
         outcome.mismatches = self.verify(infos)
         if not outcome.mismatches:

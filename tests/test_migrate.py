@@ -383,3 +383,16 @@ def test_the_same_server_as_target_is_refused(redis_url, redis_client, capsys):
     assert (code, out) == (1, "")
     assert "the same Redis server" in err
     assert contents(redis_client, PLAIN) == before
+
+
+def test_copy_batches_are_bounded_in_keys_and_bytes(monkeypatch):
+    """A hundred large Bloom parts must not travel (and sit in memory) in one pipeline."""
+    monkeypatch.setattr(migrate, "BATCH_BYTES", 100)
+    infos = [
+        migrate.KeyInfo(f"k{i}", f"k{i}", "string", 1, -1, n)
+        for i, n in enumerate([60, 30, 20, 500, 10, 10] + [None] * 250)
+    ]
+    batches = [[i.source for i in b] for b in migrate._by_size(infos)]
+    assert batches[:3] == [["k0", "k1"], ["k2"], ["k3"]]
+    assert [len(b) for b in batches[3:]] == [100, 100, 52]
+    assert sum(len(b) for b in batches) == len(infos)
