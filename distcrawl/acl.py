@@ -135,6 +135,12 @@ PYTHON_COMMANDS = (
 #: scripts' own)
 IMPORT_COMMANDS = ("renamenx", "sadd", "smismember", "sscan", "type")
 
+#: what ``distcrawl migrate`` (migrate.py) sends beyond PYTHON_COMMANDS: DUMP/RESTORE and
+#: PTTL copy each key with its TTL, TYPE and the size of each type verify the copy, MEMORY
+#: USAGE sizes the dry run. An administrator's tool on two servers, like the import: the
+#: worker user gets none of these
+MIGRATE_COMMANDS = ("dump", "memory|usage", "pttl", "restore", "strlen", "type")
+
 #: ``distcrawl push`` (HGET of the pending cap, ZCARD/LLEN for the room left, LPUSH inside
 #: MULTI/EXEC) and ``distcrawl status``/``watch`` (one pipeline of reads and TIME), plus RPUSH
 #: for producers that want an entry taken before the others

@@ -511,7 +511,13 @@ def cmd_import_scrapy_redis(args: argparse.Namespace, ctx: Any) -> int:
     left over the pending cap, or the import was refused (nothing written)."""
     from pymongo.errors import PyMongoError
 
-    from distcrawl.cli import EXIT_OK, EXIT_PARTIAL, UsageError, _emit_json, _project_settings
+    from distcrawl.cli._common import (
+        EXIT_OK,
+        EXIT_PARTIAL,
+        UsageError,
+        _emit_json,
+        _project_settings,
+    )
 
     settings = _project_settings(args.set or [])
     given = {

@@ -278,6 +278,25 @@ class FrontierKeys:
         digest), so that a run again writes no second dead letter."""
         return self._key("import:done")
 
+    @property
+    def migration(self) -> str:
+        """HASH written by ``distcrawl migrate`` (distcrawl/migrate.py): on the source, the
+        migration's id, where it goes and whether it was verified (``state``); on the target,
+        the same id and where it came from. A run again after an interruption resumes only
+        into a target whose record names the same id, so that it never overwrites another
+        crawl of the same name. Never copied itself."""
+        return self._key("migration")
+
+    def same_key_in(self, key: str, other: FrontierKeys) -> str:
+        """The name ``key`` (one of this crawl's keys) has in ``other``'s naming, for
+        ``distcrawl migrate``: ``start_urls`` keeps its name, every other key keeps its suffix
+        behind the other prefix (``site:queue`` <-> ``{site:start_urls}:queue``)."""
+        if key == self.start_urls:
+            return other.start_urls
+        if not key.startswith(self.prefix):
+            raise ValueError(f"{key!r} is not a key of the crawl {self.namespace!r}")
+        return other.prefix + key[len(self.prefix) :]
+
     def all(self) -> tuple[str, ...]:
         """Every fixed key of this crawl, for an explicit reset; the Bloom filter's bitmaps
         (``bloom_part``) are listed in its ``bloom`` HASH and the workers' claim lists
@@ -316,6 +335,7 @@ class FrontierKeys:
             self.wake,
             self.import_queue,
             self.imported,
+            self.migration,
         )
 
     def script_keys(self, script: str, of: str | None = None) -> list[str]:

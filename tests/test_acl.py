@@ -57,20 +57,22 @@ _RENAMED = {
     "scan_iter": "scan",
     "zscan_iter": "zscan",
     "hscan_iter": "hscan",
+    "memory_usage": "memory|usage",
 }
 
 
-#: modules whose commands are IMPORT_COMMANDS, never a worker's
-ADMIN_MODULES = ("importer.py",)
+#: the administrators' tools, whose own commands (beyond a worker's) are these, never a
+#: worker's
+ADMIN_MODULES = {"importer.py": acl.IMPORT_COMMANDS, "migrate.py": acl.MIGRATE_COMMANDS}
 
 
-def python_commands(admin: bool = False) -> set[str]:
+def python_commands(admin: bool | str = False) -> set[str]:
     """Every command distcrawl's Python sends: method calls on its Redis clients and
     pipelines (named ``client``/``pipe``, as everywhere in the package); ``admin``: those of
-    the administrators' tools (ADMIN_MODULES) instead."""
+    the administrators' tools (ADMIN_MODULES) instead, or of the one named."""
     found: set[str] = set()
     for path in sorted(PACKAGE.rglob("*.py")):
-        if (path.name in ADMIN_MODULES) != admin:
+        if (path.name in ADMIN_MODULES) != bool(admin) or admin not in (True, False, path.name):
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
@@ -125,11 +127,12 @@ def test_python_commands_are_exactly_those_the_package_sends():
     )
 
 
-def test_the_import_sends_only_worker_commands_and_its_own():
-    found = python_commands(admin=True) - {*acl.SCRIPT_COMMANDS, *acl.CONNECTION_COMMANDS}
-    assert found - set(acl.PYTHON_COMMANDS) == set(acl.IMPORT_COMMANDS)
-    # the worker user gets what its Python and scripts send, not what the import adds
-    assert "renamenx" not in acl.worker_commands(cluster=True)
+@pytest.mark.parametrize("module", sorted(ADMIN_MODULES))
+def test_the_admin_tools_send_only_worker_commands_and_their_own(module):
+    found = python_commands(admin=module) - {*acl.SCRIPT_COMMANDS, *acl.CONNECTION_COMMANDS}
+    assert found - set(acl.PYTHON_COMMANDS) == set(ADMIN_MODULES[module])
+    # the worker user gets what its Python and scripts send, not what the tools add
+    assert not {"renamenx", "restore", "dump"} & set(acl.worker_commands(cluster=True))
 
 
 def test_the_scanner_sees_the_calls_it_must_see():

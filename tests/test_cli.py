@@ -86,6 +86,7 @@ def fill(client, keys):
     client.lpush(keys.wake, b"1")
     client.zadd(keys.import_queue, {b"a scrapy-redis request": 0})
     client.sadd(keys.imported, b"digest")
+    client.hset(keys.migration, b"id", b"m1")
 
 
 # ---------------------------------------------------------------------- help and usage

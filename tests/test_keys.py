@@ -41,6 +41,7 @@ def test_key_names_are_pinned():
     assert k.wake == "site:wake"
     assert k.import_queue == "site:import:queue"
     assert k.imported == "site:import:done"
+    assert k.migration == "site:migration"
     assert k.wake_of("0a0b0c0d") == "site:wake:0a0b0c0d"
     assert k.robots_lock("a.test:8080") == "site:robotstxt:lock:a.test:8080"
     assert k.robots_txt("a.test:8080") == "site:robotstxt:a.test:8080"
@@ -79,6 +80,7 @@ def test_key_names_are_pinned():
         "site:settings",
         "site:import:queue",
         "site:import:done",
+        "site:migration",
     }
 
 
@@ -152,3 +154,19 @@ def test_every_cluster_key_is_in_the_slot_of_start_urls(redis_cluster):
     finally:
         node.close()
     assert set(slots.values()) == {slots[k.start_urls]}, slots
+
+
+def test_same_key_in_another_naming_keeps_the_suffix():
+    """distcrawl migrate names each key on the target from its name on the source."""
+    plain, tagged = FrontierKeys("site"), FrontierKeys("site", cluster=True)
+    for name in (*plain.all(), plain.claims("0a0b0c0d"), plain.bloom_part(1, 2)):
+        moved = plain.same_key_in(name, tagged)
+        assert moved == tagged.start_urls or moved.startswith("{site:start_urls}:"), moved
+        assert tagged.same_key_in(moved, plain) == name
+    assert plain.same_key_in(plain.queue, tagged) == tagged.queue
+    assert plain.same_key_in(plain.start_urls, tagged) == "site:start_urls"
+    assert plain.same_key_in(plain.robots_txt("a.test:80"), tagged) == tagged.robots_txt(
+        "a.test:80"
+    )
+    with pytest.raises(ValueError):
+        plain.same_key_in("other:queue", tagged)

@@ -163,7 +163,8 @@ def _show_entry(raw: bytes) -> str:
 
 
 def _emit_json(data: Any) -> None:
-    print(json.dumps(data, ensure_ascii=False, default=repr))
+    """One JSON document on stdout; what JSON has no type for is written as its text."""
+    print(json.dumps(data, ensure_ascii=False, default=str))
 
 
 def _confirm(args: argparse.Namespace, question: str) -> bool:

@@ -5,7 +5,6 @@ prints, as text or JSON, with its exit status (0 all done, 1 some failed, 3 no n
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -15,6 +14,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from distcrawl.cli._common import EXIT_OK, EXIT_PARTIAL, EXIT_UNREACHABLE, _positive_int
+from distcrawl.cli._common import _emit_json as _emit
 from distcrawl.scrapyd._egg import build_egg, egg_settings_module, project_root
 from distcrawl.scrapyd._jobs import Job, _close_reason, _matches, list_jobs, schedule
 from distcrawl.scrapyd._nodes import (
@@ -32,10 +33,6 @@ from distcrawl.scrapyd._nodes import (
 )
 from distcrawl.scrapyd._secrets import redact_settings
 
-EXIT_OK = 0
-EXIT_PARTIAL = 1
-EXIT_UNREACHABLE = 3
-
 
 def _key_value(value: str) -> tuple[str, str]:
     """``K=V``; a bare ``K`` takes the value of the environment variable ``K``, so that a
@@ -49,20 +46,6 @@ def _key_value(value: str) -> tuple[str, str]:
             raise argparse.ArgumentTypeError(f"{name}: no '=' and no environment variable {name}")
         text = os.environ[name]
     return name, text
-
-
-def _positive_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError("must be >= 1")
-    return number
-
-
-def _emit(data: Any) -> None:
-    print(json.dumps(data, ensure_ascii=False, default=str))
 
 
 def _exit_code(done: int, errors: Sequence[str], unreachable: int) -> int:

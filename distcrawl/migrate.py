@@ -1,0 +1,531 @@
+"""``distcrawl migrate``: move a paused crawl's frontier to another Redis (one node <-> Cluster).
+
+A crawl that outgrows one Redis node should not have to start over on a Redis Cluster, and
+hand-copying a few dozen keys with ``redis-cli`` (under other names there: ``site:queue`` is
+``{site:start_urls}:queue`` on a cluster, see keys.py) is how requests get lost or fetched
+twice. So this copies every key of the crawl (the fixed keys, the workers' claim lists, the
+Bloom filter's parts, the per-netloc robots.txt keys) with ``DUMP``/``RESTORE``, which keeps
+each key's type, content and remaining TTL, each under its name on the target (a cluster
+client writes it to the master of its slot). Then it compares every key's size on both
+sides, and only then, if asked, removes the source's keys.
+
+Why the crawl must be paused with no live worker: a worker holding leases acknowledges them
+on the Redis it knows, so a page fetched during the move would be fetched again on the
+target, and its children lost; a running crawl changes keys already copied. ``distcrawl
+pause`` stops the leasing and the workers finish what they hold; once they are stopped
+(a clean stop removes a worker's liveness beat, a killed one's beat lapses after the worker
+timeout) nothing but producers writes to the crawl. Leases left by killed workers are
+copied as they are: the target's workers requeue them exactly as they would have on the
+source. ``--force`` skips these checks, for a crawl whose workers are known gone.
+
+Idempotent: a key already identical on the target is left alone and any other is written
+with ``RESTORE ... REPLACE``, so a run again after an interruption finishes the job. The
+record ``<ns>:migration`` (keys.py) on both sides names the migration, so that a run again
+only ever writes into a target this same migration started, never over another crawl of
+that name, and says on the source whether the copy was verified.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import redis
+
+from distcrawl.connection import auth_refusal, is_cluster, make_redis, node_info
+from distcrawl.frontier import Frontier
+from distcrawl.keys import FrontierKeys
+from distcrawl.redact import redact_text, redact_url, url_secrets
+from distcrawl.seen import BloomState, part_keys
+
+#: keys per pipeline: bounds what one round trip carries (a DUMP holds a whole key)
+BATCH = 100
+#: bytes (MEMORY USAGE) per copy pipeline, past its first key: Bloom parts are large bitmaps,
+#: and a hundred of them in one round trip would all be held in this process at once
+BATCH_BYTES = 64 << 20
+#: members up to which two keys whose DUMPs differ are compared by content: a hash table's
+#: DUMP follows its server's hash seed, so equal hashes and sets of two servers differ there
+COMPARE_MEMBERS = 10_000
+#: the types whose size (STRLEN, LLEN, SCARD, ZCARD, HLEN) verify compares
+_SIZED = frozenset({"string", "list", "set", "zset", "hash"})
+
+
+class MigrationRefused(Exception):
+    """The crawl or the target is not in a state a migration may start from: nothing written."""
+
+
+@dataclass
+class KeyInfo:
+    """One key of the crawl: its names on both sides, and what the source holds."""
+
+    source: str
+    target: str
+    type: str = "none"
+    size: int = 0
+    #: remaining time to live (ms); -1: none
+    ttl_ms: int = -1
+    bytes: int | None = None
+
+
+@dataclass
+class Outcome:
+    """What a run did, printed (or as JSON) by the command."""
+
+    keys: int = 0
+    copied: int = 0
+    unchanged: int = 0
+    #: keys that expired (robots.txt, locks) between the listing and their copy
+    expired: int = 0
+    mismatches: list[str] = field(default_factory=list)
+    deleted: int = 0
+    already_done: bool = False
+    seconds: float = 0.0
+
+
+@dataclass
+class Side:
+    """One Redis of the migration and the crawl's names there."""
+
+    client: redis.Redis
+    keys: FrontierKeys
+    shown: str
+
+
+def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    for at in range(0, len(items), size):
+        yield items[at : at + size]
+
+
+def _by_size(infos: Sequence[KeyInfo]) -> Iterator[list[KeyInfo]]:
+    """Batches of at most BATCH keys and, but for a key larger alone, BATCH_BYTES."""
+    batch: list[KeyInfo] = []
+    size = 0
+    for info in infos:
+        weight = info.bytes or 0
+        if batch and (len(batch) >= BATCH or size + weight > BATCH_BYTES):
+            yield batch
+            batch, size = [], 0
+        batch.append(info)
+        size += weight
+    if batch:
+        yield batch
+
+
+def _text(fields: Any) -> dict[str, str]:
+    """A HASH read from Redis, as text."""
+    return {_str(k): _str(v) for k, v in dict(fields).items()}
+
+
+def _str(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def describe(side: Side, names: Sequence[str], *, memory: bool = False) -> list[KeyInfo]:
+    """TYPE, size, PTTL (and MEMORY USAGE) of each key of ``names``: two round trips."""
+    pipe = side.client.pipeline(transaction=False)
+    for name in names:
+        pipe.type(name)
+        pipe.pttl(name)
+    replies = pipe.execute()
+    infos = []
+    for i, name in enumerate(names):
+        kind = replies[2 * i]
+        kind = kind.decode() if isinstance(kind, bytes) else str(kind)
+        infos.append(KeyInfo(name, name, kind, 0, int(replies[2 * i + 1])))
+    pipe = side.client.pipeline(transaction=False)
+    for info in infos:
+        if info.type == "string":
+            pipe.strlen(info.source)
+        elif info.type == "list":
+            pipe.llen(info.source)
+        elif info.type == "set":
+            pipe.scard(info.source)
+        elif info.type == "zset":
+            pipe.zcard(info.source)
+        elif info.type == "hash":
+            pipe.hlen(info.source)
+        else:  # a type distcrawl never writes (or gone): its size is not compared
+            pipe.exists(info.source)
+        if memory:
+            pipe.memory_usage(info.source)
+    replies = pipe.execute()
+    step = 2 if memory else 1
+    for i, info in enumerate(infos):
+        info.size = int(replies[step * i] or 0) if info.type in _SIZED else 0
+        if memory:
+            info.bytes = replies[step * i + 1]
+    return infos
+
+
+def _content(side: Side, name: str, kind: str) -> Any:
+    """The whole value of a key, in a form two servers agree on."""
+    if kind == "hash":
+        return side.client.hgetall(name)
+    if kind == "set":
+        return side.client.smembers(name)
+    if kind == "zset":
+        return side.client.zrange(name, 0, -1, withscores=True)
+    if kind == "list":
+        return side.client.lrange(name, 0, -1)
+    return side.client.get(name)
+
+
+class Migration:
+    """One crawl's move from ``source`` to ``target``: the checks, the copy, the verification
+    and the delete as separate steps, so that the command and the tests can run each alone
+    (a dry run is the checks and the listing)."""
+
+    def __init__(self, source: Side, target: Side, *, worker_timeout: float = 10.0) -> None:
+        self.source = source
+        self.target = target
+        self.worker_timeout = worker_timeout
+        #: the source's keys as the last ``run`` listed them
+        self.listed: list[KeyInfo] = []
+
+    @classmethod
+    def between(
+        cls,
+        source: redis.Redis,
+        target: redis.Redis,
+        namespace: str,
+        *,
+        shown: tuple[str, str] = ("source", "target"),
+        **kwargs: Any,
+    ) -> Migration:
+        """The migration of crawl ``namespace``; ``shown``: how the two Redis may be named in
+        records and output (redacted URLs: they are stored in the migration records)."""
+        keys = FrontierKeys(namespace)
+        return cls(
+            Side(source, keys.on_cluster(is_cluster(source)), shown[0]),
+            Side(target, keys.on_cluster(is_cluster(target)), shown[1]),
+            **kwargs,
+        )
+
+    # ------------------------------------------------------------------ what there is
+
+    def source_keys(self) -> list[KeyInfo]:
+        """Every existing key of the crawl on the source, with its target name: the fixed
+        keys, the claim lists (``claimants``), the Bloom parts (``bloom``), the per-netloc
+        robots.txt keys (SCAN, as ``reset`` finds them); never the migration record."""
+        src = self.source
+        frontier = Frontier(src.client, src.keys)
+        bloom = BloomState.parse(src.client.hgetall(src.keys.bloom))
+        names = [n for n in src.keys.all() if n != src.keys.migration]
+        names += frontier.claim_keys() + part_keys(src.keys, bloom)
+        names += sorted(k.decode() for k in frontier.netloc_keys())
+        names = list(dict.fromkeys(names))
+        infos = []
+        for chunk in _chunks(names, BATCH):
+            infos += [i for i in describe(src, chunk, memory=True) if i.type != "none"]
+        for info in infos:
+            info.target = src.keys.same_key_in(info.source, self.target.keys)
+        return infos
+
+    def problems(self) -> list[str]:
+        """Why the crawl may not move now (empty: it may): not paused, a live worker, or a
+        layout this version cannot move."""
+        src, k = self.source, self.source.keys
+        if not src.client.exists(*k.all()):
+            return [f"no crawl {k.namespace!r} at the source (moved with --delete-source?)"]
+        out = []
+        if not src.client.exists(k.paused):
+            out.append(f"the crawl {k.namespace!r} is not paused (distcrawl pause {k.namespace})")
+        # ages on the clock of the node holding the beats, as the workers' reaper reads them
+        now = int(node_info(src.client, "server", k.alive)["server_time_usec"]) // 1000
+        since = now - int(self.worker_timeout * 1000)
+        live: list[Any] = src.client.zrange(k.alive, since, "+inf", byscore=True)
+        if live:
+            tags = ", ".join(_str(t) for t in live)
+            out.append(
+                f"{len(live)} worker(s) beat within the last {self.worker_timeout:g}s ({tags}): "
+                "stop every worker first (their leases would be acknowledged on the source)"
+            )
+        shards = _text(src.client.hgetall(k.meta)).get("shards", "1")
+        if shards != "1":
+            out.append(f"the frontier has {shards} shards: only 1 can move yet")
+        return out
+
+    def same_server(self) -> bool:
+        """Whether source and target are one server (one run_id): the names would be the
+        same keys, and --delete-source would delete the crawl."""
+        src, tgt = self.source, self.target
+        ours = node_info(src.client, "server", src.keys.start_urls).get("run_id")
+        theirs = node_info(tgt.client, "server", tgt.keys.start_urls).get("run_id")
+        return ours is not None and ours == theirs
+
+    # ------------------------------------------------------------------ the move
+
+    def run(self, *, dry_run: bool = False, delete_source: bool = False) -> Outcome:
+        """Copy, verify, then (``delete_source``) remove the source keys; refuses (raises
+        MigrationRefused, having written nothing) when the target holds another crawl of
+        this name. Call ``problems()`` first. ``dry_run``: the checks and the listing
+        (``listed``) only."""
+        started = time.monotonic()
+        src, tgt = self.source, self.target
+        if self.same_server():
+            raise MigrationRefused("the source and the target are the same Redis server")
+        mine = _text(src.client.hgetall(src.keys.migration))
+        theirs = _text(tgt.client.hgetall(tgt.keys.migration))
+        outgoing = mine.get("id") if "to" in mine else None
+        ours = outgoing is not None and theirs.get("id") == outgoing and "from" in theirs
+        if ours and mine.get("state") == "done":
+            infos = self.listed = self.source_keys()
+            outcome = Outcome(keys=len(infos), already_done=True)
+            if delete_source and not dry_run:
+                outcome.deleted = self.delete([i.source for i in infos])
+            outcome.seconds = time.monotonic() - started
+            return outcome
+        occupied = [n for n in tgt.keys.all() if n != tgt.keys.migration]
+        if not ours and tgt.client.exists(*occupied):
+            raise MigrationRefused(
+                f"the target already holds a crawl {tgt.keys.namespace!r} that this migration "
+                f"did not start: remove it there first (distcrawl reset {tgt.keys.namespace})"
+            )
+        infos = self.listed = self.source_keys()
+        if not infos:
+            raise MigrationRefused(f"no key of the crawl {src.keys.namespace!r} at the source")
+        outcome = Outcome(keys=len(infos))
+        if dry_run:
+            return outcome
+        ident = outgoing or uuid.uuid4().hex
+        if outgoing is None:  # the record of a migration that brought the crawl here
+            src.client.delete(src.keys.migration)
+        tgt.client.delete(tgt.keys.migration)
+        src.client.hset(
+            src.keys.migration, mapping={"id": ident, "to": tgt.shown, "state": "copying"}
+        )
+        tgt.client.hset(tgt.keys.migration, mapping={"id": ident, "from": src.shown})
+        for chunk in _by_size(infos):
+            self._copy(chunk, outcome)
+        outcome.mismatches = self.verify(infos)
+        if not outcome.mismatches:
+            src.client.hset(src.keys.migration, "state", "done")
+            if delete_source:
+                outcome.deleted = self.delete([i.source for i in infos])
+        outcome.seconds = time.monotonic() - started
+        return outcome
+
+    def _copy(self, chunk: Sequence[KeyInfo], outcome: Outcome) -> None:
+        """One batch: DUMP and PTTL on the source, DUMP on the target, RESTORE REPLACE of
+        each key that differs (three round trips, whatever the batch size)."""
+        src, tgt = self.source, self.target
+        pipe = src.client.pipeline(transaction=False)
+        for info in chunk:
+            pipe.dump(info.source)
+            pipe.pttl(info.source)
+        mine = pipe.execute()
+        pipe = tgt.client.pipeline(transaction=False)
+        for info in chunk:
+            pipe.dump(info.target)
+        theirs = pipe.execute()
+        pipe = tgt.client.pipeline(transaction=False)
+        for i, info in enumerate(chunk):
+            payload, ttl = mine[2 * i], int(mine[2 * i + 1])
+            if payload is None or ttl == -2:
+                outcome.expired += 1
+            elif payload == theirs[i] or self._same(info, theirs[i]):
+                outcome.unchanged += 1
+            else:
+                pipe.restore(info.target, max(ttl, 0), payload, replace=True)
+                outcome.copied += 1
+        pipe.execute()
+
+    def _same(self, info: KeyInfo, theirs: bytes | None) -> bool:
+        """Whether the target's key holds what the source's does though the DUMPs differ
+        (a hash table's order); keys past COMPARE_MEMBERS are simply copied again."""
+        if theirs is None or info.type in ("string", "list") or info.size > COMPARE_MEMBERS:
+            return False
+        if describe(self.target, [info.target])[0].type != info.type:
+            return False
+        return bool(
+            _content(self.source, info.source, info.type)
+            == _content(self.target, info.target, info.type)
+        )
+
+    def verify(self, infos: Sequence[KeyInfo]) -> list[str]:
+        """Each key whose type or size differs between the two sides, as a line; a key with
+        a TTL may have expired on either side meanwhile, and is no difference then."""
+        out = []
+        for chunk in _chunks(infos, BATCH):
+            names = [i.source for i in chunk]
+            mine = describe(self.source, names)
+            theirs = describe(self.target, [i.target for i in chunk])
+            for listed, a, b in zip(chunk, mine, theirs, strict=True):
+                if (a.type, a.size) == (b.type, b.size):
+                    continue
+                if "none" in (a.type, b.type) and listed.ttl_ms >= 0:
+                    continue  # a TTL ran out on one side meanwhile
+                out.append(f"{a.source}: {a.type} of {a.size}, target {b.type} of {b.size}")
+        return out
+
+    def delete(self, names: Sequence[str]) -> int:
+        """UNLINK the source's keys: freed in the background. ``paused`` and the migration
+        record go last, in one command, so that a run again after an interruption here
+        still finds a paused crawl whose move is done, and deletes the rest."""
+        k = self.source.keys
+        last = [k.paused, k.migration]
+        removed = 0
+        for chunk in _chunks([n for n in names if n not in last], 500):
+            removed += int(self.source.client.unlink(*chunk))
+        return removed + int(self.source.client.unlink(*last))
+
+
+# ---------------------------------------------------------------------- the command
+
+
+def _print_plan(infos: Sequence[KeyInfo], as_json: bool) -> None:
+    if as_json:
+        import json
+
+        print(json.dumps([asdict(i) for i in infos], indent=2))
+        return
+    for i in infos:
+        ttl = f" ttl {i.ttl_ms / 1000:.0f}s" if i.ttl_ms >= 0 else ""
+        print(f"{i.source} -> {i.target}: {i.type} of {i.size}, {i.bytes or 0} bytes{ttl}")
+    total = sum(i.bytes or 0 for i in infos)
+    print(f"{len(infos)} keys, {total} bytes (MEMORY USAGE); nothing written (--dry-run)")
+
+
+def cmd_migrate(args: argparse.Namespace, ctx: Any) -> int:
+    """Exit 0 when every key is on the target and verified (and, with --delete-source, gone
+    from the source), 1 when refused (nothing written) or a key differs after the copy."""
+    from distcrawl.cli._common import (
+        EXIT_OK,
+        EXIT_PARTIAL,
+        EXIT_UNREACHABLE,
+        UsageError,
+        _cluster_option,
+        _emit_json,
+    )
+
+    target_url: str = args.to
+    shown_target = redact_url(target_url)
+
+    def scrub(text: str) -> str:
+        return ctx.scrub(redact_text(text, url_secrets(target_url)))
+
+    try:
+        to_cluster = _cluster_option(args.to_cluster)
+    except argparse.ArgumentTypeError as exc:
+        raise UsageError(str(exc)) from None
+    ctx.client.ping()  # the source first: cli.main reports its errors, naming it
+    where = f"the target {shown_target}"
+
+    def failed(exc: redis.RedisError) -> int:
+        """As the other commands report a Redis error (cli.main), naming the side."""
+        reason = scrub(str(exc)) or type(exc).__name__
+        refusal = auth_refusal(exc)
+        if refusal is not None:
+            print(f"error: {refusal} at {where}: {reason}", file=sys.stderr)
+            return EXIT_PARTIAL
+        if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
+            print(f"error: cannot reach Redis at {where}: {reason}", file=sys.stderr)
+            return EXIT_UNREACHABLE
+        print(f"error: Redis at {where}: {reason}", file=sys.stderr)
+        return EXIT_PARTIAL
+
+    try:
+        target = make_redis(target_url, cluster=to_cluster)
+    except (ValueError, redis.exceptions.RedisClusterException) as exc:
+        raise UsageError(f"invalid --to {shown_target}: {scrub(str(exc))}") from None
+    except redis.RedisError as exc:  # a cluster's slot map is loaded here
+        return failed(exc)
+    try:
+        migration = Migration.between(
+            ctx.client,
+            target,
+            args.spider.namespace,
+            shown=(ctx.shown_url, shown_target),
+            worker_timeout=args.worker_timeout,
+        )
+        migration.target.client.ping()  # a wrong --to is named as such, before any work
+        where = f"the source {ctx.shown_url} or the target {shown_target}"
+        problems = [] if args.force else migration.problems()
+        if args.dry_run:  # the keys, and what a run would refuse
+            migration.run(dry_run=True)
+            _print_plan(migration.listed, ctx.as_json)
+        for problem in problems:
+            print(f"distcrawl migrate: refused: {problem}", file=sys.stderr)
+        if problems or args.dry_run:
+            return EXIT_PARTIAL if problems else EXIT_OK
+        outcome = migration.run(delete_source=args.delete_source)
+    except MigrationRefused as exc:
+        print(f"distcrawl migrate: refused: {exc}", file=sys.stderr)
+        return EXIT_PARTIAL
+    except redis.RedisError as exc:
+        return failed(exc)
+    finally:
+        target.close()
+    if ctx.as_json:
+        _emit_json(asdict(outcome))
+    else:
+        ns = args.spider.namespace
+        if outcome.already_done:
+            print(f"{ns!r} was already migrated to {shown_target} and verified")
+        else:
+            print(
+                f"{ns!r}: {outcome.keys} keys from {ctx.shown_url} to {shown_target}: "
+                f"{outcome.copied} copied, {outcome.unchanged} already there, "
+                f"{outcome.expired} expired meanwhile, in {outcome.seconds:.1f}s"
+            )
+        for line in outcome.mismatches:
+            print(f"differs: {line}", file=sys.stderr)
+        if outcome.mismatches:
+            print("not verified: the source is kept; run it again", file=sys.stderr)
+        elif outcome.deleted:
+            print(f"removed {outcome.deleted} keys from the source")
+        elif not args.delete_source:
+            print(
+                f"verified; point the workers at the target, then: distcrawl --redis-url "
+                f"<target> resume {ns}"
+            )
+    return EXIT_PARTIAL if outcome.mismatches else EXIT_OK
+
+
+def add_parser(commands: Any, common: argparse.ArgumentParser) -> None:
+    """``distcrawl migrate SPIDER --to URL``, registered by cli.py."""
+    from distcrawl.cli._common import _spider
+
+    text = (
+        "copy a paused crawl (every worker stopped) to another Redis, e.g. one node to a "
+        "Redis Cluster, under the names keys take there; verify; optionally delete the source"
+    )
+    sub: argparse.ArgumentParser = commands.add_parser(
+        "migrate", parents=[common], help=text, description=text
+    )
+    sub.add_argument(
+        "spider", type=_spider, metavar="SPIDER", help="namespace (usually the spider name)"
+    )
+    # never %(default)s or an echo of the value: it may hold a password
+    sub.add_argument("--to", required=True, metavar="URL", help="the Redis to move the crawl to")
+    sub.add_argument(
+        "--to-cluster",
+        default="auto",
+        metavar="auto|yes|no",
+        help="whether --to is a Redis Cluster node (default auto: ask it)",
+    )
+    sub.add_argument("--dry-run", action="store_true", help="list the keys and sizes only")
+    sub.add_argument(
+        "--delete-source",
+        action="store_true",
+        help="remove the crawl's keys from the source once every key is verified",
+    )
+    sub.add_argument(
+        "--worker-timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="a worker that beat more recently is live and refuses the move "
+        "(DISTCRAWL_WORKER_TIMEOUT, default 10)",
+    )
+    sub.add_argument(
+        "--force",
+        action="store_true",
+        help="UNSAFE: skip the checks that the crawl is paused and no worker is live",
+    )
+    sub.set_defaults(handler=cmd_migrate)
