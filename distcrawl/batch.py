@@ -33,9 +33,11 @@ import redis
 from scrapy import Request
 
 from distcrawl.frontier import (
+    START_KINDS,
     CommitResult,
     Drained,
     Entry,
+    EntryKind,
     Feedback,
     Frontier,
     Leased,
@@ -107,7 +109,7 @@ class Commit:
 
     @property
     def start_entries(self) -> int:
-        return sum(1 for e in self.entries if e.kind in "sx")
+        return sum(1 for e in self.entries if e.kind in START_KINDS)
 
 
 class LeasedRequest(NamedTuple):
@@ -528,9 +530,11 @@ def refused_entry(entry: Entry, reason: str) -> Entry:
     """The dead letter that replaces an entry Redis refuses: a start URL's keeps its raw
     entry (and is still taken from the worker's claim list), a request's keeps its payload."""
     text = f"Redis refused the entry: {reason}"
-    if entry.kind in "sx":
-        return Entry("x", b"", 0, dead_letter(text, raw=entry.raw, source="start_urls"), entry.raw)
-    payload = base64.b64encode(entry.payload).decode("ascii") if entry.kind in "rl" else None
+    if entry.kind in START_KINDS:
+        record = dead_letter(text, raw=entry.raw, source="start_urls")
+        return Entry(EntryKind.BAD_START, b"", 0, record, entry.raw)
+    carries_request = entry.kind in (EntryKind.REQUEST, EntryKind.RETRY)
+    payload = base64.b64encode(entry.payload).decode("ascii") if carries_request else None
     url = getattr(entry.request, "url", None)
     record = dead_letter(text, url=url, source="commit", payload=payload, priority=entry.priority)
-    return Entry("d", b"", 0, record)
+    return Entry(EntryKind.DEAD_LETTER, b"", 0, record)

@@ -19,6 +19,7 @@ import socket
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any, Concatenate, Generic, NamedTuple, ParamSpec, TypeVar
 
 import redis
@@ -59,10 +60,30 @@ class QueueEntryError(ValueError):
     """A queue member that is not a request entry (see ``lua/lib.lua``)."""
 
 
+class EntryKind(str, Enum):
+    """What a commit entry is (the ARGV section of ``commit.lua``). A ``str``: the value, one
+    letter, is what is sent to the script, byte for byte."""
+
+    #: a new request: filtered by its fingerprint, dropped at the pending caps
+    REQUEST = "r"
+    #: a request made from a start_urls entry (``raw``), which leaves the claim list with it
+    START_REQUEST = "s"
+    #: a start_urls entry (``raw``) that goes to the dead letters (its record in ``payload``)
+    BAD_START = "x"
+    #: a dead letter (its record in ``payload``)
+    DEAD_LETTER = "d"
+    #: a request to retry later (its delay in ms in ``raw``): never filtered or dropped
+    RETRY = "l"
+
+
+#: the kinds of entry made from a claimed start_urls entry: stored, it leaves the claim list
+START_KINDS = (EntryKind.START_REQUEST, EntryKind.BAD_START)
+
+
 class Entry(NamedTuple):
     """One thing to store: see the ARGV section of ``commit.lua`` for the kinds."""
 
-    kind: str
+    kind: EntryKind
     fingerprint: bytes
     priority: int
     payload: bytes
@@ -396,13 +417,18 @@ def _is_not_none(reply: Any) -> bool:
     return reply is not None
 
 
+#: how lease.lua marks a leased request of a slot with a delay, and a reserve
+PACED, RESERVE = 1, 2
+
+
 def _parse_lease(res: Any) -> LeaseResult:
     items: list[Leased] = []
     bad: list[BadLease] = []
     for i in range(8, len(res), 3):
         kind, token, raw = int(res[i]), res[i + 1], res[i + 2]
         try:
-            items.append(parse_entry(raw)._replace(paced=kind == 1, token=token, reserve=kind == 2))
+            leased = parse_entry(raw)
+            items.append(leased._replace(paced=kind == PACED, token=token, reserve=kind == RESERVE))
         except QueueEntryError as exc:
             bad.append(BadLease(LeaseRef(_raw_id(raw), token), raw, str(exc)))
     wait = None if int(res[3]) < 0 else int(res[3]) / 1000

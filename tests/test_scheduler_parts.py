@@ -12,7 +12,7 @@ from distcrawl._scheduler.outbox import Outbox
 from distcrawl._scheduler.polling import CONTENDED_POLL_MAX, Polling
 from distcrawl.batch import Batch, LeasedRequest
 from distcrawl.config import DistcrawlConfig
-from distcrawl.frontier import Entry, LeaseRef, LeaseResult
+from distcrawl.frontier import Entry, EntryKind, LeaseRef, LeaseResult
 
 
 def leased(n: int, slot: str = "a.example", *, reserve: bool = False, paced: bool = False):
@@ -22,7 +22,7 @@ def leased(n: int, slot: str = "a.example", *, reserve: bool = False, paced: boo
 
 
 def entry(n: int) -> Entry:
-    return Entry("r", b"", 0, str(n).encode())
+    return Entry(EntryKind.REQUEST, b"", 0, str(n).encode())
 
 
 # ---------------------------------------------------------------------- leases

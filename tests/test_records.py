@@ -1,0 +1,43 @@
+"""The typed records of the frontier's contract with its scripts, without Redis."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import redis
+from redis.connection import Connection
+
+import distcrawl.lua
+from distcrawl.frontier import Entry, EntryKind, Feedback, Frontier, LeaseRef
+from distcrawl.keys import FrontierKeys
+from distcrawl.producer import _pack
+
+
+def test_the_entry_kinds_are_the_ones_commit_lua_accepts():
+    source = (Path(distcrawl.lua.__file__).parent / "commit.lua").read_text()
+    kinds = re.search(r"local KINDS = \{([^}]*)\}", source)
+    assert kinds is not None
+    assert sorted(re.findall(r"(\w+) = true", kinds.group(1))) == sorted(k.value for k in EntryKind)
+
+
+def test_a_commit_sends_each_kind_as_its_letter_byte_for_byte():
+    """Both packers (redis-py's, for the batch runner and the Frontier's methods, and the
+    producer's own) send an EntryKind exactly as the one-letter string it stands for."""
+    frontier = Frontier(redis.Redis(), FrontierKeys("t"), tag="0a0b0c0d")
+    entries = [Entry(kind, b"fp", 3, b"payload", b"raw", "t.test") for kind in EntryKind]
+    letters = [Entry(e.kind.value, *e[1:]) for e in entries]  # type: ignore[arg-type]
+    assert all(type(e.kind) is str for e in letters)
+    acks, feedback = [LeaseRef("7", b"12345678")], [Feedback("t.test", 1, 20, 0, 0)]
+    typed = frontier.commit_op(acks, entries, feedback, commit_id="c1", positions=True)
+    plain = frontier.commit_op(acks, letters, feedback, commit_id="c1", positions=True)
+    commands = [("EVALSHA", "0" * 40, len(op.keys), *op.keys, *op.args) for op in (typed, plain)]
+
+    connection = Connection()
+    mine = [_pack(command, connection.encoder) for command in commands]
+    theirs = [b"".join(connection.pack_command(*command)) for command in commands]
+    assert mine[0] == mine[1] == theirs[0] == theirs[1]
+    for kind in EntryKind:
+        entry = b"$1\r\n%s\r\n$2\r\nfp\r\n$6\r\nt.test\r\n$1\r\n3\r\n" % kind.value.encode()
+        assert entry in mine[0]
+    assert b"EntryKind" not in mine[0]
