@@ -1,6 +1,6 @@
 """Reading, filtering and re-driving the dead-letter store (``<ns>:dead``).
 
-Records are JSON written by workers (see ``frontier.dead_letter``). A record of a request
+Records are JSON written by workers (see ``deadrecord.dead_letter``). A record of a request
 carries the encoded request (``payload``), so re-driving restores it exactly (callback,
 meta, priority) with a fresh attempt count; a bad ``start_urls`` entry carries its raw entry
 and goes back to ``start_urls``, where it is validated again. A record that holds only the
