@@ -44,6 +44,7 @@ from distcrawl.frontier import (
     LeaseRef,
     LeaseResult,
     Op,
+    Places,
     RequeueResult,
     SweepResult,
     dead_letter,
@@ -288,8 +289,8 @@ class Runner:
             before.append(_Step(frontier.sent_op(batch.sent), _ignore))
         if batch.freed or batch.taken:
 
-            def places(out: tuple[int, int]) -> None:
-                res.freed, res.taken = out
+            def places(out: Places) -> None:
+                res.freed, res.taken = out.freed, out.taken
 
             before.append(_Step(frontier.places_op(batch.freed, batch.taken), places))
         alone = len(batch.commits) > 1 or frontier.bloom is not None

@@ -49,7 +49,9 @@ from distcrawl.replies import (
     CommitResult,
     Drained,
     LeaseResult,
+    Places,
     RequeueResult,
+    RobotsTxt,
     SweepResult,
     first_int,
     is_not_none,
@@ -78,10 +80,12 @@ __all__ = [
     "LeaseResult",
     "Leased",
     "Op",
+    "Places",
     "Politeness",
     "QueueEntryError",
     "Redrive",
     "RequeueResult",
+    "RobotsTxt",
     "SweepResult",
     "bad_slot",
     "dead_letter",
@@ -276,18 +280,16 @@ class Frontier(FrontierAdmin):
         keys = k.script_keys("redrive")
         return int(self.scripts.redrive(keys=keys, args=args))
 
-    def places(self, freed: Sequence[LeaseRef], taken: Sequence[LeaseRef] = ()) -> tuple[int, int]:
+    def places(self, freed: Sequence[LeaseRef], taken: Sequence[LeaseRef] = ()) -> Places:
         """Report places (lua/places.lua): the ``freed`` requests left the downloader, so
         their places are given back ahead of their acknowledgements; the ``taken`` reserves
         were sent in places freed so. Returns how many places were freed and taken (leases no
         longer held under these tokens count for neither)."""
         if not (freed or taken):
-            return 0, 0
+            return Places(0, 0)
         return self.run(self.places_op(freed, taken))
 
-    def places_op(
-        self, freed: Sequence[LeaseRef], taken: Sequence[LeaseRef] = ()
-    ) -> Op[tuple[int, int]]:
+    def places_op(self, freed: Sequence[LeaseRef], taken: Sequence[LeaseRef] = ()) -> Op[Places]:
         k = self.keys
         keys = k.script_keys("places")
         args = [len(freed), *_pairs(freed), *_pairs(taken)]
@@ -360,7 +362,7 @@ class Frontier(FrontierAdmin):
             next_retry = max(0, int(first[0][1]) - (seconds * 1000 + micros // 1000))
         return Drained(int(start_urls), int(queued), int(leased), next_retry, int(claimants))
 
-    def robots_txt(self, netloc: str) -> tuple[float, int, bytes] | None:
+    def robots_txt(self, netloc: str) -> RobotsTxt | None:
         """(age in seconds, HTTP status, body) of a netloc's shared robots.txt; status 0 means
         the download failed (read as "allowed", like Scrapy). The age is taken against the
         TIME of the server that stamped the entry, never this host's clock, so that workers
@@ -372,7 +374,7 @@ class Frontier(FrontierAdmin):
             return None
         head, _, body = value.partition(b"\n")
         fetched, _, status = head.partition(b" ")
-        return seconds + micros / 1e6 - float(fetched), int(status), body
+        return RobotsTxt(seconds + micros / 1e6 - float(fetched), int(status), body)
 
     def lock_robots_txt(self, netloc: str, ttl_ms: int) -> bool:
         return bool(self.client.set(self.keys.robots_lock(netloc), worker_id(), nx=True, px=ttl_ms))

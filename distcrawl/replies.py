@@ -27,9 +27,14 @@ class BadLease(NamedTuple):
 
 
 class LeaseResult(NamedTuple):
+    """lease.lua's reply, in the order of its header's "Returns" (the leased entries last)."""
+
     items: list[Leased]
+    #: queue length
     queue_size: int
+    #: retries still waiting
     delayed: int
+    #: retries released into the queue (due)
     released: int
     #: seconds until some slot's turn comes or a retry is due (None: neither)
     wait: float | None = None
@@ -43,6 +48,24 @@ class LeaseResult(NamedTuple):
     rearmed: int = 0
     #: leased members that do not parse, for the worker to dead-letter
     bad: list[BadLease] = []
+
+
+class Places(NamedTuple):
+    """places.lua's reply: places given back for requests that left the downloader, and
+    places taken by reserves sent in them (leases no longer held count for neither)."""
+
+    freed: int
+    taken: int
+
+
+class RobotsTxt(NamedTuple):
+    """A netloc's shared robots.txt (robots_store.lua stored it)."""
+
+    #: seconds since it was stored, by the clock of the server that stamped it
+    age: float
+    #: the HTTP status; 0 when the download failed (read as "allowed", like Scrapy)
+    status: int
+    body: bytes
 
 
 class SweepResult(NamedTuple):
@@ -160,8 +183,8 @@ def parse_lease(res: Any) -> LeaseResult:
     )
 
 
-def parse_places(res: Any) -> tuple[int, int]:
-    return int(res[0]), int(res[1])
+def parse_places(res: Any) -> Places:
+    return Places(int(res[0]), int(res[1]))
 
 
 def parse_sweep(res: Any) -> SweepResult:

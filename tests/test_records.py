@@ -9,7 +9,7 @@ import redis
 from redis.connection import Connection
 
 import distcrawl.lua
-from distcrawl.frontier import Entry, EntryKind, Feedback, Frontier, LeaseRef
+from distcrawl.frontier import Entry, EntryKind, Feedback, Frontier, LeaseRef, Places, make_entry
 from distcrawl.keys import FrontierKeys
 from distcrawl.producer import _pack
 
@@ -41,3 +41,68 @@ def test_a_commit_sends_each_kind_as_its_letter_byte_for_byte():
         entry = b"$1\r\n%s\r\n$2\r\nfp\r\n$6\r\nt.test\r\n$1\r\n3\r\n" % kind.value.encode()
         assert entry in mine[0]
     assert b"EntryKind" not in mine[0]
+
+
+#: what ``distcrawl.frontier`` exported before its records moved to modules of their own
+FRONTIER_NAMES = [
+    "DEAD_RAW_BYTES",
+    "MAX_SLOT_BYTES",
+    "TOKEN_BYTES",
+    "BadLease",
+    "CommitResult",
+    "Drained",
+    "Entry",
+    "Feedback",
+    "Frontier",
+    "LeaseRef",
+    "LeaseResult",
+    "Leased",
+    "Op",
+    "Politeness",
+    "QueueEntryError",
+    "Redrive",
+    "RequeueResult",
+    "SweepResult",
+    "bad_slot",
+    "dead_letter",
+    "make_entry",
+    "new_tag",
+    "parse_entry",
+    "worker_id",
+    "worker_tags",
+]
+
+
+def test_distcrawl_frontier_still_exports_every_name_it_had():
+    import distcrawl.frontier
+
+    missing = [name for name in FRONTIER_NAMES if not hasattr(distcrawl.frontier, name)]
+    assert not missing
+    assert set(FRONTIER_NAMES) <= set(distcrawl.frontier.__all__)
+    namespace: dict[str, object] = {}
+    exec("from distcrawl.frontier import *", namespace)
+    assert set(distcrawl.frontier.__all__) <= set(namespace)
+
+
+def test_replies_read_by_name():
+    from distcrawl.replies import parse_lease, parse_places
+
+    assert parse_places([2, 1]) == Places(freed=2, taken=1) == (2, 1)
+    entry = make_entry("a.test", 5, 42, b"payload")
+    lease = parse_lease([3, 1, 2, 250, 1000, 0, 0, 0, 1, b"12345678", entry])
+    assert (lease.queue_size, lease.delayed, lease.released, lease.wait) == (3, 1, 2, 0.25)
+    assert (lease.leased_at, lease.quarantined, lease.missing_retries, lease.rearmed) == (
+        1000,
+        0,
+        0,
+        0,
+    )
+    (item,) = lease.items
+    assert (item.slot, item.priority, item.payload, item.paced, item.reserve) == (
+        "a.test",
+        5,
+        b"payload",
+        True,
+        False,
+    )
+    assert item.ref == LeaseRef((42).to_bytes(6, "big").hex(), b"12345678")
