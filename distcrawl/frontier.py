@@ -42,6 +42,7 @@ from distcrawl.records import (
     Feedback,
     Politeness,
     Redrive,
+    RedriveKind,
     slot_overrides,
 )
 from distcrawl.replies import (
@@ -84,6 +85,7 @@ __all__ = [
     "Politeness",
     "QueueEntryError",
     "Redrive",
+    "RedriveKind",
     "RequeueResult",
     "RobotsTxt",
     "SweepResult",

@@ -53,12 +53,20 @@ class Feedback(NamedTuple):
     retry_after_ms: int
 
 
+class RedriveKind(str, Enum):
+    """Where redrive.lua moves a dead letter back to (its ARGV section); sent as the letter."""
+
+    #: into the queue: the encoded request, its slot and priority
+    QUEUE = "q"
+    #: into start_urls: the raw entry in ``payload``
+    START_URLS = "u"
+
+
 class Redrive(NamedTuple):
-    """A dead letter to move back (redrive.lua): into the queue (``kind`` 'q': the encoded
-    request, its slot and priority) or into start_urls ('u': the raw entry in ``payload``)."""
+    """A dead letter to move back (redrive.lua): see ``RedriveKind``."""
 
     record: bytes
-    kind: str
+    kind: RedriveKind
     slot: str
     priority: int
     payload: bytes

@@ -15,6 +15,7 @@ from distcrawl.frontier import (
     Frontier,
     LeaseRef,
     Redrive,
+    RedriveKind,
     dead_letter,
     make_entry,
 )
@@ -181,8 +182,8 @@ def test_delayed_retry_is_not_filtered_by_the_seen_set(frontier):
 def test_redrive_moves_each_record_once(frontier, redis_client):
     redis_client.lpush("t:dead", b"rec-1", b"rec-2")
     moves = [
-        Redrive(b"rec-1", "q", "a.test", 3, b"payload-1"),
-        Redrive(b"rec-2", "u", "", 0, b"http://a.test/"),
+        Redrive(b"rec-1", RedriveKind.QUEUE, "a.test", 3, b"payload-1"),
+        Redrive(b"rec-2", RedriveKind.START_URLS, "", 0, b"http://a.test/"),
     ]
     assert frontier.redrive(moves) == 2
     assert frontier.redrive(moves) == 0  # already taken: nothing twice
@@ -198,11 +199,12 @@ def test_redrive_takes_records_by_their_index_from_the_oldest_end(frontier, redi
     # (the indices from the oldest end stay) and someone else takes rec-3 by value
     redis_client.lpush("t:dead", b"rec-new")
     redis_client.lrem("t:dead", 1, b"rec-3")  # rec-4 and newer shift to the oldest end
+    back = RedriveKind.START_URLS
     moves = [
-        Redrive(b"rec-0", "u", "", 0, b"http://a.test/0", at=-1),
-        Redrive(b"rec-1", "u", "", 0, b"http://a.test/1", at=-2),
-        Redrive(b"rec-3", "u", "", 0, b"http://a.test/3", at=-4),  # gone: skipped
-        Redrive(b"rec-4", "u", "", 0, b"http://a.test/4", at=-5),  # moved: found by value
+        Redrive(b"rec-0", back, "", 0, b"http://a.test/0", at=-1),
+        Redrive(b"rec-1", back, "", 0, b"http://a.test/1", at=-2),
+        Redrive(b"rec-3", back, "", 0, b"http://a.test/3", at=-4),  # gone: skipped
+        Redrive(b"rec-4", back, "", 0, b"http://a.test/4", at=-5),  # moved: found by value
     ]
     assert frontier.redrive(moves) == 3
     assert redis_client.lrange("t:dead", 0, -1) == [b"rec-new", b"rec-5", b"rec-2"]
@@ -216,7 +218,9 @@ def test_redrive_takes_records_by_their_index_from_the_oldest_end(frontier, redi
 def test_a_redrive_with_an_impossible_index_changes_nothing(frontier, redis_client):
     redis_client.lpush("t:dead", b"rec-0")
     with pytest.raises(redis.ResponseError, match="invalid redrive record 1"):
-        frontier.redrive([Redrive(b"rec-0", "u", "", 0, b"http://a.test/", at=3)])
+        frontier.redrive(
+            [Redrive(b"rec-0", RedriveKind.START_URLS, "", 0, b"http://a.test/", at=3)]
+        )
     assert redis_client.lrange("t:dead", 0, -1) == [b"rec-0"]
 
 

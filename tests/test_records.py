@@ -9,7 +9,16 @@ import redis
 from redis.connection import Connection
 
 import distcrawl.lua
-from distcrawl.frontier import Entry, EntryKind, Feedback, Frontier, LeaseRef, Places, make_entry
+from distcrawl.frontier import (
+    Entry,
+    EntryKind,
+    Feedback,
+    Frontier,
+    LeaseRef,
+    Places,
+    RedriveKind,
+    make_entry,
+)
 from distcrawl.keys import FrontierKeys
 from distcrawl.producer import _pack
 
@@ -106,3 +115,14 @@ def test_replies_read_by_name():
         False,
     )
     assert item.ref == LeaseRef((42).to_bytes(6, "big").hex(), b"12345678")
+
+
+def test_a_redrive_kind_is_sent_as_its_letter():
+    source = (Path(distcrawl.lua.__file__).parent / "redrive.lua").read_text()
+    for kind in RedriveKind:
+        assert f"'{kind.value}' back into" in source
+        command = ("EVALSHA", "0" * 40, 0, -1, b"{}", kind, "a.test", 0, b"p")
+        plain = (*command[:5], kind.value, *command[6:])
+        connection = Connection()
+        assert _pack(command, connection.encoder) == _pack(plain, connection.encoder)
+        assert connection.pack_command(*command) == connection.pack_command(*plain)
