@@ -13,8 +13,6 @@ from typing import NamedTuple
 
 #: bytes of a lease token: the holder's 4-byte worker tag, then 4 bytes that differ per lease
 TOKEN_BYTES = 8
-
-
 #: longest politeness slot (``meta["download_slot"]`` or a host name) a queue entry may carry
 MAX_SLOT_BYTES = 255
 
