@@ -32,7 +32,7 @@ import msgpack
 import redis
 
 from distcrawl.demo.redis_server import RedisServer
-from distcrawl.frontier import Entry, Frontier, Politeness
+from distcrawl.frontier import Entry, EntryKind, Frontier, Politeness
 from distcrawl.keys import FrontierKeys
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -56,7 +56,7 @@ def url_entry(host: int, page: int) -> Entry:
     url = f"http://h{host}.test/p/{page}"
     fingerprint = hashlib.sha1(url.encode()).digest()[:12]
     payload = msgpack.packb({"u": url}, use_bin_type=True)
-    return Entry("r", fingerprint, 0, payload, b"", f"h{host}.test")
+    return Entry(EntryKind.REQUEST, fingerprint, 0, payload, b"", f"h{host}.test")
 
 
 def worker(

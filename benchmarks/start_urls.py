@@ -56,7 +56,7 @@ def worker(redis_url: str, start_at: float, out: Path, max_seconds: float) -> No
     import redis
 
     import distcrawl
-    from distcrawl.frontier import Entry, Frontier
+    from distcrawl.frontier import Entry, EntryKind, Frontier
     from distcrawl.keys import FrontierKeys
 
     print(f"worker {os.getpid()}: distcrawl from {distcrawl.__file__}", flush=True)
@@ -75,7 +75,7 @@ def worker(redis_url: str, start_at: float, out: Path, max_seconds: float) -> No
         for raw in raws:
             host = raw.split(b"/")[2].decode()
             fp = hashlib.sha1(raw).digest()
-            entries.append(Entry("s", fp, 0, raw, raw, host))
+            entries.append(Entry(EntryKind.START_REQUEST, fp, 0, raw, raw, host))
         result = frontier.commit([], entries)
         enqueued += result.enqueued
         skipped += result.skipped

@@ -22,7 +22,7 @@ from scrapy_redis.queue import PriorityQueue
 
 from benchmarks.spiders import ScrapyRedisSiteSpider
 from distcrawl.dupefilter import FINGERPRINT_BYTES
-from distcrawl.frontier import Entry, Frontier
+from distcrawl.frontier import Entry, EntryKind, Frontier
 from distcrawl.keys import FrontierKeys
 from distcrawl.seen import BloomState, part_keys
 from distcrawl.serialize import RequestCodec
@@ -66,7 +66,7 @@ def distcrawl_storage(client: redis.Redis, count: int, seen: str = "set") -> dic
         payload = codec.encode(request)
         payload_bytes += len(payload)
         fp = fingerprinter.fingerprint(request)[:FINGERPRINT_BYTES]
-        batch.append(Entry("r", fp, request.priority, payload, b"", SLOT))
+        batch.append(Entry(EntryKind.REQUEST, fp, request.priority, payload, b"", SLOT))
         if len(batch) >= BATCH:
             frontier.commit([], batch)
             batch = []

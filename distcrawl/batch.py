@@ -33,15 +33,18 @@ import redis
 from scrapy import Request
 
 from distcrawl.frontier import (
+    START_KINDS,
     CommitResult,
     Drained,
     Entry,
+    EntryKind,
     Feedback,
     Frontier,
     Leased,
     LeaseRef,
     LeaseResult,
     Op,
+    Places,
     RequeueResult,
     SweepResult,
     dead_letter,
@@ -107,7 +110,7 @@ class Commit:
 
     @property
     def start_entries(self) -> int:
-        return sum(1 for e in self.entries if e.kind in "sx")
+        return sum(1 for e in self.entries if e.kind in START_KINDS)
 
 
 class LeasedRequest(NamedTuple):
@@ -286,8 +289,8 @@ class Runner:
             before.append(_Step(frontier.sent_op(batch.sent), _ignore))
         if batch.freed or batch.taken:
 
-            def places(out: tuple[int, int]) -> None:
-                res.freed, res.taken = out
+            def places(out: Places) -> None:
+                res.freed, res.taken = out.freed, out.taken
 
             before.append(_Step(frontier.places_op(batch.freed, batch.taken), places))
         alone = len(batch.commits) > 1 or frontier.bloom is not None
@@ -528,9 +531,11 @@ def refused_entry(entry: Entry, reason: str) -> Entry:
     """The dead letter that replaces an entry Redis refuses: a start URL's keeps its raw
     entry (and is still taken from the worker's claim list), a request's keeps its payload."""
     text = f"Redis refused the entry: {reason}"
-    if entry.kind in "sx":
-        return Entry("x", b"", 0, dead_letter(text, raw=entry.raw, source="start_urls"), entry.raw)
-    payload = base64.b64encode(entry.payload).decode("ascii") if entry.kind in "rl" else None
+    if entry.kind in START_KINDS:
+        record = dead_letter(text, raw=entry.raw, source="start_urls")
+        return Entry(EntryKind.BAD_START, b"", 0, record, entry.raw)
+    carries_request = entry.kind in (EntryKind.REQUEST, EntryKind.RETRY)
+    payload = base64.b64encode(entry.payload).decode("ascii") if carries_request else None
     url = getattr(entry.request, "url", None)
     record = dead_letter(text, url=url, source="commit", payload=payload, priority=entry.priority)
-    return Entry("d", b"", 0, record)
+    return Entry(EntryKind.DEAD_LETTER, b"", 0, record)

@@ -1,6 +1,6 @@
 """Reading, filtering and re-driving the dead-letter store (``<ns>:dead``).
 
-Records are JSON written by workers (see ``frontier.dead_letter``). A record of a request
+Records are JSON written by workers (see ``deadrecord.dead_letter``). A record of a request
 carries the encoded request (``payload``), so re-driving restores it exactly (callback,
 meta, priority) with a fresh attempt count; a bad ``start_urls`` entry carries its raw entry
 and goes back to ``start_urls``, where it is validated again. A record that holds only the
@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 from scrapy import Request
 
-from distcrawl.frontier import Frontier, Redrive
+from distcrawl.frontier import Frontier, Redrive, RedriveKind
 from distcrawl.politeness import slot_for
 from distcrawl.serialize import DecodeError, RequestCodec, SerializationError
 
@@ -168,8 +168,8 @@ def _move(letter: DeadLetter, codec: RequestCodec, rebuild: Rebuild | None) -> R
     if record.get("source") == "start_urls" and record.get("raw") is not None:
         raw = str(record["raw"])
         encoding = record.get("raw_encoding", "utf-8")
-        return Redrive(letter.raw, "u", "", 0, raw.encode(encoding))
+        return Redrive(letter.raw, RedriveKind.START_URLS, "", 0, raw.encode(encoding))
     requeue = _requeue_payload(letter, codec, rebuild)
     if requeue is None:
         return None
-    return Redrive(letter.raw, "q", *requeue)
+    return Redrive(letter.raw, RedriveKind.QUEUE, *requeue)

@@ -25,7 +25,7 @@ from scrapy.utils.misc import build_from_crawler, load_object
 from distcrawl.batch import refused_scheme
 from distcrawl.config import DistcrawlConfig
 from distcrawl.dupefilter import FINGERPRINT_BYTES, get_fingerprint, url_only
-from distcrawl.frontier import Entry, bad_slot
+from distcrawl.frontier import Entry, EntryKind, bad_slot
 from distcrawl.layout import Layout, class_path
 from distcrawl.politeness import slot_for
 from distcrawl.serialize import (
@@ -193,7 +193,7 @@ class EntryMaker:
             raise Refused(str(exc)) from None
         except Exception as exc:  # a fingerprinter of the project failing on one request
             raise Refused(f"{type(exc).__name__}: {exc}") from None
-        return Made(request.url, Entry("r", fp, request.priority, payload, b"", slot))
+        return Made(request.url, Entry(EntryKind.REQUEST, fp, request.priority, payload, b"", slot))
 
     def make_from_dict(self, data: Any) -> Made:
         """The commit entry of a request dict of Scrapy's ``Request.to_dict`` (a scrapy-redis

@@ -131,9 +131,9 @@ class RobotsTxtMiddleware(ScrapyRobotsTxtMiddleware):
                 cached = await self._redis(scheduler, frontier.robots_txt, netloc)
                 # the age is by the server's clock; a negative one means the stamp came
                 # from another clock (a worker of an older distcrawl): read it again
-                if cached is not None and 0 <= cached[0] < self.config.robots_ttl:
+                if cached is not None and 0 <= cached.age < self.config.robots_ttl:
                     self._stats.inc_value("distcrawl/robots/shared")
-                    return (cached[2] if cached[1] else None), False
+                    return (cached.body if cached.status else None), False
                 if time.monotonic() > give_up or await self._redis(
                     scheduler, frontier.lock_robots_txt, netloc, lock_ms
                 ):

@@ -70,6 +70,7 @@ from distcrawl.frontier import (
     CommitResult,
     Drained,
     Entry,
+    EntryKind,
     Frontier,
     LeaseRef,
     dead_letter,
@@ -303,7 +304,7 @@ class Scheduler(BaseScheduler):
         if entry is None:
             return False
         self._outbox.push(entry)
-        if entry.kind == "d":
+        if entry.kind == EntryKind.DEAD_LETTER:
             return False
         self._last_work = time.monotonic()
         self._inc("scheduler/enqueued")
@@ -622,7 +623,7 @@ class Scheduler(BaseScheduler):
                     extra={"spider": self.spider},
                 )
                 record = dead_letter(item.error, raw=item.payload, source="queue")
-                self._outbox.push(Entry("d", b"", 0, record))
+                self._outbox.push(Entry(EntryKind.DEAD_LETTER, b"", 0, record))
                 self._outbox.ack(item.ref)
                 self._inc("distcrawl/quarantined")
                 continue

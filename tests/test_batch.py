@@ -10,7 +10,7 @@ import redis
 
 from distcrawl.batch import Batch, BatchResult, Commit, Rider, Runner, refused
 from distcrawl.connection import make_redis
-from distcrawl.frontier import Entry, Frontier, LeaseRef, Op
+from distcrawl.frontier import Entry, EntryKind, Frontier, LeaseRef, Op
 from distcrawl.keys import FrontierKeys
 from distcrawl.serialize import RequestCodec
 
@@ -39,11 +39,14 @@ def test_replies_that_say_redis_cannot_commit_now_are_not_refusals():
 
 def test_a_refused_commit_is_split_and_only_the_bad_entry_dead_lettered(runner, redis_client):
     frontier = runner.frontier
-    frontier.commit([], [Entry("r", b"p", 0, b"parent", b"", "t.test")])
+    frontier.commit([], [Entry(EntryKind.REQUEST, b"p", 0, b"parent", b"", "t.test")])
     (parent,) = frontier.lease(1, 60_000).items
-    entries = [Entry("r", f"{i}".encode(), 0, f"c{i}".encode(), b"", "t.test") for i in range(7)]
-    entries.insert(3, Entry("r", b"bad", 0, b"bad", b"", "a\0b"))  # what Lua refuses
-    entries.append(Entry("l", b"", 0, b"retry", b"60000", "t.test"))
+    entries = [
+        Entry(EntryKind.REQUEST, f"{i}".encode(), 0, f"c{i}".encode(), b"", "t.test")
+        for i in range(7)
+    ]
+    entries.insert(3, Entry(EntryKind.REQUEST, b"bad", 0, b"bad", b"", "a\0b"))  # what Lua refuses
+    entries.append(Entry(EntryKind.RETRY, b"", 0, b"retry", b"60000", "t.test"))
     commit = Commit([parent.ref], entries, [])
     res = BatchResult()
     with pytest.raises(redis.ResponseError):
@@ -65,10 +68,10 @@ def test_a_refused_commit_is_split_and_only_the_bad_entry_dead_lettered(runner, 
 
 def test_renewals_and_leases_go_on_while_a_commit_is_refused(runner, redis_client):
     frontier = runner.frontier
-    frontier.commit([], [Entry("r", b"a", 0, b"a", b"", "t.test")])
+    frontier.commit([], [Entry(EntryKind.REQUEST, b"a", 0, b"a", b"", "t.test")])
     (held,) = frontier.lease(1, 60_000).items
-    frontier.commit([], [Entry("r", b"b", 0, b"b", b"", "t.test")])
-    bad = Commit([], [Entry("r", b"x", 0, b"x", b"", "")], [])
+    frontier.commit([], [Entry(EntryKind.REQUEST, b"b", 0, b"b", b"", "t.test")])
+    bad = Commit([], [Entry(EntryKind.REQUEST, b"x", 0, b"x", b"", "")], [])
     res = runner.run(Batch(commits=[bad], renew=[held.ref], want=4))
     assert refused(res.commit_error) and res.commits_done == 0
     assert res.renewed == 1 and [x.request for x in res.leased] == [None]
@@ -81,7 +84,7 @@ def test_a_closing_batch_stores_its_start_entries_then_gives_back_the_rest(runne
     redis_client.lpush("t:start_urls", b"http://a.test/1", b"http://a.test/2", b"http://a.test/3")
     res = runner.run(Batch(peek=2))
     assert res.peeked == [b"http://a.test/1", b"http://a.test/2"]
-    stored = Entry("s", b"fp1", 0, b"req", b"http://a.test/1", "a.test")
+    stored = Entry(EntryKind.START_REQUEST, b"fp1", 0, b"req", b"http://a.test/1", "a.test")
     res = runner.run(Batch(commits=[Commit([], [stored], [])], unclaim=True))
     assert (res.commits_done, res.committed.enqueued, res.unclaimed) == (1, 1, 1)
     assert redis_client.lrange("t:start_urls", 0, -1) == [b"http://a.test/3", b"http://a.test/2"]
@@ -95,7 +98,10 @@ def _reads(client: redis.Redis) -> int:
 
 def _setup(frontier: Frontier) -> tuple[LeaseRef, LeaseRef]:
     """Two leased requests, and three more queued."""
-    entries = [Entry("r", f"{i}".encode(), 0, f"p{i}".encode(), b"", "t.test") for i in range(5)]
+    entries = [
+        Entry(EntryKind.REQUEST, f"{i}".encode(), 0, f"p{i}".encode(), b"", "t.test")
+        for i in range(5)
+    ]
     frontier.commit([], entries)
     first, second = frontier.lease(2, 60_000).items
     return first.ref, second.ref
@@ -107,7 +113,7 @@ def test_a_batch_is_one_round_trip_with_the_results_of_its_steps_one_by_one(redi
     two = Frontier(redis_client, keys_b)
     a1, a2 = _setup(one.frontier)
     b1, b2 = _setup(two)
-    child = [Entry("r", b"c", 0, b"child", b"", "t.test")]
+    child = [Entry(EntryKind.REQUEST, b"c", 0, b"child", b"", "t.test")]
     commit = Commit([a1], child, [])
     one.frontier.scripts.load(redis_client)  # as after a first batch: no NOSCRIPT
     before = _reads(redis_client)
@@ -130,7 +136,7 @@ def test_noscript_after_a_flush_is_recovered_in_the_same_batch(runner, redis_cli
     frontier = runner.frontier
     held, _ = _setup(frontier)
     redis_client.script_flush()
-    entries = [Entry("r", b"n", 0, b"new", b"", "t.test")]
+    entries = [Entry(EntryKind.REQUEST, b"n", 0, b"new", b"", "t.test")]
     commit = Commit([held], entries, [])
     res = runner.run(Batch(commits=[commit], renew=[held], want=1, reclaim=True))
     assert res.error is None and res.commit_error is None and res.commits_done == 1
@@ -151,7 +157,7 @@ def test_a_reply_lost_mid_batch_is_a_connection_error_and_the_commit_replays(
     held, other = _setup(runner.frontier)
     lease_sha = runner.frontier.scripts.lease.sha.encode()
     redis_proxy.drop_reply_once(lambda args: args[:2] == [b"EVALSHA", lease_sha])
-    commit = Commit([held], [Entry("r", b"n", 0, b"new", b"", "t.test")], [])
+    commit = Commit([held], [Entry(EntryKind.REQUEST, b"n", 0, b"new", b"", "t.test")], [])
     res = runner.run(Batch(commits=[commit], renew=[other], want=1))
     assert isinstance(res.commit_error, redis.ConnectionError) and res.commits_done == 0
     assert isinstance(res.error, redis.ConnectionError)
@@ -193,20 +199,22 @@ def test_a_commit_that_queues_requests_wakes_an_idle_poll_which_leases_them(runn
     about a second), duplicates and retries none; an idle worker's poll waits on it (BLPOP)
     and leases in the same round trip once a token came."""
     frontier = runner.frontier
-    frontier.commit([], [Entry("r", f"{i}".encode(), 0, b"x", b"", "t.test") for i in range(3)])
+    frontier.commit(
+        [], [Entry(EntryKind.REQUEST, f"{i}".encode(), 0, b"x", b"", "t.test") for i in range(3)]
+    )
     assert redis_client.llen("t:wake") == 3
     assert 0 < redis_client.pttl("t:wake") <= 1000
-    frontier.commit([], [Entry("r", b"0", 0, b"x", b"", "t.test")])  # a duplicate
-    frontier.commit([], [Entry("l", b"", 0, b"retry", b"60000", "t.test")])  # a retry
+    frontier.commit([], [Entry(EntryKind.REQUEST, b"0", 0, b"x", b"", "t.test")])  # a duplicate
+    frontier.commit([], [Entry(EntryKind.RETRY, b"", 0, b"retry", b"60000", "t.test")])  # a retry
     assert redis_client.llen("t:wake") == 3
-    many = [Entry("r", f"m{i}".encode(), 0, b"x", b"", "t.test") for i in range(40)]
+    many = [Entry(EntryKind.REQUEST, f"m{i}".encode(), 0, b"x", b"", "t.test") for i in range(40)]
     frontier.commit([], many)
     assert redis_client.llen("t:wake") == 16
     redis_client.delete("t:wake", "t:queue")
 
     res = runner.run(Batch(want=4, wait=0.2))  # nothing queued, no token: the time runs out
     assert not res.woken and res.leased == []
-    frontier.commit([], [Entry("r", b"new", 0, b"x", b"", "t.test")])
+    frontier.commit([], [Entry(EntryKind.REQUEST, b"new", 0, b"x", b"", "t.test")])
     res = runner.run(Batch(want=4, wait=5.0))
     assert res.woken and len(res.leased) == 1
     assert redis_client.llen("t:wake") == 0

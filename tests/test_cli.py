@@ -19,7 +19,7 @@ import scrapy
 import distcrawl
 from distcrawl.cli import main
 from distcrawl.demo.redis_server import RedisServer
-from distcrawl.frontier import Entry, Frontier, dead_letter
+from distcrawl.frontier import Entry, EntryKind, Frontier, dead_letter
 from distcrawl.frontier import parse_entry as parse_queue_entry
 from distcrawl.keys import FrontierKeys
 from distcrawl.serialize import RequestCodec
@@ -623,7 +623,7 @@ def test_console_script(redis_url, redis_client):
 def test_domains_looks_at_a_bounded_number_of_slots(capsys, redis_url, redis_client):
     frontier = Frontier(redis_client, SITE)
     entries = [
-        Entry("r", f"fp-{n}-{i}".encode(), 0, b"payload", b"", f"h{n}.test")
+        Entry(EntryKind.REQUEST, f"fp-{n}-{i}".encode(), 0, b"payload", b"", f"h{n}.test")
         for n in range(30)
         for i in range(1 + n % 3)
     ]

@@ -11,9 +11,11 @@ import redis
 from distcrawl.frontier import (
     DEAD_RAW_BYTES,
     Entry,
+    EntryKind,
     Frontier,
     LeaseRef,
     Redrive,
+    RedriveKind,
     dead_letter,
     make_entry,
 )
@@ -26,7 +28,9 @@ def frontier(redis_client):
 
 
 def push(frontier, *items, acks=()):
-    entries = [Entry("r", fp, prio, payload, b"", "t.test") for fp, prio, payload in items]
+    entries = [
+        Entry(EntryKind.REQUEST, fp, prio, payload, b"", "t.test") for fp, prio, payload in items
+    ]
     return frontier.commit(list(acks), entries)
 
 
@@ -121,8 +125,12 @@ def test_start_entry_is_taken_once(frontier, redis_client):
     assert frontier.claim_start_urls(1) == [b"http://a.test/"]
     assert redis_client.lrange("t:start_urls", 0, -1) == [b"http://b.test/"]
     # the same entry committed twice (say, read again): only the first commit takes it
-    first = frontier.commit([], [Entry("s", b"fa", 0, b"A", b"http://a.test/", "a.test")])
-    second = frontier.commit([], [Entry("s", b"fa2", 0, b"A", b"http://a.test/", "a.test")])
+    first = frontier.commit(
+        [], [Entry(EntryKind.START_REQUEST, b"fa", 0, b"A", b"http://a.test/", "a.test")]
+    )
+    second = frontier.commit(
+        [], [Entry(EntryKind.START_REQUEST, b"fa2", 0, b"A", b"http://a.test/", "a.test")]
+    )
     assert (first.enqueued, second.enqueued, second.skipped) == (1, 0, 1)
     assert redis_client.lrange("t:start_urls", 0, -1) == [b"http://b.test/"]
     assert redis_client.exists(f"t:claims:{frontier.tag}", "t:claimants") == 0
@@ -132,7 +140,7 @@ def test_bad_start_entry_moves_to_dead_letters(frontier, redis_client):
     redis_client.lpush("t:start_urls", b"not a url")
     assert frontier.claim_start_urls(10) == [b"not a url"]
     record = dead_letter("not a URL", raw=b"not a url", source="start_urls")
-    result = frontier.commit([], [Entry("x", b"", 0, record, b"not a url")])
+    result = frontier.commit([], [Entry(EntryKind.BAD_START, b"", 0, record, b"not a url")])
     assert result.dead == 1
     assert redis_client.llen("t:start_urls") == 0
     assert redis_client.llen(f"t:claims:{frontier.tag}") == 0
@@ -151,7 +159,9 @@ def test_clear_removes_only_this_namespace(frontier, redis_client):
 
 def test_delayed_retry_waits_then_joins_the_queue_at_its_priority(frontier):
     push(frontier, (b"a", 0, b"a0"))
-    frontier.commit([], [Entry("l", b"", 7, b"retry", b"300", "t.test")])  # due in 0.3 s
+    frontier.commit(
+        [], [Entry(EntryKind.RETRY, b"", 7, b"retry", b"300", "t.test")]
+    )  # due in 0.3 s
     first = frontier.lease(10, 10_000)
     assert [x.payload for x in first.items] == [b"a0"]
     assert (first.delayed, first.released) == (1, 0)
@@ -165,15 +175,15 @@ def test_delayed_retry_waits_then_joins_the_queue_at_its_priority(frontier):
 
 def test_delayed_retry_is_not_filtered_by_the_seen_set(frontier):
     push(frontier, (b"fp", 0, b"x"))
-    result = frontier.commit([], [Entry("l", b"", 0, b"x-again", b"0", "t.test")])
+    result = frontier.commit([], [Entry(EntryKind.RETRY, b"", 0, b"x-again", b"0", "t.test")])
     assert result.enqueued == 1
 
 
 def test_redrive_moves_each_record_once(frontier, redis_client):
     redis_client.lpush("t:dead", b"rec-1", b"rec-2")
     moves = [
-        Redrive(b"rec-1", "q", "a.test", 3, b"payload-1"),
-        Redrive(b"rec-2", "u", "", 0, b"http://a.test/"),
+        Redrive(b"rec-1", RedriveKind.QUEUE, "a.test", 3, b"payload-1"),
+        Redrive(b"rec-2", RedriveKind.START_URLS, "", 0, b"http://a.test/"),
     ]
     assert frontier.redrive(moves) == 2
     assert frontier.redrive(moves) == 0  # already taken: nothing twice
@@ -189,11 +199,12 @@ def test_redrive_takes_records_by_their_index_from_the_oldest_end(frontier, redi
     # (the indices from the oldest end stay) and someone else takes rec-3 by value
     redis_client.lpush("t:dead", b"rec-new")
     redis_client.lrem("t:dead", 1, b"rec-3")  # rec-4 and newer shift to the oldest end
+    back = RedriveKind.START_URLS
     moves = [
-        Redrive(b"rec-0", "u", "", 0, b"http://a.test/0", at=-1),
-        Redrive(b"rec-1", "u", "", 0, b"http://a.test/1", at=-2),
-        Redrive(b"rec-3", "u", "", 0, b"http://a.test/3", at=-4),  # gone: skipped
-        Redrive(b"rec-4", "u", "", 0, b"http://a.test/4", at=-5),  # moved: found by value
+        Redrive(b"rec-0", back, "", 0, b"http://a.test/0", at=-1),
+        Redrive(b"rec-1", back, "", 0, b"http://a.test/1", at=-2),
+        Redrive(b"rec-3", back, "", 0, b"http://a.test/3", at=-4),  # gone: skipped
+        Redrive(b"rec-4", back, "", 0, b"http://a.test/4", at=-5),  # moved: found by value
     ]
     assert frontier.redrive(moves) == 3
     assert redis_client.lrange("t:dead", 0, -1) == [b"rec-new", b"rec-5", b"rec-2"]
@@ -207,7 +218,9 @@ def test_redrive_takes_records_by_their_index_from_the_oldest_end(frontier, redi
 def test_a_redrive_with_an_impossible_index_changes_nothing(frontier, redis_client):
     redis_client.lpush("t:dead", b"rec-0")
     with pytest.raises(redis.ResponseError, match="invalid redrive record 1"):
-        frontier.redrive([Redrive(b"rec-0", "u", "", 0, b"http://a.test/", at=3)])
+        frontier.redrive(
+            [Redrive(b"rec-0", RedriveKind.START_URLS, "", 0, b"http://a.test/", at=3)]
+        )
     assert redis_client.lrange("t:dead", 0, -1) == [b"rec-0"]
 
 
@@ -222,29 +235,36 @@ def polite(redis_client, **options):
 
 def test_a_slot_past_its_pending_cap_drops_its_new_requests_only(redis_client):
     frontier = polite(redis_client, max_pending_per_slot=3, keep_priority=100)
-    entries = [Entry("r", f"a-{i}".encode(), 0, b"a", b"", "trap.test") for i in range(5)]
-    entries += [Entry("r", b"b-0", 0, b"b", b"", "b.test")]
-    entries += [Entry("r", b"a-urgent", 100, b"a!", b"", "trap.test")]  # kept past the cap
+    entries = [
+        Entry(EntryKind.REQUEST, f"a-{i}".encode(), 0, b"a", b"", "trap.test") for i in range(5)
+    ]
+    entries += [Entry(EntryKind.REQUEST, b"b-0", 0, b"b", b"", "b.test")]
+    entries += [
+        Entry(EntryKind.REQUEST, b"a-urgent", 100, b"a!", b"", "trap.test")
+    ]  # kept past the cap
     result = frontier.commit([], entries, positions=True)
     assert (result.enqueued, result.slot_dropped, result.dropped) == (5, 2, 0)
     assert sorted(result.not_stored) == [-5, -4]  # entries 3 and 4: for request_dropped
     assert redis_client.zlexcount("t:queue", "[trap.test\0", "(trap.test\1") == 4
     # a later commit counts what is queued: the slot is still full, the other is not
     more = [
-        Entry("r", b"a-9", 0, b"a", b"", "trap.test"),
-        Entry("r", b"b-1", 0, b"b", b"", "b.test"),
+        Entry(EntryKind.REQUEST, b"a-9", 0, b"a", b"", "trap.test"),
+        Entry(EntryKind.REQUEST, b"b-1", 0, b"b", b"", "b.test"),
     ]
     result = frontier.commit([], more)
     assert (result.enqueued, result.slot_dropped) == (1, 1)
     # and a slot drained below its cap takes new requests again
     for item in frontier.lease(10, 10_000).items:
         frontier.commit([item.ref], [])
-    assert frontier.commit([], [Entry("r", b"a-10", 0, b"a", b"", "trap.test")]).enqueued == 1
+    assert (
+        frontier.commit([], [Entry(EntryKind.REQUEST, b"a-10", 0, b"a", b"", "trap.test")]).enqueued
+        == 1
+    )
 
 
 def push_slot(frontier, slot, count):
     entries = [
-        Entry("r", f"{slot}-{i}".encode(), 0, f"{slot}-{i}".encode(), b"", slot)
+        Entry(EntryKind.REQUEST, f"{slot}-{i}".encode(), 0, f"{slot}-{i}".encode(), b"", slot)
         for i in range(count)
     ]
     return frontier.commit([], entries)
@@ -576,11 +596,11 @@ def test_pending_cap_drops_new_requests_but_keeps_high_priority_and_start_urls(r
     result = push_slot(frontier, "c.test", 5)
     assert (result.enqueued, result.dropped) == (3, 2)
     assert redis_client.scard("t:seen") == 3  # dropped ones can be discovered again later
-    urgent = Entry("r", b"urgent", 10, b"urgent", b"", "c.test")
+    urgent = Entry(EntryKind.REQUEST, b"urgent", 10, b"urgent", b"", "c.test")
     assert frontier.commit([], [urgent]).enqueued == 1  # kept past the cap
     redis_client.lpush("t:start_urls", b"http://c.test/x")
     assert frontier.claim_start_urls(10) == [b"http://c.test/x"]
-    entry = Entry("s", b"fp-s", 0, b"s", b"http://c.test/x", "c.test")
+    entry = Entry(EntryKind.START_REQUEST, b"fp-s", 0, b"s", b"http://c.test/x", "c.test")
     assert frontier.commit([], [entry]).held == 1
     # still claimed, not lost: handed out again at the next claim, given back on close
     assert frontier.claim_start_urls(10) == [b"http://c.test/x"]
@@ -591,7 +611,7 @@ def test_pending_cap_drops_new_requests_but_keeps_high_priority_and_start_urls(r
 # ------------------------------------------------------------ owned leases, rollbacks, poison
 
 
-def entry(fp, payload, slot="t.test", kind="r", raw=b""):
+def entry(fp, payload, slot="t.test", kind=EntryKind.REQUEST, raw=b""):
     return Entry(kind, fp, 0, payload, raw, slot)
 
 
@@ -621,7 +641,7 @@ def test_ids_reused_after_redis_lost_its_data_never_match(redis_client):
     old.commit([], [entry(b"a", b"a")])
     (held,) = old.lease(1, 60_000).items
     redis_client.flushall()  # a restart without persistence, a failover to a lagging replica
-    new.commit([], [entry(b"b", b"b"), entry(b"", b"retry", kind="l", raw=b"60000")])
+    new.commit([], [entry(b"b", b"b"), entry(b"", b"retry", kind=EntryKind.RETRY, raw=b"60000")])
     (fresh,) = new.lease(1, 60_000).items
     assert fresh.id == held.id  # seq went back: the same id names another request
     result = old.commit([held.ref], [])  # the old worker finishes what it held
@@ -654,8 +674,8 @@ def test_a_replayed_commit_changes_nothing(redis_client):
     record = dead_letter("gave up", url="http://t.test/x", source="retry")
     entries = [
         entry(b"", b"dont-filter"),
-        entry(b"", b"retry", kind="l", raw=b"60000"),
-        Entry("d", b"", 0, record),
+        entry(b"", b"retry", kind=EntryKind.RETRY, raw=b"60000"),
+        Entry(EntryKind.DEAD_LETTER, b"", 0, record),
     ]
     first = frontier.commit([], entries, commit_id="c1")
     again = frontier.commit([], entries, commit_id="c1")
@@ -672,7 +692,7 @@ def test_a_commit_is_checked_before_it_writes_anything(frontier, redis_client):
     frontier.claim_start_urls(1)
     entries = [
         entry(b"a", b"a"),
-        entry(b"s", b"s", kind="s", raw=b"http://a.test/", slot="a.test"),
+        entry(b"s", b"s", kind=EntryKind.START_REQUEST, raw=b"http://a.test/", slot="a.test"),
         entry(b"b", b"b", slot="a\0b"),
     ]
     with pytest.raises(redis.ResponseError, match="slot contains NUL"):
@@ -723,7 +743,7 @@ def test_a_member_whose_slot_is_not_utf8_is_handed_over_to_be_dead_lettered(fron
     assert "not UTF-8" in result.bad[0].reason and result.bad[0].raw == bad
     # the worker dead-letters it with its acknowledgement: the place it held is freed
     record = dead_letter(result.bad[0].reason, raw=bad, source="queue")
-    frontier.commit([result.bad[0].ref], [Entry("d", b"", 0, record)])
+    frontier.commit([result.bad[0].ref], [Entry(EntryKind.DEAD_LETTER, b"", 0, record)])
     assert redis_client.hlen("t:inflight") == 0 and redis_client.hlen("t:requests") == 0
     assert redis_client.llen("t:dead") == 1
 
@@ -763,7 +783,7 @@ def test_drained_sees_every_kind_of_pending_work(frontier, redis_client):
     redis_client.lpush("t:start_urls", b"http://a.test/")
     assert not frontier.drained().idle(1000)
     redis_client.delete("t:start_urls")
-    frontier.commit([], [entry(b"", b"retry", kind="l", raw=b"5000")])
+    frontier.commit([], [entry(b"", b"retry", kind=EntryKind.RETRY, raw=b"5000")])
     assert not frontier.drained().idle(10_000)  # due within the idle timeout
     assert frontier.drained().idle(1000)  # due later: another worker will take it
     push(frontier, (b"a", 0, b"a"))
@@ -788,7 +808,7 @@ def test_dead_letter_records_keep_64_kb_of_raw_bytes_with_length_and_hash():
 
 
 def start_entry(raw: bytes) -> Entry:
-    return Entry("s", b"fp-" + raw, 0, b"req-" + raw, raw, "a.test")
+    return Entry(EntryKind.START_REQUEST, b"fp-" + raw, 0, b"req-" + raw, raw, "a.test")
 
 
 def beat(redis_client, *frontiers, age_ms=0):

@@ -12,7 +12,7 @@ from distcrawl._scheduler.outbox import Outbox
 from distcrawl._scheduler.polling import CONTENDED_POLL_MAX, Polling
 from distcrawl.batch import Batch, LeasedRequest
 from distcrawl.config import DistcrawlConfig
-from distcrawl.frontier import Entry, LeaseRef, LeaseResult
+from distcrawl.frontier import Entry, EntryKind, LeaseRef, LeaseResult
 
 
 def leased(n: int, slot: str = "a.example", *, reserve: bool = False, paced: bool = False):
@@ -22,7 +22,7 @@ def leased(n: int, slot: str = "a.example", *, reserve: bool = False, paced: boo
 
 
 def entry(n: int) -> Entry:
-    return Entry("r", b"", 0, str(n).encode())
+    return Entry(EntryKind.REQUEST, b"", 0, str(n).encode())
 
 
 # ---------------------------------------------------------------------- leases
@@ -138,7 +138,7 @@ def test_an_empty_lease_poll_backs_off_doubling_up_to_the_cap():
     now = time.monotonic()
     waits = []
     for _ in range(5):
-        polling.back_off(now, LeaseResult([], 0, 0, 0), idle=False)
+        polling.back_off(now, LeaseResult([], queue_size=0, delayed=0, released=0), idle=False)
         waits.append(round(polling._next_lease - now, 3))
     assert waits == [0.05, 0.1, 0.2, 0.4, 0.4]
     polling.lease_now(now)
@@ -149,7 +149,7 @@ def test_requests_waiting_in_full_slots_cap_the_back_off_lower():
     polling = Polling(DistcrawlConfig(idle_poll_max=1.0))
     now = time.monotonic()
     for _ in range(10):
-        polling.back_off(now, LeaseResult([], 5, 0, 0), idle=True)
+        polling.back_off(now, LeaseResult([], queue_size=5, delayed=0, released=0), idle=True)
     assert polling._next_lease - now == CONTENDED_POLL_MAX
 
 
@@ -157,10 +157,10 @@ def test_an_idle_worker_waits_in_redis_once_then_polls_again():
     config = DistcrawlConfig()
     polling = Polling(config)
     now = time.monotonic()
-    polling.back_off(now, LeaseResult([], 0, 0, 0), idle=True)
+    polling.back_off(now, LeaseResult([], queue_size=0, delayed=0, released=0), idle=True)
     assert polling.lease_due(now)  # the wait is spent in Redis, not here
     assert polling.take_wake_wait(lambda: False) == 0.0  # no longer idle: no wait...
-    polling.back_off(now, LeaseResult([], 0, 0, 0), idle=True)
+    polling.back_off(now, LeaseResult([], queue_size=0, delayed=0, released=0), idle=True)
     assert polling.take_wake_wait(lambda: True) == 0.1
     assert polling.take_wake_wait(lambda: True) == 0.0  # ...and used once
 

@@ -15,7 +15,7 @@ from scrapy.utils.test import get_crawler
 from distcrawl import dupefilter as dupefilter_module
 from distcrawl.config import ConfigError, DistcrawlConfig
 from distcrawl.dupefilter import FINGERPRINT_BYTES, RedisDupeFilter
-from distcrawl.frontier import Entry, Frontier
+from distcrawl.frontier import Entry, EntryKind, Frontier
 from distcrawl.keys import FrontierKeys
 from distcrawl.seen import BloomFilter, bytes_per_url, layer_size, nth_layer
 from tests.support import page_fetches
@@ -65,7 +65,11 @@ def test_set_stores_12_byte_fingerprints_at_under_60_bytes_per_url(redis_client)
     assert len(fp) == FINGERPRINT_BYTES == 12
     frontier = Frontier(redis_client, KEYS)
     frontier.commit(
-        [], [Entry("r", fp, 0, b"x", b"", "t.test"), Entry("r", fp, 0, b"x", b"", "t.test")]
+        [],
+        [
+            Entry(EntryKind.REQUEST, fp, 0, b"x", b"", "t.test"),
+            Entry(EntryKind.REQUEST, fp, 0, b"x", b"", "t.test"),
+        ],
     )
     assert redis_client.smembers(KEYS.seen) == {fp}
 
@@ -148,7 +152,10 @@ def test_capacity_exceeded_warns_and_adds_layers_through_commit(redis_client, ca
     enqueued = 0
     with caplog.at_level(logging.INFO, logger="distcrawl.seen"):
         for i in range(0, len(inserted), batch):
-            entries = [Entry("r", fp, 0, b"", b"", "t.test") for fp in inserted[i : i + batch]]
+            entries = [
+                Entry(EntryKind.REQUEST, fp, 0, b"", b"", "t.test")
+                for fp in inserted[i : i + batch]
+            ]
             enqueued += frontier.commit([], entries).enqueued
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 2, warnings  # 20,000 + 40,000 < 70,000: layers 1 and 2
@@ -189,7 +196,12 @@ def test_a_worker_with_an_old_view_of_the_layers_catches_up(redis_client):
     first = bloom(redis_client, 1000, 1e-3)
     second = bloom(redis_client, 1000, 1e-3)
     early = fingerprints(10, "early")
-    assert second.commit([], [Entry("r", fp, 0, b"", b"", "t.test") for fp in early]).enqueued == 10
+    assert (
+        second.commit(
+            [], [Entry(EntryKind.REQUEST, fp, 0, b"", b"", "t.test") for fp in early]
+        ).enqueued
+        == 10
+    )
     assert second.bloom is not None and second.bloom.script_keys() == [
         KEYS.bloom,
         KEYS.bloom_part(0, 0),
@@ -197,7 +209,9 @@ def test_a_worker_with_an_old_view_of_the_layers_catches_up(redis_client):
     add_all(first, fingerprints(1000, "fill"))
     add_all(first, fingerprints(10, "next"))  # layer 1 added by the first worker
     late = fingerprints(10, "late")
-    result = second.commit([], [Entry("r", fp, 0, b"", b"", "t.test") for fp in late + early])
+    result = second.commit(
+        [], [Entry(EntryKind.REQUEST, fp, 0, b"", b"", "t.test") for fp in late + early]
+    )
     assert (result.enqueued, result.duplicates) == (10, 10)
     assert second.bloom.script_keys()[-1] == KEYS.bloom_part(1, 0)
     assert redis_client.hget(KEYS.bloom, "1:n") == b"20"  # the new URLs went to layer 1
@@ -209,14 +223,18 @@ def test_bloom_commit_deduplicates_and_dont_filter_bypasses(redis_client):
     r1 = frontier.commit(
         [],
         [
-            Entry("r", a, 0, b"x", b"", "t.test"),
-            Entry("r", a, 0, b"x", b"", "t.test"),
-            Entry("r", b"", 0, b"y", b"", "t.test"),
+            Entry(EntryKind.REQUEST, a, 0, b"x", b"", "t.test"),
+            Entry(EntryKind.REQUEST, a, 0, b"x", b"", "t.test"),
+            Entry(EntryKind.REQUEST, b"", 0, b"y", b"", "t.test"),
         ],
     )
     assert (r1.enqueued, r1.duplicates) == (2, 1)
     r2 = frontier.commit(
-        [], [Entry("r", a, 0, b"x", b"", "t.test"), Entry("r", b, 0, b"z", b"", "t.test")]
+        [],
+        [
+            Entry(EntryKind.REQUEST, a, 0, b"x", b"", "t.test"),
+            Entry(EntryKind.REQUEST, b, 0, b"z", b"", "t.test"),
+        ],
     )
     assert (r2.enqueued, r2.duplicates) == (1, 1)
     assert not redis_client.exists(KEYS.seen)

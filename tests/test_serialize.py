@@ -392,7 +392,7 @@ def test_only_the_attributes_the_class_declares(data, why):
 
 
 def test_shrink_payload_leaves_out_the_largest_parts_first():
-    """What a dead letter keeps of a request too large for it (frontier.dead_letter)."""
+    """What a dead letter keeps of a request too large for it (deadrecord.dead_letter)."""
     from distcrawl.serialize import shrink_payload
 
     request = Request(

@@ -21,7 +21,7 @@ from distcrawl._scheduler.report import Reporter
 from distcrawl.batch import refused_scheme
 from distcrawl.config import DistcrawlConfig
 from distcrawl.dupefilter import RedisDupeFilter
-from distcrawl.frontier import Entry, bad_slot, dead_letter
+from distcrawl.frontier import Entry, EntryKind, bad_slot, dead_letter
 from distcrawl.politeness import slot_of
 from distcrawl.serialize import RequestCodec, SerializationError
 from distcrawl.start_urls import InvalidEntry, parse_entry, request_from_entry
@@ -80,19 +80,19 @@ class Intake:
             )
             self._inc("distcrawl/invalid_slot")
             record = dead_letter(f"invalid download slot: {why}", url=request.url, source="enqueue")
-            return Entry("d", b"", 0, record)
+            return Entry(EntryKind.DEAD_LETTER, b"", 0, record)
         try:
             payload = self.codec.encode(request)
         except SerializationError as exc:
             logger.error("%s: dead-lettered", exc, extra={"spider": self.spider})
             self._inc("distcrawl/unserializable")
             record = dead_letter(str(exc), url=request.url, source="enqueue")
-            return Entry("d", b"", 0, record)
+            return Entry(EntryKind.DEAD_LETTER, b"", 0, record)
         if delay is not None:
             delay_ms = str(max(0, int(float(delay) * 1000))).encode()
             self._inc("distcrawl/retry/scheduled")
-            return Entry("l", b"", request.priority, payload, delay_ms, slot, request)
-        return Entry("r", fp, request.priority, payload, b"", slot, request)
+            return Entry(EntryKind.RETRY, b"", request.priority, payload, delay_ms, slot, request)
+        return Entry(EntryKind.REQUEST, fp, request.priority, payload, b"", slot, request)
 
     def dead_letter(self, request: Request, reason: str, *, source: str, **extra: Any) -> Entry:
         """The dead letter of a request that will not be crawled, with what is needed to
@@ -112,7 +112,7 @@ class Intake:
             priority=request.priority,
             **extra,
         )
-        return Entry("d", b"", 0, record)
+        return Entry(EntryKind.DEAD_LETTER, b"", 0, record)
 
     def _partial_payload(self, request: Request) -> tuple[str | None, list[str]]:
         """A request whose meta the codec refuses (an object a middleware put there) still
@@ -161,7 +161,7 @@ class Intake:
             if why is not None:
                 raise InvalidEntry(f"invalid download slot: {why}")
             payload = self.codec.encode(request)
-            return Entry("s", fp, request.priority, payload, raw, slot, request)
+            return Entry(EntryKind.START_REQUEST, fp, request.priority, payload, raw, slot, request)
         except (InvalidEntry, SerializationError) as exc:
             reason = str(exc)
         except Exception as exc:  # a spider hook failing on one entry must not stop the rest
@@ -173,7 +173,8 @@ class Intake:
             extra={"spider": self.spider},
         )
         self._inc("distcrawl/start_urls/invalid")
-        return Entry("x", b"", 0, dead_letter(reason, raw=raw, source="start_urls"), raw)
+        record = dead_letter(reason, raw=raw, source="start_urls")
+        return Entry(EntryKind.BAD_START, b"", 0, record, raw)
 
     def _inc(self, key: str, count: int = 1) -> None:
         if count and self.stats is not None:

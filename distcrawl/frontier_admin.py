@@ -1,0 +1,133 @@
+"""The operator's side of the frontier: plain commands over its keys, no script, off the
+workers' hot path (``distcrawl slots``, ``limit`` and ``reset``, the dashboard, the producer's
+sizes). ``Frontier`` has these methods; they live here to keep frontier.py about the scripts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+
+from distcrawl.connection import execute_timed
+from distcrawl.keys import FrontierKeys
+from distcrawl.queue_entry import worker_tags
+from distcrawl.replies import throttle_state
+from distcrawl.seen import BloomFilter, BloomState, part_keys
+
+
+class FrontierAdmin:
+    """A base of ``Frontier``: its operator methods (see the module's docstring)."""
+
+    client: redis.Redis
+    keys: FrontierKeys
+    bloom: BloomFilter | None
+
+    def set_limit(self, slot: str, delay: float | None, concurrency: int | None) -> None:
+        """A cluster-wide override for one slot, applied from the next lease on; both None
+        removes it (the settings apply again)."""
+        if delay is None and concurrency is None:
+            self.client.hdel(self.keys.limits, slot)
+            return
+        value = f"{'' if delay is None else int(delay * 1000)}:{concurrency or ''}"
+        self.client.hset(self.keys.limits, slot, value)
+
+    def slot_states(self, limit: int = 20, scan: int = 10_000) -> list[dict[str, Any]]:
+        """The politeness state of the slots with the most requests queued or in flight,
+        among at most ``scan`` slots with queued requests and ``scan`` with requests in
+        flight: a broad crawl has millions, and reading them all in one reply would hold
+        Redis (``slot_count`` says how many there are)."""
+        k = self.keys
+        names: set[bytes] = set()
+        for found in (
+            self.client.zscan_iter(k.ready, count=1000),
+            self.client.hscan_iter(k.inflight, count=1000),
+        ):
+            for n, item in enumerate(found):
+                if n >= scan:
+                    break
+                names.add(item[0])
+        names |= set(self.client.hkeys(k.limits))  # type: ignore[arg-type]
+        pipe = self.client.pipeline(transaction=False)
+        ordered = sorted(names)
+        for name in ordered:
+            lo, hi = b"[" + name + b"\0", b"(" + name + b"\1"
+            pipe.zlexcount(k.queue, lo, hi)
+            pipe.hget(k.inflight, name)
+            pipe.hget(k.slots, name)
+            pipe.hget(k.throttle, name)
+            pipe.hget(k.robots, name)
+            pipe.hget(k.limits, name)
+            pipe.hget(k.throttle_state, name)
+        values = execute_timed(self.client, pipe, k.queue)
+        seconds, micros = values[-1]
+        now_ms = seconds * 1000 + micros // 1000
+        out = []
+        for i, name in enumerate(ordered):
+            queued, inflight, next_at, throttle, robots, limits, state = values[i * 7 : i * 7 + 7]
+            cap, share = throttle_state(state)
+            out.append(
+                {
+                    "slot": name.decode(errors="backslashreplace"),
+                    "queued": int(queued),
+                    "in_flight": int(inflight or 0),
+                    "next_in": max(0.0, (int(next_at or 0) - now_ms) / 1000),
+                    "throttle_delay": int(throttle or 0) / 1000,
+                    "throttle_concurrency": cap,
+                    "throttled_share": share,
+                    "crawl_delay": None if robots is None else max(0, int(robots)) / 1000,
+                    "override": None if limits is None else limits.decode(),
+                }
+            )
+        out.sort(key=lambda d: (-(d["queued"] + d["in_flight"]), d["slot"]))
+        return out[:limit]
+
+    def slot_count(self) -> int:
+        """Slots with requests queued plus slots with requests in flight (a slot with both
+        counts twice): how many ``slot_states`` would have to look at."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zcard(self.keys.ready)
+        pipe.hlen(self.keys.inflight)
+        return sum(int(x) for x in pipe.execute())
+
+    def sizes(self) -> dict[str, int]:
+        k = self.keys
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zcard(k.queue)
+        pipe.zcard(k.leases)
+        pipe.zcard(k.delayed)
+        pipe.scard(k.seen)
+        pipe.hgetall(k.bloom)
+        pipe.llen(k.start_urls)
+        pipe.llen(k.dead)
+        queue, leases, delayed, seen, bloom, start_urls, dead = pipe.execute()
+        return {
+            "queue": queue,
+            "leased": leases,
+            "delayed": delayed,
+            "seen": seen + BloomState.parse(bloom).count,
+            "start_urls": start_urls,
+            "dead": dead,
+        }
+
+    def netloc_keys(self) -> list[bytes]:
+        """The per-netloc keys (robots.txt and its download lock): found by SCAN, which only
+        the operator's reset pays for."""
+        return list(self.client.scan_iter(match=self.keys.robots_txt_pattern, count=1000))
+
+    def claim_keys(self) -> list[str]:
+        """The claim lists of the workers registered in ``claimants`` (for a reset)."""
+        tags: set[bytes] = self.client.smembers(self.keys.claimants)  # type: ignore[assignment]
+        return [self.keys.claims(tag) for tag in worker_tags(sorted(tags))]
+
+    def clear(self) -> int:
+        """Remove the crawl's keys with UNLINK: a seen-set or queue of millions is freed in
+        the background instead of holding Redis while every worker waits."""
+        bloom = BloomState.parse(self.client.hgetall(self.keys.bloom))
+        if self.bloom is not None:
+            self.bloom.state = None  # re-read (and re-create) on the next commit
+        per_netloc = self.netloc_keys()
+        removed = 0
+        for at in range(0, len(per_netloc), 1000):
+            removed += int(self.client.unlink(*per_netloc[at : at + 1000]))
+        fixed = (*self.keys.all(), *part_keys(self.keys, bloom), *self.claim_keys())
+        return removed + int(self.client.unlink(*fixed))

@@ -1,0 +1,128 @@
+"""The typed records of the frontier's contract with its scripts, without Redis."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import redis
+from redis.connection import Connection
+
+import distcrawl.lua
+from distcrawl.frontier import (
+    Entry,
+    EntryKind,
+    Feedback,
+    Frontier,
+    LeaseRef,
+    Places,
+    RedriveKind,
+    make_entry,
+)
+from distcrawl.keys import FrontierKeys
+from distcrawl.producer import _pack
+
+
+def test_the_entry_kinds_are_the_ones_commit_lua_accepts():
+    source = (Path(distcrawl.lua.__file__).parent / "commit.lua").read_text()
+    kinds = re.search(r"local KINDS = \{([^}]*)\}", source)
+    assert kinds is not None
+    assert sorted(re.findall(r"(\w+) = true", kinds.group(1))) == sorted(k.value for k in EntryKind)
+
+
+def test_a_commit_sends_each_kind_as_its_letter_byte_for_byte():
+    """Both packers (redis-py's, for the batch runner and the Frontier's methods, and the
+    producer's own) send an EntryKind exactly as the one-letter string it stands for."""
+    frontier = Frontier(redis.Redis(), FrontierKeys("t"), tag="0a0b0c0d")
+    entries = [Entry(kind, b"fp", 3, b"payload", b"raw", "t.test") for kind in EntryKind]
+    letters = [Entry(e.kind.value, *e[1:]) for e in entries]  # type: ignore[arg-type]
+    assert all(type(e.kind) is str for e in letters)
+    acks, feedback = [LeaseRef("7", b"12345678")], [Feedback("t.test", 1, 20, 0, 0)]
+    typed = frontier.commit_op(acks, entries, feedback, commit_id="c1", positions=True)
+    plain = frontier.commit_op(acks, letters, feedback, commit_id="c1", positions=True)
+    commands = [("EVALSHA", "0" * 40, len(op.keys), *op.keys, *op.args) for op in (typed, plain)]
+
+    connection = Connection()
+    mine = [_pack(command, connection.encoder) for command in commands]
+    theirs = [b"".join(connection.pack_command(*command)) for command in commands]
+    assert mine[0] == mine[1] == theirs[0] == theirs[1]
+    for kind in EntryKind:
+        entry = b"$1\r\n%s\r\n$2\r\nfp\r\n$6\r\nt.test\r\n$1\r\n3\r\n" % kind.value.encode()
+        assert entry in mine[0]
+    assert b"EntryKind" not in mine[0]
+
+
+#: what ``distcrawl.frontier`` exported before its records moved to modules of their own
+FRONTIER_NAMES = [
+    "DEAD_RAW_BYTES",
+    "MAX_SLOT_BYTES",
+    "TOKEN_BYTES",
+    "BadLease",
+    "CommitResult",
+    "Drained",
+    "Entry",
+    "Feedback",
+    "Frontier",
+    "LeaseRef",
+    "LeaseResult",
+    "Leased",
+    "Op",
+    "Politeness",
+    "QueueEntryError",
+    "Redrive",
+    "RequeueResult",
+    "SweepResult",
+    "bad_slot",
+    "dead_letter",
+    "make_entry",
+    "new_tag",
+    "parse_entry",
+    "worker_id",
+    "worker_tags",
+]
+
+
+def test_distcrawl_frontier_still_exports_every_name_it_had():
+    import distcrawl.frontier
+
+    missing = [name for name in FRONTIER_NAMES if not hasattr(distcrawl.frontier, name)]
+    assert not missing
+    assert set(FRONTIER_NAMES) <= set(distcrawl.frontier.__all__)
+    namespace: dict[str, object] = {}
+    exec("from distcrawl.frontier import *", namespace)
+    assert set(distcrawl.frontier.__all__) <= set(namespace)
+
+
+def test_replies_read_by_name():
+    from distcrawl.replies import parse_lease, parse_places
+
+    assert parse_places([2, 1]) == Places(freed=2, taken=1) == (2, 1)
+    entry = make_entry("a.test", 5, 42, b"payload")
+    lease = parse_lease([3, 1, 2, 250, 1000, 0, 0, 0, 1, b"12345678", entry])
+    assert (lease.queue_size, lease.delayed, lease.released, lease.wait) == (3, 1, 2, 0.25)
+    assert (lease.leased_at, lease.quarantined, lease.missing_retries, lease.rearmed) == (
+        1000,
+        0,
+        0,
+        0,
+    )
+    (item,) = lease.items
+    assert (item.slot, item.priority, item.payload, item.paced, item.reserve) == (
+        "a.test",
+        5,
+        b"payload",
+        True,
+        False,
+    )
+    assert item.ref == LeaseRef((42).to_bytes(6, "big").hex(), b"12345678")
+
+
+def test_a_redrive_kind_is_sent_as_its_letter():
+    source = (Path(distcrawl.lua.__file__).parent / "redrive.lua").read_text()
+    for kind in RedriveKind:
+        assert f"'{kind.value}' back into" in source
+        command = ("EVALSHA", "0" * 40, 0, -1, b"{}", kind, "a.test", 0, b"p")
+        plain = (*command[:5], kind.value, *command[6:])
+        connection = Connection()
+        assert _pack(command, connection.encoder) == _pack(plain, connection.encoder)
+        assert connection.pack_command(*command) == connection.pack_command(*plain)
