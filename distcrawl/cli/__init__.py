@@ -70,10 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
     _crawl.add_parsers(commands, common)
     _dead.add_parsers(commands, common)
     _admin.add_parsers(commands, common)
-    from distcrawl import importer, migrate, scrapyd
+    from distcrawl import migrate, scrapyd
+    from distcrawl.cli import _import
 
     scrapyd.add_parser(commands, common, _admin.cmd_scrapyd)
-    importer.add_parser(commands, common)
+    _import.add_parser(commands, common)
     migrate.add_parser(commands, common)
     return parser
 
