@@ -4,13 +4,19 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from distcrawl import importer
-from distcrawl.cli._common import EXIT_OK, EXIT_PARTIAL, UsageError, _emit_json, _project_settings
+from distcrawl.cli._common import (
+    EXIT_OK,
+    EXIT_PARTIAL,
+    UsageError,
+    _emit_json,
+    _project_settings,
+    env_option,
+)
 from distcrawl.config import ConfigError
 from distcrawl.importer import Importer, ImportRefused, Source
 from distcrawl.producer import Producer, ProducerError
@@ -148,13 +154,7 @@ def add_parser(commands: Any, common: argparse.ArgumentParser) -> None:
     sub.add_argument(
         "--url-field", default="url", metavar="NAME", help="the items' URL field (default url)"
     )
-    sub.add_argument(
-        "--mongo-uri",
-        default=os.environ.get("MONGO_URI"),
-        metavar="URI",
-        # never %(default)s: $MONGO_URI may hold a password
-        help="MongoDB of --mongo-collection (default: $MONGO_URI)",
-    )
+    env_option(sub, "--mongo-uri", "MONGO_URI", metavar="URI", help="MongoDB of --mongo-collection")
     sub.add_argument(
         "--mongo-collection",
         metavar="[DB.]NAME",
