@@ -27,7 +27,7 @@ Configuration, read once per worker process, from the Celery app's conf:
     a dict of Scrapy settings set over the project's (``SCRAPY_SETTINGS_MODULE``, or
     ``scrapy.cfg``), at the priority of ``scrapy crawl -s``.
 ``distcrawl_target``
-    ``"queue"`` (default) or ``"start_urls"`` (see producer.py).
+    ``"queue"`` (default) or ``"start_urls"`` (see distcrawl/producer/).
 
 Note on the name: this module is ``distcrawl.celery``; it imports the ``celery`` package
 absolutely (``from __future__ import annotations`` and no relative imports), which Python 3

@@ -4,24 +4,20 @@ from __future__ import annotations
 
 import inspect
 import threading
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, cast
 from weakref import WeakKeyDictionary
 
 import redis
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterPipeline, RedisCluster
 from redis.retry import Retry
-from twisted.internet.defer import Deferred
-from twisted.internet.threads import deferToThreadPool
-from twisted.python.threadpool import ThreadPool
 
+from distcrawl._serial import SerialThread
 from distcrawl.redact import redact_url
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
-T = TypeVar("T")
 
 __all__ = [
     "RedisIO",
@@ -212,7 +208,7 @@ def _make_cluster(url: str, socket_timeout: float) -> redis.Redis:
     return cast(redis.Redis, client)
 
 
-class RedisIO:
+class RedisIO(SerialThread):
     """The crawler's Redis client and the single thread its commands run on.
 
     One thread keeps commands in the order they were issued (a push before the
@@ -222,12 +218,12 @@ class RedisIO:
     def __init__(
         self, url: str, *, socket_timeout: float = 10.0, cluster: bool | None = False
     ) -> None:
+        super().__init__("distcrawl-redis")
         self.url = url
         self.socket_timeout = socket_timeout
         #: whether ``url`` is a Redis Cluster node; None until ``connect()`` asked it
         self.cluster = cluster
         self._client: redis.Redis | None = None
-        self._pool: ThreadPool | None = None
         self._users = 0
         self._connect_lock = threading.Lock()
 
@@ -253,37 +249,19 @@ class RedisIO:
         return self._client
 
     def start(self) -> None:
+        """The thread, started by the first of the crawler's components that needs it."""
         self._users += 1
-        if self._pool is None:
-            self._pool = _DaemonThreadPool(minthreads=1, maxthreads=1, name="distcrawl-redis")
-            self._pool.start()
-
-    def run(self, func: Callable[..., T], *args: Any, **kwargs: Any) -> Deferred[T]:
-        if self._pool is None:
-            raise RuntimeError("RedisIO.run() before start()")
-        from twisted.internet import reactor
-
-        return deferToThreadPool(reactor, self._pool, func, *args, **kwargs)
+        super().start()
 
     def stop(self) -> None:
+        """Stop the thread and close the client once the last user stopped."""
         self._users -= 1
         if self._users > 0:
             return
-        if self._pool is not None:
-            self._pool.stop()
-            self._pool = None
+        super().stop()
         if self._client is not None:
             self._client.close()
             self._client = None
-
-
-def _daemon_thread(*args: Any, **kwargs: Any) -> threading.Thread:
-    # a worker that failed half-way through opening must still be able to exit
-    return threading.Thread(*args, daemon=True, **kwargs)
-
-
-class _DaemonThreadPool(ThreadPool):
-    threadFactory = staticmethod(_daemon_thread)  # type: ignore[assignment]
 
 
 _IO: WeakKeyDictionary[Any, RedisIO] = WeakKeyDictionary()

@@ -155,13 +155,7 @@ class EntryMaker:
         push_many re-run after an error) is not a second request while another push is."""
         config = self.config
         try:
-            data = parse_entry(
-                raw,
-                max_bytes=config.start_url_max_bytes,
-                schemes=config.allowed_schemes,
-                start_meta_keys=config.start_meta_keys,
-            ).data
-            request = self.request_of(data)
+            request = self.request_of(entry_data(raw, config))
             if callback is not None:
                 request = request.replace(callback=self._callback(callback))
         except InvalidEntry as exc:
@@ -208,14 +202,7 @@ class EntryMaker:
     def request_of(self, data: dict[str, Any]) -> Request:
         """The spider's request for an entry's validated ``data``, as a worker makes it of a
         start URL (its ``make_request_from_data``); InvalidEntry when it cannot be one."""
-        make = getattr(self.spider, "make_request_from_data", None)
-        request = make(data) if callable(make) else request_from_entry(data)
-        if not isinstance(request, Request):
-            raise InvalidEntry(f"make_request_from_data returned {type(request).__name__}")
-        why = refused_scheme(request.url, self.config.allowed_schemes)
-        if why is not None:  # the spider's hook may have made another URL of the entry
-            raise InvalidEntry(why)
-        return request
+        return spider_request(self.spider, data, self.config.allowed_schemes)
 
     def _fingerprint(self, request: Request) -> bytes:
         """The fingerprinter's fingerprint; most entries are plain GETs, whose fingerprint
@@ -237,6 +224,33 @@ class EntryMaker:
         return getattr(self.spider, name)
 
 
+def entry_data(raw: bytes, config: DistcrawlConfig) -> dict[str, Any]:
+    """The data of a ``start_urls`` entry, parsed with the crawl's settings (the worker's
+    Intake and the producer alike); InvalidEntry when it is not a valid entry."""
+    return parse_entry(
+        raw,
+        max_bytes=config.start_url_max_bytes,
+        schemes=config.allowed_schemes,
+        start_meta_keys=config.start_meta_keys,
+    ).data
+
+
+def spider_request(
+    spider: Spider | None, data: dict[str, Any], schemes: tuple[str, ...]
+) -> Request:
+    """The spider's request for an entry's ``data`` (its ``make_request_from_data``, else a
+    plain request), its scheme checked again: what the worker's Intake and the producer both
+    make of a start URL; InvalidEntry when it cannot be one."""
+    make = getattr(spider, "make_request_from_data", None)
+    request = make(data) if callable(make) else request_from_entry(data)
+    if not isinstance(request, Request):
+        raise InvalidEntry(f"make_request_from_data returned {type(request).__name__}")
+    why = refused_scheme(request.url, schemes)
+    if why is not None:  # the spider's hook may have made another URL of the entry
+        raise InvalidEntry(why)
+    return request
+
+
 def push_key(push_id: str, index: int, raw: bytes, callback: str | None) -> bytes:
     """The seen-set member that makes push ``push_id``'s ``index``-th entry idempotent when
     it has no fingerprint: a hash of all three (and the callback), in the fingerprints'
@@ -253,12 +267,7 @@ def check_raw(raw: bytes, config: DistcrawlConfig) -> str:
     """The URL of an entry valid for ``start_urls`` (parse_entry with the crawl's settings);
     :class:`Refused` otherwise. The spider's hook runs later, on the worker."""
     try:
-        data = parse_entry(
-            raw,
-            max_bytes=config.start_url_max_bytes,
-            schemes=config.allowed_schemes,
-            start_meta_keys=config.start_meta_keys,
-        ).data
+        data = entry_data(raw, config)
         # what request_from_entry would refuse (a bad method, say) would be a dead letter too
         request_from_entry(data)
     except InvalidEntry as exc:

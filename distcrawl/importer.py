@@ -34,15 +34,12 @@ marks the pages already stored as seen instead.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import importlib
 import json
-import os
 import pickle
-import sys
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -51,12 +48,11 @@ from scrapy.settings import BaseSettings
 from scrapy.utils.python import to_unicode
 from w3lib.url import canonicalize_url
 
-from distcrawl.config import ConfigError
+from distcrawl._import_report import Report
 from distcrawl.dupefilter import FINGERPRINT_BYTES
 from distcrawl.frontier import dead_letter
 from distcrawl.keys import FrontierKeys
-from distcrawl.producer import Outcome, Producer, ProducerError
-from distcrawl.redact import redact_text, url_secrets
+from distcrawl.producer import Outcome, Producer
 
 #: Source field -> the scrapy-redis setting and its default in scrapy-redis 0.9.1: settings
 #: of the project being migrated, not of distcrawl (docs/migrating.md)
@@ -138,64 +134,6 @@ def _method(data: dict[str, Any]) -> str:
 def _body(data: dict[str, Any]) -> bytes:
     body = data.get("body") or b""
     return body.encode("utf-8") if isinstance(body, str) else bytes(body)
-
-
-@dataclass
-class Report:
-    queue_key: str | None = None
-    queue_type: str = "none"
-    members: int = 0
-    already_imported: int = 0
-    queued: int = 0
-    seen: int = 0
-    dead: int = 0
-    full: int = 0
-    dupefilter: int = 0
-    #: "scrapy-redis" (its own SHA1), "crawl" (this crawl's fingerprinter), "unknown"
-    fingerprints: str = "unknown"
-    #: queued requests whose scrapy-redis fingerprint is in the dupefilter
-    queued_in_dupefilter: int = 0
-    converted: int = 0
-    seen_urls: int = 0
-    seen_added: int = 0
-    #: URLs marked seen whose scrapy-redis fingerprint is in the dupefilter
-    stored_in_dupefilter: int = 0
-    moved: bool = False
-    dry_run: bool = False
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def unaccounted(self) -> int:
-        """Dupefilter fingerprints neither queued nor matched to a stored page: pages
-        (fetched, or lost in flight) that workers fetch again if a link leads there."""
-        if self.fingerprints == "crawl":
-            return 0
-        return max(0, self.dupefilter - self.queued_in_dupefilter - self.stored_in_dupefilter)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "unaccounted": self.unaccounted}
-
-    def text(self) -> str:
-        verb = "would import" if self.dry_run else "imported"
-        lines = [
-            f"queue {self.queue_key} ({self.queue_type}): {self.members} requests; {verb}: "
-            f"{self.queued} queued, {self.seen} already seen, {self.dead} dead-lettered, "
-            f"{self.already_imported} skipped (imported before), {self.full} over the "
-            "pending cap",
-            f"dupefilter: {self.dupefilter} fingerprints ({self.fingerprints}); "
-            f"{self.converted} copied to the seen-set",
-        ]
-        if self.seen_urls:
-            lines.append(
-                f"seen-set rebuilt from {self.seen_urls} stored URLs: {self.seen_added} new, "
-                f"{self.stored_in_dupefilter} of them in the dupefilter"
-            )
-        if self.unaccounted and not self.dry_run:
-            lines.append(
-                f"{self.unaccounted} dupefilter fingerprints match no queued or stored URL: "
-                "those pages are fetched again if a link leads there"
-            )
-        return "\n".join(lines + [f"note: {n}" for n in self.notes])
 
 
 class Importer:
@@ -479,160 +417,3 @@ def _pages(items: Iterable[str]) -> Iterator[list[str]]:
             page = []
     if page:
         yield page
-
-
-# ---------------------------------------------------------------------- command
-
-
-def _mongo_urls(uri: str, collection: str, url_field: str) -> Callable[[], Iterator[str]]:
-    """The URLs of the documents of ``[DATABASE.]COLLECTION`` (the URI's database if none is
-    named): where a scrapy-redis project stored its items in MongoDB."""
-
-    def read() -> Iterator[str]:
-        import pymongo
-
-        database, _, name = collection.rpartition(".")
-        client: pymongo.MongoClient[Any] = pymongo.MongoClient(uri, serverSelectionTimeoutMS=10_000)
-        try:
-            db = client[database] if database else client.get_default_database()
-            projection = {url_field: 1, "_id": 0}
-            for doc in db[name].find({}, projection, batch_size=PAGE):
-                url = doc.get(url_field)
-                if isinstance(url, str):
-                    yield url
-        finally:
-            client.close()
-
-    return read
-
-
-def cmd_import_scrapy_redis(args: argparse.Namespace, ctx: Any) -> int:
-    """Exit 0 when every request was imported (or seen), 1 when some were dead-lettered or
-    left over the pending cap, or the import was refused (nothing written)."""
-    from pymongo.errors import PyMongoError
-
-    from distcrawl.cli._common import (
-        EXIT_OK,
-        EXIT_PARTIAL,
-        UsageError,
-        _emit_json,
-        _project_settings,
-    )
-
-    settings = _project_settings(args.set or [])
-    given = {
-        "SCHEDULER_QUEUE_KEY": args.queue_key,
-        "SCHEDULER_DUPEFILTER_KEY": args.dupefilter_key,
-        "SCHEDULER_SERIALIZER": args.serializer,
-        "REDIS_ITEMS_KEY": args.items_key,
-    }
-    for name, value in given.items():
-        if value:
-            settings.set(name, value, priority="cmdline")
-    mongo = None
-    if args.mongo_collection:
-        if not args.mongo_uri:
-            raise UsageError("--mongo-collection needs --mongo-uri URI (or $MONGO_URI)")
-        mongo = _mongo_urls(args.mongo_uri, args.mongo_collection, args.url_field)
-    try:
-        producer = Producer(lambda: ctx.client, args.spider, settings, namespace=args.namespace)
-    except (ConfigError, ProducerError, ValueError) as exc:  # ValueError: a bad --namespace
-        raise UsageError(str(exc)) from None
-    try:
-        importer = Importer(
-            producer,
-            Source.from_settings(settings, args.spider),
-            trust_pickle=args.trust_pickle,
-            move=args.move,
-            dry_run=args.dry_run,
-            rebuild_seen=args.rebuild_seen or mongo is not None,
-            url_field=args.url_field,
-            mongo=mongo,
-        )
-        report = importer.run()
-    except ProducerError as exc:  # the spider is not in SPIDER_MODULES, layouts disagree
-        raise UsageError(str(exc)) from None
-    except ImportRefused as exc:
-        print(f"refused: {exc}", file=sys.stderr)
-        return EXIT_PARTIAL
-    except PyMongoError as exc:
-        secrets = url_secrets(args.mongo_uri or "")
-        print(f"error: MongoDB: {redact_text(str(exc), secrets)}", file=sys.stderr)
-        return EXIT_PARTIAL
-    if ctx.as_json:
-        _emit_json(report.as_dict())
-    else:
-        print(report.text())
-    return EXIT_PARTIAL if (report.dead or report.full) and not args.dry_run else EXIT_OK
-
-
-def add_parser(commands: Any, common: argparse.ArgumentParser) -> None:
-    """``distcrawl import scrapy-redis SPIDER``, registered by cli.py."""
-    group: argparse.ArgumentParser = commands.add_parser(
-        "import",
-        parents=[common],
-        help="carry another crawler's frontier over",
-        description="Carry another crawler's frontier over.",
-    )
-    sources = group.add_subparsers(dest="import_source", required=True, metavar="SOURCE")
-    text = (
-        "import a scrapy-redis crawl: its queued requests into distcrawl's queue, its "
-        "seen-set where it converts (or rebuilt from stored pages); run it again to resume"
-    )
-    sub = sources.add_parser("scrapy-redis", parents=[common], help=text, description=text)
-    sub.add_argument(
-        "spider",
-        metavar="SPIDER",
-        help="the spider: %%(spider)s of the scrapy-redis keys, and the project's spider "
-        "(SPIDER_MODULES) whose callbacks the requests name",
-    )
-    sub.add_argument("--namespace", metavar="NS", help="DISTCRAWL_NAMESPACE, if not SPIDER")
-    sub.add_argument(
-        "-s",
-        "--set",
-        action="append",
-        metavar="NAME=VALUE",
-        help="a project setting, as on `scrapy crawl`; repeatable",
-    )
-    for option, setting in (
-        ("--queue-key", "SCHEDULER_QUEUE_KEY"),
-        ("--dupefilter-key", "SCHEDULER_DUPEFILTER_KEY"),
-        ("--serializer", "SCHEDULER_SERIALIZER"),
-        ("--items-key", "REDIS_ITEMS_KEY"),
-    ):
-        sub.add_argument(option, metavar="VALUE", help=f"default: the project's {setting}")
-    sub.add_argument(
-        "--trust-pickle",
-        action="store_true",
-        help="decode a pickled queue (scrapy-redis' default): unpickling runs code, so only "
-        "if nothing but your own crawlers could write to this Redis",
-    )
-    sub.add_argument(
-        "--move",
-        action="store_true",
-        help="rename the queue to <ns>:import:queue first (needed when its name is one of "
-        "distcrawl's keys, as <spider>:requests is), delete it and the dupefilter when done",
-    )
-    sub.add_argument("--dry-run", action="store_true", help="print counts, write nothing")
-    sub.add_argument(
-        "--rebuild-seen",
-        action="store_true",
-        help="mark the pages scrapy-redis stored (the items key, --mongo-collection) as seen: "
-        "its fingerprints cannot be converted",
-    )
-    sub.add_argument(
-        "--url-field", default="url", metavar="NAME", help="the items' URL field (default url)"
-    )
-    sub.add_argument(
-        "--mongo-uri",
-        default=os.environ.get("MONGO_URI"),
-        metavar="URI",
-        # never %(default)s: $MONGO_URI may hold a password
-        help="MongoDB of --mongo-collection (default: $MONGO_URI)",
-    )
-    sub.add_argument(
-        "--mongo-collection",
-        metavar="[DB.]NAME",
-        help="also mark the URLs of this collection's documents seen (implies --rebuild-seen)",
-    )
-    sub.set_defaults(handler=cmd_import_scrapy_redis)

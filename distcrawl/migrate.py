@@ -37,7 +37,7 @@ from typing import Any
 
 import redis
 
-from distcrawl.connection import auth_refusal, is_cluster, make_redis, node_info
+from distcrawl.connection import is_cluster, make_redis, node_info
 from distcrawl.frontier import Frontier
 from distcrawl.keys import FrontierKeys
 from distcrawl.redact import redact_text, redact_url, url_secrets
@@ -397,10 +397,10 @@ def cmd_migrate(args: argparse.Namespace, ctx: Any) -> int:
     from distcrawl.cli._common import (
         EXIT_OK,
         EXIT_PARTIAL,
-        EXIT_UNREACHABLE,
         UsageError,
         _cluster_option,
         _emit_json,
+        redis_failure,
     )
 
     target_url: str = args.to
@@ -418,16 +418,7 @@ def cmd_migrate(args: argparse.Namespace, ctx: Any) -> int:
 
     def failed(exc: redis.RedisError) -> int:
         """As the other commands report a Redis error (cli.main), naming the side."""
-        reason = scrub(str(exc)) or type(exc).__name__
-        refusal = auth_refusal(exc)
-        if refusal is not None:
-            print(f"error: {refusal} at {where}: {reason}", file=sys.stderr)
-            return EXIT_PARTIAL
-        if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
-            print(f"error: cannot reach Redis at {where}: {reason}", file=sys.stderr)
-            return EXIT_UNREACHABLE
-        print(f"error: Redis at {where}: {reason}", file=sys.stderr)
-        return EXIT_PARTIAL
+        return redis_failure(exc, where, scrub)
 
     try:
         target = make_redis(target_url, cluster=to_cluster)

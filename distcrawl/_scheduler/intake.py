@@ -17,6 +17,7 @@ from typing import Any
 
 from scrapy import Request, Spider
 
+from distcrawl import entries
 from distcrawl._scheduler.report import Reporter
 from distcrawl.batch import refused_scheme
 from distcrawl.config import DistcrawlConfig
@@ -24,7 +25,7 @@ from distcrawl.dupefilter import RedisDupeFilter
 from distcrawl.frontier import Entry, EntryKind, bad_slot, dead_letter
 from distcrawl.politeness import slot_of
 from distcrawl.serialize import RequestCodec, SerializationError
-from distcrawl.start_urls import InvalidEntry, parse_entry, request_from_entry
+from distcrawl.start_urls import InvalidEntry
 
 #: the scheduler's logger: these are its messages, filtered and configured as such
 logger = logging.getLogger("distcrawl.scheduler")
@@ -140,19 +141,8 @@ class Intake:
         spider hook failing on it, must not stop the others."""
         assert self.codec is not None
         try:
-            data = parse_entry(
-                raw,
-                max_bytes=self.config.start_url_max_bytes,
-                schemes=self.config.allowed_schemes,
-                start_meta_keys=self.config.start_meta_keys,
-            ).data
-            make = getattr(self.spider, "make_request_from_data", None)
-            request = make(data) if callable(make) else request_from_entry(data)
-            if not isinstance(request, Request):
-                raise InvalidEntry(f"make_request_from_data returned {type(request).__name__}")
-            why = refused_scheme(request.url, self.config.allowed_schemes)
-            if why is not None:  # the spider's hook may have made another URL of the entry
-                raise InvalidEntry(why)
+            data = entries.entry_data(raw, self.config)
+            request = entries.spider_request(self.spider, data, self.config.allowed_schemes)
             fp = b""
             if not request.dont_filter and self.df is not None:
                 fp = self.df.fingerprint(request)

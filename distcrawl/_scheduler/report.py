@@ -152,13 +152,9 @@ class Reporter:
         r = res.requeue
         if r is None:
             return
-        if r.requeued - r.released:
-            logger.info(
-                "Requeued %d requests whose leases expired",
-                r.requeued - r.released,
-                extra={"spider": self.spider},
-            )
-            self._inc("distcrawl/lease_expired", r.requeued - r.released)
+        expired = r.requeued - r.released
+        self._tell(logging.INFO, expired, "Requeued %d requests whose leases expired")
+        self._inc("distcrawl/lease_expired", expired)
         if r.dead_workers:
             logger.warning(
                 "%d workers stopped sending liveness beats for %.0fs: %d of their leases "
@@ -170,43 +166,41 @@ class Reporter:
             )
             self._inc("distcrawl/dead_workers", r.dead_workers)
             self._inc("distcrawl/dead_worker_released", r.released)
-        if r.unclaimed:
-            logger.warning(
-                "%d start URLs claimed by workers no longer alive given back to start_urls",
-                r.unclaimed,
-                extra={"spider": self.spider},
-            )
-            self._inc("distcrawl/start_urls/reclaimed", r.unclaimed)
-        if r.orphans:
-            logger.warning(
-                "%d leases had no request record (Redis lost data, or it was edited): removed",
-                r.orphans,
-                extra={"spider": self.spider},
-            )
-            self._inc("distcrawl/orphan_leases", r.orphans)
+        self._tell(
+            logging.WARNING,
+            r.unclaimed,
+            "%d start URLs claimed by workers no longer alive given back to start_urls",
+        )
+        self._inc("distcrawl/start_urls/reclaimed", r.unclaimed)
+        self._tell(
+            logging.WARNING,
+            r.orphans,
+            "%d leases had no request record (Redis lost data, or it was edited): removed",
+        )
+        self._inc("distcrawl/orphan_leases", r.orphans)
 
     def lease(self, lease: LeaseResult) -> None:
         """Tell what a lease found besides requests: due retries, and what is wrong."""
         self._inc("distcrawl/retry/due", lease.released)
-        if lease.quarantined:
-            logger.error(
-                "%d malformed queue entries moved to the dead letters",
-                lease.quarantined,
-                extra={"spider": self.spider},
-            )
-        if lease.missing_retries:
-            logger.warning(
-                "%d retries were due but their records were gone (Redis lost data?)",
-                lease.missing_retries,
-                extra={"spider": self.spider},
-            )
-            self._inc("distcrawl/retry/missing", lease.missing_retries)
-        if lease.rearmed:
-            logger.warning(
-                "%d queued slots were missing from the ready set: armed again",
-                lease.rearmed,
-                extra={"spider": self.spider},
-            )
+        self._tell(
+            logging.ERROR, lease.quarantined, "%d malformed queue entries moved to the dead letters"
+        )
+        self._tell(
+            logging.WARNING,
+            lease.missing_retries,
+            "%d retries were due but their records were gone (Redis lost data?)",
+        )
+        self._inc("distcrawl/retry/missing", lease.missing_retries)
+        self._tell(
+            logging.WARNING,
+            lease.rearmed,
+            "%d queued slots were missing from the ready set: armed again",
+        )
+
+    def _tell(self, level: int, count: int, message: str) -> None:
+        """Log ``message`` (``%d``: the count) at ``level`` when ``count`` is not 0."""
+        if count:
+            logger.log(level, message, count, extra={"spider": self.spider}, stacklevel=2)
 
     def _inc(self, key: str, count: int = 1) -> None:
         if count and self.stats is not None:

@@ -36,8 +36,8 @@ from distcrawl.cli._common import (
     _project_settings,
     default_redis_url,
     global_options,
+    redis_failure,
 )
-from distcrawl.connection import auth_refusal
 
 __all__ = [
     "EXIT_FULL",
@@ -70,10 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
     _crawl.add_parsers(commands, common)
     _dead.add_parsers(commands, common)
     _admin.add_parsers(commands, common)
-    from distcrawl import importer, migrate, scrapyd
+    from distcrawl import migrate, scrapyd
+    from distcrawl.cli import _import
 
     scrapyd.add_parser(commands, common, _admin.cmd_scrapyd)
-    importer.add_parser(commands, common)
+    _import.add_parser(commands, common)
     migrate.add_parser(commands, common)
     return parser
 
@@ -98,15 +99,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"distcrawl: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except redis.RedisError as exc:
-        reason = ctx.scrub(str(exc)) or type(exc).__name__
-        refusal = auth_refusal(exc)
-        if refusal is not None:  # a ConnectionError to redis-py, but no network problem
-            print(f"error: {refusal} at {ctx.shown_url}: {reason}", file=sys.stderr)
-            return EXIT_PARTIAL
-        if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
-            print(f"error: cannot reach Redis at {ctx.shown_url}: {reason}", file=sys.stderr)
-            return EXIT_UNREACHABLE
-        print(f"error: Redis at {ctx.shown_url}: {reason}", file=sys.stderr)
-        return EXIT_PARTIAL
+        return redis_failure(exc, ctx.shown_url, ctx.scrub)
     finally:
         ctx.close()

@@ -18,6 +18,7 @@ from distcrawl.cli._common import (
     _project_settings,
     _spider,
     command_maker,
+    env_option,
 )
 from distcrawl.config import ConfigError
 from distcrawl.keys import FrontierKeys
@@ -222,13 +223,7 @@ def add_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
         "replay", parents=[common], help=replay_help, description=replay_help
     )
     replay.add_argument("files", nargs="+", metavar="FILE", help="spill file (.jsonl)")
-    replay.add_argument(
-        "--mongo-uri",
-        default=os.environ.get("MONGO_URI"),
-        metavar="URI",
-        # never %(default)s: $MONGO_URI may hold a password
-        help="MongoDB to write to (default: $MONGO_URI)",
-    )
+    env_option(replay, "--mongo-uri", "MONGO_URI", metavar="URI", help="MongoDB to write to")
     replay.add_argument(
         "--database", metavar="NAME", help="write here instead of the database in each record"
     )

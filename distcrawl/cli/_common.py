@@ -21,7 +21,7 @@ from scrapy.settings import BaseSettings, Settings
 from scrapy.utils.project import get_project_settings, inside_project
 
 from distcrawl.config import DEFAULT_REDIS_URL, ConfigError, cluster_mode
-from distcrawl.connection import is_cluster, make_redis
+from distcrawl.connection import auth_refusal, is_cluster, make_redis
 from distcrawl.frontier import Frontier
 from distcrawl.keys import FrontierKeys
 from distcrawl.producer import Producer
@@ -105,6 +105,22 @@ class Context:
 
 
 # ---------------------------------------------------------------------- helpers
+
+
+def redis_failure(exc: redis.RedisError, where: str, scrub: Callable[[str], str]) -> int:
+    """Print a Redis error as every command reports one (refused credentials, Redis out of
+    reach, any other error), naming ``where`` (the URL shown, or which side); the exit
+    code. ``scrub`` hides the secrets of the URLs in the message."""
+    reason = scrub(str(exc)) or type(exc).__name__
+    refusal = auth_refusal(exc)
+    if refusal is not None:  # a ConnectionError to redis-py, but no network problem
+        print(f"error: {refusal} at {where}: {reason}", file=sys.stderr)
+        return EXIT_PARTIAL
+    if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
+        print(f"error: cannot reach Redis at {where}: {reason}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    print(f"error: Redis at {where}: {reason}", file=sys.stderr)
+    return EXIT_PARTIAL
 
 
 def _spider(value: str) -> FrontierKeys:
@@ -221,6 +237,16 @@ def _project_settings(overrides: list[str]) -> BaseSettings:
 
 
 Handler = Callable[[argparse.Namespace, Context], int]
+
+
+def env_option(
+    parser: argparse.ArgumentParser, option: str, env: str, *, metavar: str, help: str
+) -> None:
+    """An option whose default is ``$env``: its help names the variable, never the value
+    (``%(default)s`` would print a password)."""
+    parser.add_argument(
+        option, default=os.environ.get(env), metavar=metavar, help=f"{help} (default: ${env})"
+    )
 
 
 def global_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:

@@ -14,7 +14,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from distcrawl.cli._common import EXIT_OK, EXIT_PARTIAL, EXIT_UNREACHABLE, _positive_int
+from distcrawl.cli._common import (
+    EXIT_OK,
+    EXIT_PARTIAL,
+    EXIT_UNREACHABLE,
+    _positive_int,
+    env_option,
+)
 from distcrawl.cli._common import _emit_json as _emit
 from distcrawl.scrapyd._egg import build_egg, egg_settings_module, project_root
 from distcrawl.scrapyd._jobs import Job, _close_reason, _matches, list_jobs, schedule
@@ -286,19 +292,9 @@ def add_parser(
         help=f"Scrapyd nodes: URLs or scrapy.cfg deploy target names (default: ${NODES_ENV})",
     )
     nodes.add_argument("--project", metavar="NAME", help="default: the scrapy.cfg [deploy] project")
-    nodes.add_argument(
-        "--username",
-        default=os.environ.get("SCRAPYD_USERNAME"),
-        metavar="USER",
-        help="HTTP auth of the nodes (default: $SCRAPYD_USERNAME)",
-    )
-    nodes.add_argument(
-        "--password",
-        default=os.environ.get("SCRAPYD_PASSWORD"),
-        metavar="PASSWORD",
-        # never %(default)s
-        help="HTTP auth of the nodes (default: $SCRAPYD_PASSWORD)",
-    )
+    auth = "HTTP auth of the nodes"
+    env_option(nodes, "--username", "SCRAPYD_USERNAME", metavar="USER", help=auth)
+    env_option(nodes, "--password", "SCRAPYD_PASSWORD", metavar="PASSWORD", help=auth)
 
     def action(name: str, func: Any, help_text: str) -> argparse.ArgumentParser:
         sub: argparse.ArgumentParser = actions.add_parser(

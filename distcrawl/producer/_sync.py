@@ -1,44 +1,12 @@
-"""Feed and watch a crawl from Python: :class:`Producer` and :class:`AsyncProducer`.
-
-Without this, a web app or a task queue feeds a crawl with ``r.lpush("site:start_urls", url)``
-and learns only later, from the dead letters, that an entry was bad or that the crawl was
-full. A Producer checks each entry exactly as a worker does (the same functions, with the
-crawl's settings and the spider's own ``make_request_from_data``) and tells the caller, per
-entry, what happened: :class:`Outcome`.
-
-Two targets:
-
-``"queue"`` (default)
-    The producer stores the request itself, through the frontier's commit script, as a worker
-    stores the request it makes of a ``start_urls`` entry: the seen-set check is atomic with
-    the push, so pushing the same URL again (a task retried after a lost reply) is a no-op
-    that reports :attr:`Outcome.SEEN`, and an entry over ``DISTCRAWL_MAX_PENDING`` is
-    reported :attr:`Outcome.FULL` instead of waiting unseen. The spider class must be
-    importable (``SPIDER_MODULES`` of the settings), its requests are encoded with the
-    crawl's serializer and fingerprinter, and the frontier's layout record (layout.py) is
-    checked first. It needs the worker's Redis permissions (``distcrawl acl``).
-``"start_urls"``
-    The producer LPUSHes each valid entry to ``<ns>:start_urls``, like ``distcrawl push``: no
-    spider code needed, only the producer's ACL user, and the workers make the request (and
-    drop a duplicate); the outcome is :attr:`Outcome.ACCEPTED`, never ``SEEN``.
-
-Settings are Scrapy settings: ``get_project_settings()`` (``scrapy.cfg`` or
-``SCRAPY_SETTINGS_MODULE``) unless given, with the spider's ``custom_settings`` applied as
-``scrapy crawl`` applies them, parsed once into a :class:`~distcrawl.config.DistcrawlConfig`.
-"""
+"""The synchronous :class:`Producer`: its settings and spider, connection, pushing to either
+target, and watching the crawl (status, idleness, dead letters)."""
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
-from enum import Enum
-from functools import partial
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 import redis
 from scrapy import Request, Spider
@@ -47,7 +15,7 @@ from scrapy.spiderloader import get_spider_loader
 from scrapy.utils.project import get_project_settings
 
 from distcrawl import dashboard, deadletter
-from distcrawl.config import ConfigError, DistcrawlConfig
+from distcrawl.config import DistcrawlConfig
 from distcrawl.connection import is_cluster, make_redis
 from distcrawl.dupefilter import FINGERPRINT_BYTES
 from distcrawl.entries import (
@@ -60,72 +28,29 @@ from distcrawl.entries import (
     fields_of,
     push_key,
 )
-from distcrawl.frontier import Entry, Frontier, Politeness
+from distcrawl.frontier import Frontier
 from distcrawl.keys import FrontierKeys
-from distcrawl.politeness import politeness
-from distcrawl.redact import redact_url
+from distcrawl.producer._commit import Committer
+from distcrawl.producer._results import (
+    Outcome,
+    ProducerError,
+    PushResult,
+    RedriveResult,
+    _url_of,
+    dead_record,
+)
 from distcrawl.serialize import RequestCodec
 from distcrawl.start_urls import validate_url
 
 if TYPE_CHECKING:
     from scrapy.utils.request import RequestFingerprinterProtocol
 
-logger = logging.getLogger(__name__)
-
-T = TypeVar("T")
+#: the package's name, as before it was split (logging configurations name it)
+logger = logging.getLogger("distcrawl.producer")
 
 TARGETS = ("queue", "start_urls")
-#: how long a pending cap published by the workers (``<ns>:settings``) is trusted
-CAP_TTL = 5.0
-#: entries of the commits sent in one pipeline by push_many (in batches of
-#: DISTCRAWL_PUSH_BATCH_SIZE): one round trip each, without holding Redis for long at a time
-PIPELINE_ENTRIES = 4000
 #: entries per LPUSH inside the one start_urls pipeline
 LPUSH_CHUNK = 1000
-
-
-class Outcome(str, Enum):
-    """What happened to one pushed entry."""
-
-    #: stored in the frontier's queue (target "queue")
-    QUEUED = "queued"
-    #: pushed to ``<ns>:start_urls`` (target "start_urls"); a worker makes the request
-    ACCEPTED = "accepted"
-    #: the URL's fingerprint is in the seen-set: nothing stored (a re-sent push is a no-op)
-    SEEN = "seen"
-    #: the entry can never become a request; ``reason`` says why, as a dead letter would
-    REFUSED = "refused"
-    #: the crawl is at DISTCRAWL_MAX_PENDING: nothing stored, push again later
-    FULL = "full"
-
-
-@dataclass(frozen=True)
-class PushResult:
-    outcome: Outcome
-    #: the URL of the request (None when the entry did not parse)
-    url: str | None = None
-    reason: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        """Whether the URL is, or already was, in the crawl's hands."""
-        return self.outcome in (Outcome.QUEUED, Outcome.ACCEPTED, Outcome.SEEN)
-
-    def as_dict(self) -> dict[str, Any]:
-        """For JSON and task results: the URL redacted (a URL may carry a password)."""
-        url = None if self.url is None else redact_url(self.url)
-        return {"outcome": self.outcome.value, "url": url, "reason": self.reason}
-
-
-@dataclass(frozen=True)
-class RedriveResult:
-    redriven: int
-    #: matching records that hold no request to re-drive
-    not_redrivable: int
-
-
-class ProducerError(RuntimeError):
-    """The producer cannot push for this crawl (spider not found, layout disagreement)."""
 
 
 def _settings(settings: BaseSettings | Mapping[str, Any] | None) -> Settings:
@@ -200,8 +125,7 @@ class Producer:
         self._frontier: Frontier | None = None
         self._maker: EntryMaker | None = None
         self._objects: EntryMaker | None = None
-        self._cap: tuple[float, int] | None = None
-        self._sending: ThreadPoolExecutor | None = None
+        self._committer = Committer(self.config, lambda: self.frontier)
         #: the room the pending cap left at the last push to start_urls (None: no cap)
         self.last_room: int | None = None
 
@@ -253,9 +177,7 @@ class Producer:
         return self._frontier
 
     def close(self) -> None:
-        if self._sending is not None:
-            self._sending.shutdown(wait=True)
-            self._sending = None
+        self._committer.close()
         if self._client is not None:
             self._client.close()
         self._client = self._frontier = None
@@ -331,7 +253,7 @@ class Producer:
                 except Refused as exc:
                     yield PushResult(Outcome.REFUSED, _url_of(item), str(exc))
 
-        return self._store(made())
+        return self._committer.store(made())
 
     def push_requests(self, requests: Iterable[Mapping[str, Any]]) -> list[PushResult]:
         """Store requests given as dicts of Scrapy's ``Request.to_dict`` (another frontier's
@@ -353,47 +275,7 @@ class Producer:
                 except Refused as exc:
                     yield PushResult(Outcome.REFUSED, _url_of(data), str(exc))
 
-        return self._store(made())
-
-    def _store(self, made: Iterable[Made | PushResult]) -> list[PushResult]:
-        """Commit the made entries in batches of DISTCRAWL_PUSH_BATCH_SIZE, several batches
-        per pipeline; a result per input, in order (refusals are passed through)."""
-        results: list[PushResult | None] = []
-        batch: list[tuple[int, str, Entry]] = []
-        depth = max(1, PIPELINE_ENTRIES // self.config.push_batch_size)
-        pending: list[list[tuple[int, str, Entry]]] = []
-        sending: Future[None] | None = None
-        try:
-            for one in made:
-                at = len(results)
-                if isinstance(one, PushResult):
-                    results.append(one)
-                    continue
-                results.append(None)
-                batch.append((at, one.url, one.entry))
-                if len(batch) >= self.config.push_batch_size:
-                    pending.append(batch)
-                    batch = []
-                    if len(pending) >= depth:
-                        # Redis runs these scripts while this thread prepares the next ones
-                        if sending is not None:
-                            sending.result()
-                        sending = self._sender().submit(self._commit, pending, results)
-                        pending = []
-        finally:
-            if sending is not None:
-                sending.result()
-        if batch:
-            pending.append(batch)
-        if pending:
-            self._commit(pending, results)
-        return [r for r in results if r is not None]
-
-    def _sender(self) -> ThreadPoolExecutor:
-        """The thread that sends a long push_many's pipelines (made on first need)."""
-        if self._sending is None:
-            self._sending = ThreadPoolExecutor(1, thread_name_prefix="distcrawl-push")
-        return self._sending
+        return self._committer.store(made())
 
     @property
     def fingerprinter(self) -> RequestFingerprinterProtocol:
@@ -438,69 +320,6 @@ class Producer:
                 )
             self._maker = maker
         return self._maker
-
-    def _politeness(self) -> Politeness:
-        """The caps of the producer's commits: the crawl's pending cap (the setting, else
-        what the workers published) and no per-slot cap (start URLs are not held there)."""
-        cap = self.config.max_pending
-        if cap is None:
-            now = time.monotonic()
-            if self._cap is None or now - self._cap[0] > CAP_TTL:
-                published = self.frontier.client.hget(self.frontier.keys.settings, "max_pending")
-                self._cap = (now, int(published or 0))
-            cap = self._cap[1]
-        return Politeness(
-            max_pending=cap or 0,
-            max_pending_per_slot=0,
-            keep_priority=politeness(self.config).keep_priority,
-        )
-
-    def _commit(
-        self, batches: Sequence[Sequence[tuple[int, str, Entry]]], results: list[PushResult | None]
-    ) -> None:
-        frontier = self.frontier
-        frontier.politeness = self._politeness()
-        if frontier.bloom is not None:
-            # the Bloom filter may have to read or grow its state around each commit
-            replies = [frontier.commit([], [e for _, _, e in b], positions=True) for b in batches]
-        else:
-            replies = self._pipelined(
-                [frontier.commit_op([], [e for _, _, e in b], positions=True) for b in batches]
-            )
-        for batch, reply in zip(batches, replies, strict=True):
-            dropped = {p for p in reply.not_stored}
-            for i, (at, url, _) in enumerate(batch):
-                if i in dropped:
-                    results[at] = PushResult(Outcome.SEEN, url)
-                elif -i - 1 in dropped:
-                    results[at] = PushResult(Outcome.FULL, url, "DISTCRAWL_MAX_PENDING reached")
-                else:
-                    results[at] = PushResult(Outcome.QUEUED, url)
-
-    def _pipelined(self, ops: list[Any]) -> list[Any]:
-        """Commit ops as EVALSHA in one pipeline (as the workers' batch runner sends them),
-        loading the scripts and sending again what a restarted server refused (NOSCRIPT)."""
-        frontier = self.frontier
-        sha = frontier.scripts.commit.sha
-        replies: list[Any] = [None] * len(ops)
-        todo = list(range(len(ops)))
-        for attempt in range(2):
-            commands = [
-                ("EVALSHA", sha, len(ops[i].keys), *ops[i].keys, *ops[i].args) for i in todo
-            ]
-            again = []
-            for i, reply in zip(todo, _execute(frontier.client, commands), strict=True):
-                if isinstance(reply, redis.exceptions.NoScriptError) and attempt == 0:
-                    again.append(i)
-                elif isinstance(reply, Exception):
-                    raise reply
-                else:
-                    replies[i] = ops[i].parse(reply)
-            if not again:
-                break
-            frontier.scripts.load(frontier.client)
-            todo = again
-        return replies
 
     def _push_start_urls(self, entries: Iterable[EntryLike], atomic: bool) -> list[PushResult]:
         results: list[PushResult] = []
@@ -611,166 +430,3 @@ class Producer:
             self.frontier, codec, error=error, domain=domain, source=source, rebuild=rebuild
         )
         return RedriveResult(moved, unusable)
-
-
-def _execute(client: Any, commands: list[tuple[Any, ...]]) -> list[Any]:
-    """The replies to ``commands`` sent in one pipeline, errors as exceptions in the list.
-
-    For a single server, the commands are packed here: redis-py packs a command by
-    appending each argument to a growing buffer, and a commit of 500 entries has 3,000
-    arguments; that packing was a tenth of push_many's time in profiles, on the GIL beside
-    the thread making the next entries. The connection, its retry policy and the reading
-    of the replies are redis-py's, as in ``Pipeline.execute``. A cluster client gets a
-    pipeline (it routes the commands)."""
-    if not isinstance(client, redis.Redis):
-        pipe = client.pipeline(transaction=False)
-        for command in commands:
-            pipe.execute_command(*command)
-        return list(pipe.execute(raise_on_error=False))
-    pool = client.connection_pool
-    conn = pool.get_connection()
-    encoder = conn.encoder
-    packed = [_pack(command, encoder) for command in commands]
-
-    def send() -> list[Any]:
-        conn.send_packed_command(packed)
-        out: list[Any] = []
-        for _ in packed:
-            try:
-                out.append(conn.read_response())
-            except redis.ResponseError as exc:  # this command's error: the others stand
-                out.append(exc)
-        return out
-
-    try:
-        return list(conn.retry.call_with_retry(send, lambda error: conn.disconnect()))
-    finally:
-        pool.release(conn)
-
-
-def _pack(args: Sequence[Any], encoder: Any) -> bytes:
-    """One command in RESP, joined once; arguments encoded as redis-py's Encoder does."""
-    parts = [b"*%d\r\n" % len(args)]
-    for arg in args:
-        if isinstance(arg, bytes):
-            data = arg
-        elif isinstance(arg, str):
-            data = arg.encode(encoder.encoding, encoder.encoding_errors)
-        elif isinstance(arg, int) and not isinstance(arg, bool):
-            data = b"%d" % arg
-        else:
-            data = encoder.encode(arg)  # floats, memoryviews; refuses what Redis cannot take
-        parts += (b"$%d\r\n" % len(data), data, b"\r\n")
-    return b"".join(parts)
-
-
-def dead_record(raw: bytes) -> dict[str, Any]:
-    """The stored record, or (for something else LPUSHed there) its text as ``raw``."""
-    text = raw.decode("utf-8", errors="backslashreplace")
-    try:
-        record = json.loads(text)
-    except json.JSONDecodeError:
-        record = None
-    if not isinstance(record, dict):
-        return {"reason": "not a dead-letter record", "source": None, "raw": text}
-    return record
-
-
-def _url_of(item: Any) -> str | None:
-    if isinstance(item, Mapping):
-        url = item.get("url")
-        return url if isinstance(url, str) else None
-    if isinstance(item, str) and not item.lstrip().startswith("{"):
-        return item.strip()
-    return None
-
-
-class AsyncProducer:
-    """A :class:`Producer` for asyncio apps (FastAPI, aiohttp): every Redis call runs on the
-    producer's own thread, never on the event loop, one at a time (the Producer keeps state
-    between calls); waits happen on the loop. Same arguments as :class:`Producer`."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._init(Producer(*args, **kwargs))
-
-    def _init(self, producer: Producer) -> None:
-        self.producer = producer
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="distcrawl")
-
-    @classmethod
-    def from_url(
-        cls, redis_url: str | None = None, spider: str = "site", settings: Any = None, **kwargs: Any
-    ) -> AsyncProducer:
-        self = cls.__new__(cls)
-        self._init(Producer.from_url(redis_url, spider, settings, **kwargs))
-        return self
-
-    async def _run(self, func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, partial(func, *args, **kwargs))
-
-    async def push(
-        self,
-        url: str,
-        priority: int = 0,
-        meta: Mapping[str, Any] | None = None,
-        callback: str | None = None,
-        **kwargs: Any,
-    ) -> PushResult:
-        return await self._run(self.producer.push, url, priority, meta, callback, **kwargs)
-
-    async def push_many(self, entries: Iterable[EntryLike], **kwargs: Any) -> list[PushResult]:
-        items = list(entries)  # iterated here, not on the thread
-        return await self._run(self.producer.push_many, items, **kwargs)
-
-    async def status(self, stale_after: float = dashboard.STALE_AFTER) -> dict[str, Any]:
-        return await self._run(self.producer.status, stale_after)
-
-    async def idle(self) -> bool:
-        return await self._run(self.producer.idle)
-
-    async def wait_until_idle(self, timeout: float, poll: float = 0.25) -> None:
-        """As :meth:`Producer.wait_until_idle`; the event loop runs while it waits."""
-        deadline = time.monotonic() + timeout
-        before = False
-        while True:
-            now = await self.idle()
-            if now and before:
-                return
-            before = now
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(
-                    f"crawl {self.producer.keys.namespace!r} not idle after {timeout}s"
-                )
-            await asyncio.sleep(min(poll, left))
-
-    async def dead_letters(self, limit: int = 20) -> list[dict[str, Any]]:
-        return await self._run(self.producer.dead_letters, limit)
-
-    async def dead_count(self) -> int:
-        return await self._run(self.producer.dead_count)
-
-    async def redrive(self, **kwargs: Any) -> RedriveResult:
-        return await self._run(self.producer.redrive, **kwargs)
-
-    async def aclose(self) -> None:
-        await self._run(self.producer.close)
-        self._executor.shutdown(wait=False)
-
-    async def __aenter__(self) -> AsyncProducer:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-
-__all__ = [
-    "AsyncProducer",
-    "ConfigError",
-    "Outcome",
-    "Producer",
-    "ProducerError",
-    "PushResult",
-    "RedriveResult",
-]
