@@ -15,7 +15,7 @@ from typing import Any
 
 from distcrawl.connection import execute_timed
 from distcrawl.frontier import Frontier
-from distcrawl.seen import BloomState
+from distcrawl.frontier_admin import SIZE_REPLIES, read_sizes, sizes_of
 
 #: a worker whose last liveness beat is older than this is reported as stale (dead or stuck);
 #: the workers' own default timeout, after which they reap each other
@@ -26,46 +26,27 @@ SPARKS = "▁▂▃▄▅▆▇█"
 def snapshot(frontier: Frontier, stale_after: float = STALE_AFTER) -> dict[str, Any]:
     k = frontier.keys
     pipe = frontier.client.pipeline(transaction=False)
-    pipe.zcard(k.queue)
+    read_sizes(pipe, k)
     pipe.zcard(k.ready)
-    pipe.zcard(k.leases)
-    pipe.zcard(k.delayed)
-    pipe.scard(k.seen)
-    pipe.hgetall(k.bloom)
-    pipe.llen(k.start_urls)
-    pipe.llen(k.dead)
     pipe.exists(k.paused)
     pipe.hgetall(k.stats)
     pipe.hgetall(k.workers)
     pipe.zrevrange(k.domains, 0, 9, withscores=True)
     pipe.zrange(k.alive, 0, -1, withscores=True)
-    (
-        queue,
-        slots,
-        leased,
-        delayed,
-        seen,
-        bloom,
-        start_urls,
-        dead,
-        paused,
-        totals,
-        workers,
-        domains,
-        alive,
-        server_time,
-    ) = execute_timed(frontier.client, pipe, k.queue)
+    replies = execute_timed(frontier.client, pipe, k.queue)
+    sizes = sizes_of(replies)
+    slots, paused, totals, workers, domains, alive, server_time = replies[SIZE_REPLIES:]
     now = server_time[0] + server_time[1] / 1e6
     return {
         "namespace": k.namespace,
         "time": now,
-        "queue": queue,
+        "queue": sizes["queue"],
         "queue_slots": slots,
-        "leased": leased,
-        "delayed": delayed,
-        "seen": seen + BloomState.parse(bloom).count,
-        "start_urls": start_urls,
-        "dead": dead,
+        "leased": sizes["leased"],
+        "delayed": sizes["delayed"],
+        "seen": sizes["seen"],
+        "start_urls": sizes["start_urls"],
+        "dead": sizes["dead"],
         "paused": bool(paused),
         "totals": {key.decode(): int(value) for key, value in totals.items()},
         "quarantined": int(totals.get(b"quarantined", 0)),

@@ -90,24 +90,9 @@ class FrontierAdmin:
         return sum(int(x) for x in pipe.execute())
 
     def sizes(self) -> dict[str, int]:
-        k = self.keys
         pipe = self.client.pipeline(transaction=False)
-        pipe.zcard(k.queue)
-        pipe.zcard(k.leases)
-        pipe.zcard(k.delayed)
-        pipe.scard(k.seen)
-        pipe.hgetall(k.bloom)
-        pipe.llen(k.start_urls)
-        pipe.llen(k.dead)
-        queue, leases, delayed, seen, bloom, start_urls, dead = pipe.execute()
-        return {
-            "queue": queue,
-            "leased": leases,
-            "delayed": delayed,
-            "seen": seen + BloomState.parse(bloom).count,
-            "start_urls": start_urls,
-            "dead": dead,
-        }
+        read_sizes(pipe, self.keys)
+        return sizes_of(pipe.execute())
 
     def netloc_keys(self) -> list[bytes]:
         """The per-netloc keys (robots.txt and its download lock): found by SCAN, which only
@@ -131,3 +116,33 @@ class FrontierAdmin:
             removed += int(self.client.unlink(*per_netloc[at : at + 1000]))
         fixed = (*self.keys.all(), *part_keys(self.keys, bloom), *self.claim_keys())
         return removed + int(self.client.unlink(*fixed))
+
+
+#: how many replies :func:`read_sizes` adds to a pipeline
+SIZE_REPLIES = 7
+
+
+def read_sizes(pipe: Any, keys: FrontierKeys) -> None:
+    """Queue the reads of the frontier's sizes on ``pipe`` (SIZE_REPLIES replies, which
+    :func:`sizes_of` reads), so that ``status`` can send them with its other reads."""
+    pipe.zcard(keys.queue)
+    pipe.zcard(keys.leases)
+    pipe.zcard(keys.delayed)
+    pipe.scard(keys.seen)
+    pipe.hgetall(keys.bloom)
+    pipe.llen(keys.start_urls)
+    pipe.llen(keys.dead)
+
+
+def sizes_of(replies: list[Any]) -> dict[str, int]:
+    """The sizes from the first SIZE_REPLIES replies of a pipeline :func:`read_sizes` filled:
+    the seen-set counts the Bloom filter's URLs when there is one."""
+    queue, leases, delayed, seen, bloom, start_urls, dead = replies[:SIZE_REPLIES]
+    return {
+        "queue": int(queue),
+        "leased": int(leases),
+        "delayed": int(delayed),
+        "seen": int(seen) + BloomState.parse(bloom).count,
+        "start_urls": int(start_urls),
+        "dead": int(dead),
+    }

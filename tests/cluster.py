@@ -140,6 +140,21 @@ class RedisClusterNodes:
 
     # ------------------------------------------------------------------ slots
 
+    def flush(self) -> None:
+        """Empty every node: a module shares one cluster, each test starts from nothing."""
+        for port in self.ports:
+            node = self.node(port)
+            try:
+                node.flushall()
+            finally:
+                node.close()
+
+    def url_away_from(self, key: str) -> str:
+        """The URL of a master that does not hold ``key``'s slot: a client there must follow
+        MOVED to reach the crawl, as most workers of a real cluster do."""
+        owner = self.owner(self.keyslot(key))
+        return self.url(next(p for p in self.ports if p != owner))
+
     def keyslot(self, key: str | bytes) -> int:
         client = self.node(self.ports[0])
         try:

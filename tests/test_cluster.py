@@ -35,19 +35,13 @@ SITE = FrontierKeys("site", cluster=True)
 @pytest.fixture(autouse=True)
 def empty_cluster(redis_cluster: RedisClusterNodes) -> None:
     """The cluster is shared by the module: each test starts from empty nodes."""
-    for port in redis_cluster.ports:
-        node = redis_cluster.node(port)
-        try:
-            node.flushall()
-        finally:
-            node.close()
+    redis_cluster.flush()
 
 
 @pytest.fixture
 def redis_url(redis_cluster: RedisClusterNodes) -> str:
     """A master that does not hold the crawl's slot: the workers' URL (``workers`` uses it)."""
-    owner = redis_cluster.owner(redis_cluster.keyslot(SITE.start_urls))
-    return redis_cluster.url(next(p for p in redis_cluster.ports if p != owner))
+    return redis_cluster.url_away_from(SITE.start_urls)
 
 
 @pytest.fixture

@@ -31,18 +31,12 @@ TAGGED = FrontierKeys("site", cluster=True)
 @pytest.fixture(autouse=True)
 def empty_cluster(redis_cluster: RedisClusterNodes) -> None:
     """The cluster is shared by the module: each test starts from empty nodes."""
-    for port in redis_cluster.ports:
-        node = redis_cluster.node(port)
-        try:
-            node.flushall()
-        finally:
-            node.close()
+    redis_cluster.flush()
 
 
 @pytest.fixture
 def cluster_url(redis_cluster: RedisClusterNodes) -> str:
-    owner = redis_cluster.owner(redis_cluster.keyslot(TAGGED.start_urls))
-    return redis_cluster.url(next(p for p in redis_cluster.ports if p != owner))
+    return redis_cluster.url_away_from(TAGGED.start_urls)
 
 
 @pytest.fixture

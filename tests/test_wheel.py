@@ -298,17 +298,9 @@ def test_a_new_scrapy_project_crawls_with_two_workers_from_the_wheel(
                 timeout=60,
             )
             assert worker.proc.poll() is None, worker.log()[-3000:]
-        # the installed console script; the URL given, as `distcrawl push` does not read
-        # REDIS_URL from the project's settings.py
-        pushed = run(
-            fresh / "bin" / "distcrawl",
-            "push",
-            "--redis-url",
-            redis_server.url,
-            SPIDER,
-            site.url + "/",
-            cwd=project,
-        )
+        # the installed console script, run in the project as a newcomer would: no
+        # --redis-url and no $REDIS_URL, so it must find the REDIS_URL of settings.py
+        pushed = run(fresh / "bin" / "distcrawl", "push", SPIDER, site.url + "/", cwd=project)
         assert "pushed 1, refused 0" in pushed, pushed
         for worker in pool:  # DISTCRAWL_IDLE_TIMEOUT: they close once the crawl is done
             assert wait_until(lambda w=worker: w.proc.poll() is not None, timeout=60)
