@@ -110,6 +110,7 @@ PYTHON_COMMANDS = (
     "llen",
     "lpush",
     "lrange",
+    "ltrim",
     "multi",
     "scan",
     "scard",
@@ -193,11 +194,14 @@ def worker_commands(cluster: bool = False) -> tuple[str, ...]:
 
 def worker_key_patterns(keys: FrontierKeys) -> tuple[str, ...]:
     """``<ns>:*`` on a single server; on a cluster the hash-tagged names
-    ``{<ns>:start_urls}:*`` and ``<ns>:start_urls`` itself (keys.py)."""
+    ``{<ns>:start_urls}:*`` and ``<ns>:start_urls`` itself (keys.py); and the shards' keys,
+    ``{<ns>:<shard>}:*``, which a crawl may have (DISTCRAWL_SHARDS) on either."""
     namespace = key_pattern(check_token("namespace", keys.namespace))
+    shards = f"{{{namespace}:[0-9]*}}:*"
     if not keys.cluster:
-        return (f"{namespace}:*",)
-    return (f"{key_pattern(keys.prefix)}*", key_pattern(keys.start_urls))
+        return (f"{namespace}:*", shards)
+    crawl = keys.sharded(1)
+    return (f"{key_pattern(crawl.prefix)}*", key_pattern(keys.start_urls), shards)
 
 
 _GLOB = re.compile(r"([*?\[\]\\])")

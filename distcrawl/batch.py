@@ -107,6 +107,11 @@ class Commit:
     split: bool = False
     #: leading entries a split commit has stored so far (a retry goes on from there)
     stored: int = 0
+    #: with shards: the parts stored so far, by part id, with their results (a retry sends
+    #: only the others: the shard's replay check knows only its last commit)
+    parts_done: dict[str, CommitResult] = field(default_factory=dict)
+    #: with shards: its phases of per-shard parts, made once (shards.py, ``Shards.plan``)
+    phases: list[list[Any]] | None = None
 
     @property
     def start_entries(self) -> int:
@@ -210,6 +215,8 @@ class BatchResult:
     unclaimed: int = 0
     #: finished slots whose state the reclaim's sweep forgot (sweep.lua)
     swept: SweepResult | None = None
+    #: dead letters moved from the shards' quarantines to the crawl's (sharded_batch.py)
+    dead_moved: int = 0
     drained: Drained | None = None
     #: the liveness beat that rode along reached Redis
     beat: bool = False

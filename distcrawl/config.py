@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from scrapy.settings import BaseSettings
 
+from distcrawl.keys import MAX_SHARDS
 from distcrawl.lua import SEEN_MODES
 from distcrawl.seen import DEFAULT_CAPACITY, DEFAULT_ERROR_RATE
 
@@ -103,6 +104,13 @@ def _positive(kind: Callable[[Any], T]) -> Callable[[Any], T]:
     return convert
 
 
+def _shard_count(raw: Any) -> int:
+    value = int(raw)
+    if not 1 <= value <= MAX_SHARDS:
+        raise ValueError(f"must be 1 to {MAX_SHARDS}")
+    return value
+
+
 def _at_least(low: float, kind: Callable[[Any], T]) -> Callable[[Any], T]:
     def convert(raw: Any) -> T:
         value = kind(raw)
@@ -179,6 +187,8 @@ class DistcrawlConfig:
     start_meta_keys: tuple[str, ...] = ()
     local_seen_cache: int = 100_000
     seen: str = "set"
+    #: how many shards the frontier is split into (shards.py)
+    shards: int = 1
     bloom_capacity: int = DEFAULT_CAPACITY
     bloom_error_rate: float = DEFAULT_ERROR_RATE
     socket_timeout: float = 10.0
@@ -296,6 +306,7 @@ class DistcrawlConfig:
                 settings, "DISTCRAWL_LOCAL_SEEN_CACHE", cls.local_seen_cache, int
             ),
             seen=seen,
+            shards=_get(settings, "DISTCRAWL_SHARDS", cls.shards, _shard_count),
             bloom_capacity=_get(
                 settings, "DISTCRAWL_BLOOM_CAPACITY", cls.bloom_capacity, _positive(_integer)
             ),

@@ -16,6 +16,7 @@ from typing import Any
 from distcrawl.connection import execute_timed
 from distcrawl.frontier import Frontier
 from distcrawl.frontier_admin import SIZE_REPLIES, read_sizes, sizes_of
+from distcrawl.shards import recorded_shards
 
 #: a worker whose last liveness beat is older than this is reported as stale (dead or stuck);
 #: the workers' own default timeout, after which they reap each other
@@ -37,6 +38,24 @@ def snapshot(frontier: Frontier, stale_after: float = STALE_AFTER) -> dict[str, 
     sizes = sizes_of(replies)
     slots, paused, totals, workers, domains, alive, server_time = replies[SIZE_REPLIES:]
     now = server_time[0] + server_time[1] / 1e6
+    quarantined = int(totals.get(b"quarantined", 0))
+    parts = recorded_shards(frontier.client, k)
+    if parts:
+        # a sharded crawl (DISTCRAWL_SHARDS): the shards hold the requests and their own
+        # counters of quarantined entries; start URLs and dead letters are the crawl's
+        pipe = frontier.client.pipeline(transaction=False)
+        for part in parts:
+            read_sizes(pipe, part)
+            pipe.zcard(part.ready)
+            pipe.hget(part.stats, "quarantined")
+        more = pipe.execute()
+        step = SIZE_REPLIES + 2
+        for at in range(0, len(more), step):
+            part_sizes = sizes_of(more[at : at + step])
+            for name in ("queue", "leased", "delayed", "seen", "dead"):
+                sizes[name] += part_sizes[name]
+            slots += int(more[at + SIZE_REPLIES])
+            quarantined += int(more[at + SIZE_REPLIES + 1] or 0)
     return {
         "namespace": k.namespace,
         "time": now,
@@ -49,7 +68,7 @@ def snapshot(frontier: Frontier, stale_after: float = STALE_AFTER) -> dict[str, 
         "dead": sizes["dead"],
         "paused": bool(paused),
         "totals": {key.decode(): int(value) for key, value in totals.items()},
-        "quarantined": int(totals.get(b"quarantined", 0)),
+        "quarantined": quarantined,
         "workers": _workers(workers, _beats(alive), now, stale_after),
         "domains": [[d.decode(), int(n)] for d, n in domains],
     }

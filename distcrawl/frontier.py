@@ -457,6 +457,12 @@ class Frontier(FrontierAdmin):
         alive (requeue.lua found them lapsed); returns how many entries went back."""
         return self.run(self.unclaim_op("orphans", tags))
 
+    def claimed_op(self, raws: Sequence[bytes]) -> Op[int]:
+        """Take stored start_urls entries out of this worker's claim list (claimed.lua): the
+        step after a commit in a shard, which cannot reach the crawl's claim lists."""
+        keys = self.keys.script_keys("claimed", self.tag)
+        return Op("claimed", keys, [self.tag, *raws], int)
+
     def unclaim_op(self, mode: str, tags: Sequence[str]) -> Op[int]:
         k = self.keys
         keys = [*k.script_keys("unclaim"), *(k.claims(tag) for tag in tags)]

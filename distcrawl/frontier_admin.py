@@ -4,12 +4,13 @@ sizes). ``Frontier`` has these methods; they live here to keep frontier.py about
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import redis
 
 from distcrawl.connection import execute_timed
-from distcrawl.keys import FrontierKeys
+from distcrawl.keys import MAX_SHARDS, FrontierKeys
 from distcrawl.queue_entry import worker_tags
 from distcrawl.replies import throttle_state
 from distcrawl.seen import BloomFilter, BloomState, part_keys
@@ -24,12 +25,14 @@ class FrontierAdmin:
 
     def set_limit(self, slot: str, delay: float | None, concurrency: int | None) -> None:
         """A cluster-wide override for one slot, applied from the next lease on; both None
-        removes it (the settings apply again)."""
-        if delay is None and concurrency is None:
-            self.client.hdel(self.keys.limits, slot)
-            return
+        removes it (the settings apply again). In every shard: a slot that is not a host
+        name (an IP, a ``download_slot``) may be in any of them."""
         value = f"{'' if delay is None else int(delay * 1000)}:{concurrency or ''}"
-        self.client.hset(self.keys.limits, slot, value)
+        for keys in (self.keys, *recorded_shards(self.client, self.keys)):
+            if delay is None and concurrency is None:
+                self.client.hdel(keys.limits, slot)
+            else:
+                self.client.hset(keys.limits, slot, value)
 
     def slot_states(self, limit: int = 20, scan: int = 10_000) -> list[dict[str, Any]]:
         """The politeness state of the slots with the most requests queued or in flight,
@@ -104,18 +107,40 @@ class FrontierAdmin:
         tags: set[bytes] = self.client.smembers(self.keys.claimants)  # type: ignore[assignment]
         return [self.keys.claims(tag) for tag in worker_tags(sorted(tags))]
 
-    def clear(self) -> int:
+    def clear(self, shards: Sequence[FrontierKeys] = ()) -> int:
         """Remove the crawl's keys with UNLINK: a seen-set or queue of millions is freed in
-        the background instead of holding Redis while every worker waits."""
-        bloom = BloomState.parse(self.client.hgetall(self.keys.bloom))
+        the background instead of holding Redis while every worker waits. The shards' keys
+        go too: those given, and those the layout record names."""
         if self.bloom is not None:
             self.bloom.state = None  # re-read (and re-create) on the next commit
         per_netloc = self.netloc_keys()
         removed = 0
         for at in range(0, len(per_netloc), 1000):
             removed += int(self.client.unlink(*per_netloc[at : at + 1000]))
+        parts = {*shards, *recorded_shards(self.client, self.keys)} - {self.keys}
+        for keys in sorted(parts, key=lambda k: k.shard or 0):
+            bloom = BloomState.parse(self.client.hgetall(keys.bloom))
+            # one UNLINK per shard: on a cluster each shard is a hash slot of its own
+            removed += int(self.client.unlink(*keys.all()[1:], *part_keys(keys, bloom)))
+        bloom = BloomState.parse(self.client.hgetall(self.keys.bloom))
         fixed = (*self.keys.all(), *part_keys(self.keys, bloom), *self.claim_keys())
         return removed + int(self.client.unlink(*fixed))
+
+
+def recorded_shards(client: redis.Redis, keys: FrontierKeys) -> list[FrontierKeys]:
+    """The keys of the shards the crawl's layout record names, for the operator's tools
+    (none when the crawl has one shard: its keys are the crawl's own)."""
+    if keys.shard is not None:
+        return []
+    raw = client.hget(keys.meta, "shards")
+    try:
+        count = int(raw) if raw is not None else 1
+    except ValueError:
+        count = 1
+    if not 1 < count <= MAX_SHARDS:
+        return []
+    crawl = keys.sharded(count)
+    return [crawl.of_shard(i) for i in range(count)]
 
 
 #: how many replies :func:`read_sizes` adds to a pipeline

@@ -10,14 +10,44 @@ part in braces, and a name without braces whole, so all of them land in the slot
 ``<ns>:start_urls``, whose name stays the one producers already LPUSH to
 (``redis-cli -c lpush <ns>:start_urls URL``). On a single server the names stay
 ``<ns>:<suffix>``, so existing crawls need no migration.
+
+A crawl with ``DISTCRAWL_SHARDS`` above 1 splits its frontier: each shard's queue, records,
+leases, retries, slot state and seen-set are named ``{<tag>}:<suffix>``, one hash tag per
+shard (:func:`shard_tag`), on a single server as on a cluster, so that each shard's scripts
+touch one slot and the shards spread over a cluster's masters. The crawl-wide keys (start
+URLs and their claims, dead letters, stats, workers, settings, pause) keep the crawl's names.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from functools import lru_cache
+
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
 from distcrawl import lua
+
+#: the most shards a crawl may have: each costs a few Redis calls per worker per batch
+MAX_SHARDS = 256
+
+
+@lru_cache(maxsize=1024)
+def shard_tag(namespace: str, shard: int, shards: int) -> str:
+    """The hash tag of shard ``shard`` of ``shards``: ``<ns>:<shard>``, with a suffix
+    (``<ns>:<shard>.<n>``, the first ``n`` that fits) when needed so that the tag's cluster
+    hash slot falls in the shard's share of the 16,384 slots. A cluster made by
+    ``redis-cli --cluster create`` gives each master an equal run of slots, so with a shard
+    count that is a multiple of the masters each master holds as many shards."""
+    if not 0 <= shard < shards <= MAX_SHARDS:
+        raise ValueError(f"invalid shard {shard} of {shards}")
+    low = shard * REDIS_CLUSTER_HASH_SLOTS // shards
+    high = (shard + 1) * REDIS_CLUSTER_HASH_SLOTS // shards
+    for n in range(1_000_000):
+        tag = f"{namespace}:{shard}" + (f".{n}" if n else "")
+        if low <= key_slot(tag.encode()) < high:
+            return tag
+    raise ValueError(f"no hash tag found for shard {shard} of {shards}")  # pragma: no cover
 
 
 @dataclass(frozen=True)
@@ -25,22 +55,48 @@ class FrontierKeys:
     namespace: str
     #: whether the names are those of a Redis Cluster (hash-tagged, see the module docstring)
     cluster: bool = False
+    #: the shard these keys name, of ``shards`` (None: the crawl's own keys; see the module
+    #: docstring)
+    shard: int | None = None
+    shards: int = 1
 
     def __post_init__(self) -> None:
         if not self.namespace or any(c.isspace() for c in self.namespace):
             raise ValueError(f"invalid namespace {self.namespace!r}")
-        if self.cluster and any(c in self.namespace for c in "{}"):
+        tagged = self.cluster or self.shards > 1
+        if tagged and any(c in self.namespace for c in "{}"):
             # a brace would end or start the hash tag early: the keys would spread over slots
-            raise ValueError(f"invalid namespace {self.namespace!r} on a Redis Cluster: braces")
+            raise ValueError(
+                f"invalid namespace {self.namespace!r} on a Redis Cluster or with shards: braces"
+            )
+        if not 1 <= self.shards <= MAX_SHARDS:
+            raise ValueError(f"invalid shard count {self.shards}: 1 to {MAX_SHARDS}")
+        if self.shard is not None and not 0 <= self.shard < self.shards:
+            raise ValueError(f"invalid shard {self.shard} of {self.shards}")
 
     def on_cluster(self, cluster: bool) -> FrontierKeys:
         """The same crawl's keys as named on a Redis Cluster (True) or a single server."""
         return self if cluster == self.cluster else dataclasses.replace(self, cluster=cluster)
 
+    def sharded(self, shards: int) -> FrontierKeys:
+        """The crawl's own keys, for a frontier of ``shards`` shards."""
+        return dataclasses.replace(self, shard=None, shards=shards)
+
+    def of_shard(self, shard: int) -> FrontierKeys:
+        """The keys of shard ``shard``; with one shard they are the crawl's own keys, so
+        that a crawl of one shard keeps today's names."""
+        if self.shards == 1:
+            if shard != 0:
+                raise ValueError(f"invalid shard {shard} of 1")
+            return dataclasses.replace(self, shard=None)
+        return dataclasses.replace(self, shard=shard)
+
     @property
     def prefix(self) -> str:
         """What every key of the crawl but ``start_urls`` starts with: ``<ns>:``, or
-        ``{<ns>:start_urls}:`` on a cluster."""
+        ``{<ns>:start_urls}:`` on a cluster; a shard's keys start with its hash tag."""
+        if self.shard is not None:
+            return f"{{{shard_tag(self.namespace, self.shard, self.shards)}}}:"
         if self.cluster:
             return f"{{{self.namespace}:start_urls}}:"
         return f"{self.namespace}:"

@@ -27,6 +27,7 @@ import logging
 import re
 import threading
 import time
+from collections.abc import Sequence
 
 import redis
 from redis.commands.core import Script
@@ -62,6 +63,7 @@ class Liveness:
         socket_timeout: float,
         own_after: float | None = None,
         cluster: bool | None = False,
+        shards: Sequence[FrontierKeys] = (),
     ) -> None:
         if not _TAG.fullmatch(tag):
             raise ValueError(f"invalid worker tag {tag!r}: expected 8 hex characters")
@@ -70,6 +72,8 @@ class Liveness:
                 f"interval and socket_timeout must be positive: {interval!r}, {socket_timeout!r}"
             )
         self.keys = keys
+        #: the shards' keys (DISTCRAWL_SHARDS): each shard's scripts read its own ``alive``
+        self.shards = tuple(k for k in shards if k != keys)
         self.tag = tag
         self.interval = interval
         #: the thread beats once no beat (its own or one riding with a batch) reached Redis
@@ -114,7 +118,8 @@ class Liveness:
                 return
             if self._script is None:
                 self._script = self._redis().register_script(script_source("alive"))
-            self._script(keys=self.keys.script_keys("alive"), args=[self.tag])
+            for keys in (self.keys, *self.shards):
+                self._script(keys=keys.script_keys("alive"), args=[self.tag])
             self.beats += 1
             self._last = time.monotonic()
 
@@ -154,7 +159,8 @@ class Liveness:
             self._closed = True
             if clean:
                 try:
-                    self._redis().zrem(self.keys.alive, self.tag)
+                    for keys in (self.keys, *self.shards):
+                        self._redis().zrem(keys.alive, self.tag)
                 except redis.RedisError as exc:
                     logger.warning(
                         "Could not remove worker %s from %s at %s (%s); it will be reaped "

@@ -26,6 +26,8 @@ class LeaseRef(NamedTuple):
 
     id: str
     token: bytes
+    #: the shard it was leased from (DISTCRAWL_SHARDS; 0 with one)
+    shard: int = 0
 
 
 class Leased(NamedTuple):
@@ -39,10 +41,11 @@ class Leased(NamedTuple):
     #: leased ahead, holding no place in its slot: sent only in the place of a request of
     #: the same slot that left the downloader (see lease.lua, places.lua)
     reserve: bool = False
+    shard: int = 0
 
     @property
     def ref(self) -> LeaseRef:
-        return LeaseRef(self.id, self.token)
+        return LeaseRef(self.id, self.token, self.shard)
 
 
 def make_entry(slot: str, priority: int, seq: int, payload: bytes) -> bytes:

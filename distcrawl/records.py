@@ -23,6 +23,9 @@ class EntryKind(str, Enum):
     DEAD_LETTER = "d"
     #: a request to retry later (its delay in ms in ``raw``): never filtered or dropped
     RETRY = "l"
+    #: a request made from a start_urls entry claimed in the crawl's keys while a shard
+    #: stores it (DISTCRAWL_SHARDS): the worker takes the entry out of its claim list after
+    SHARD_START = "S"
 
 
 #: the kinds of entry made from a claimed start_urls entry: stored, it leaves the claim list

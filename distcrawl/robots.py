@@ -209,10 +209,12 @@ class RobotsTxtMiddleware(ScrapyRobotsTxtMiddleware):
                 useragent = useragent.decode("latin-1")
             found = Protego.parse(body.decode("utf-8", "ignore")).crawl_delay(useragent or "*")
             delay = min(float(found or 0.0), self.config.crawl_delay_max)
-        assert scheduler.frontier is not None
+        assert scheduler.shards is not None
         slot = slot_of(request, by_ip=self.config.slots_by_ip)
         try:
-            record = scheduler.frontier.record_crawl_delay
+            # the slot's state lives in the shard of the request's site
+            shards = scheduler.shards
+            record = shards.parts[shards.of_url(request.url)].record_crawl_delay
             return float(
                 await self._redis(scheduler, record, slot, int(delay * 1000), fetched=fetched)
             )

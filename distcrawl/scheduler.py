@@ -81,6 +81,7 @@ from distcrawl.layout import LayoutMismatch
 from distcrawl.liveness import Liveness
 from distcrawl.redact import redact_error, redacted_exc_info
 from distcrawl.serialize import RequestCodec
+from distcrawl.shards import Shards
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -129,6 +130,8 @@ class Scheduler(BaseScheduler):
         self.spider: Spider | None = None
         self.keys: FrontierKeys | None = None
         self.frontier: Frontier | None = None
+        #: the frontier's shards (DISTCRAWL_SHARDS); ``frontier`` is the crawl's own keys
+        self.shards: Shards | None = None
         self.codec: RequestCodec | None = None
         self._runner: Runner | None = None
         self._liveness: Liveness | None = None
@@ -214,7 +217,7 @@ class Scheduler(BaseScheduler):
         slot map), the keys named for it, the Frontier and the liveness beat; on the Redis
         thread, never the reactor's. Until it succeeds the pump retries it (_pump)."""
         assert self.keys is not None and self.codec is not None
-        self.keys, self.frontier, self._liveness, self._runner = connect(
+        self.keys, self.frontier, self._liveness, self._runner, self.shards = connect(
             self.io, self.keys, self.codec, self.config, self.tag, self.spider
         )
 
@@ -223,7 +226,8 @@ class Scheduler(BaseScheduler):
             self._connect()
         assert self.frontier is not None and self._liveness is not None
         if self.config.flush_on_start:
-            removed = self.frontier.clear()
+            assert self.shards is not None
+            removed = self.shards.clear()
             logger.warning(
                 "DISTCRAWL_FLUSH_ON_START: removed %d keys of %r",
                 removed,
@@ -235,7 +239,8 @@ class Scheduler(BaseScheduler):
         # (and its claims are not taken for orphans: requeue.lua)
         self._liveness.beat()
         self.frontier.publish_settings(max_pending=self.config.max_pending)
-        return self.frontier.sizes()
+        assert self.shards is not None
+        return self.shards.sizes()
 
     def _opened(self, sizes: dict[str, int]) -> None:
         self._remote_queue = sizes["queue"]

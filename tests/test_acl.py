@@ -165,7 +165,7 @@ def test_commands_with_placeholders_and_a_note(capsys):
     assert worker.startswith("ACL SETUSER site-worker reset on ><worker-password> ")
     assert " %W~site:start_urls " in producer
     assert "%R~site:requests" not in producer and "~site:*" not in producer
-    assert " ~site:* -@all " in worker
+    assert " ~site:* ~{site:[0-9]*}:* -@all " in worker
     assert "+evalsha" in worker and "+eval " not in worker + " "
     assert "replace <producer-password>" in err and "replace <worker-password>" in err
 
@@ -176,7 +176,7 @@ def test_cluster_users_match_the_hash_tagged_names(capsys):
     code = main(["--cluster", "yes", "acl", "site"])
     producer, worker = capsys.readouterr().out.splitlines()
     assert code == 0
-    assert " ~{site:start_urls}:* ~site:start_urls -@all " in worker
+    assert " ~{site:start_urls}:* ~site:start_urls ~{site:[0-9]*}:* -@all " in worker
     assert "~site:*" not in worker
     assert " %W~site:start_urls " in producer and " %R~{site:start_urls}:queue " in producer
     for user in (producer, worker):

@@ -10,7 +10,7 @@ with nothing said until then.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import redis
 from scrapy import Spider
@@ -28,6 +28,8 @@ from distcrawl.layout import Layout, LayoutMismatch, class_path
 from distcrawl.liveness import Liveness
 from distcrawl.politeness import politeness
 from distcrawl.serialize import RequestCodec
+from distcrawl.sharded_batch import ShardedRunner
+from distcrawl.shards import Shards
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -66,7 +68,7 @@ def check_layout(frontier: Frontier, config: DistcrawlConfig, crawler: Crawler) 
     """Join the crawl only if this worker lays the frontier out as the crawl does
     (distcrawl/layout.py); on the Redis thread, before anything is leased."""
     mine = Layout(
-        shards=1,
+        shards=config.shards,
         seen=config.seen,
         serializer=config.serializer,
         fingerprinter=class_path(crawler.request_fingerprinter),
@@ -107,6 +109,8 @@ class Connected(NamedTuple):
     frontier: Frontier
     liveness: Liveness
     runner: Runner
+    #: the frontier's shards (``frontier`` is the crawl's own keys; with one shard, both)
+    shards: Shards
 
 
 def connect(
@@ -121,7 +125,7 @@ def connect(
     slot map), the keys named for it, the Frontier, the liveness beat and the batch runner;
     on the Redis thread, never the reactor's."""
     client = io.connect()
-    keys = keys.on_cluster(bool(io.cluster))
+    keys = keys.on_cluster(bool(io.cluster)).sharded(config.shards)
     if keys.cluster:
         logger.info(
             "%s is a Redis Cluster node: every key of %r is in the hash slot of %s",
@@ -130,15 +134,23 @@ def connect(
             keys.start_urls,
             extra={"spider": spider},
         )
-    frontier = Frontier(
-        client,
-        keys,
-        politeness(config),
-        seen=config.seen,
-        bloom_capacity=config.bloom_capacity,
-        bloom_error_rate=config.bloom_error_rate,
-        tag=tag,
-    )
+
+    def frontier_of(of: FrontierKeys) -> Frontier:
+        return Frontier(
+            client,
+            of,
+            politeness(config),
+            seen=config.seen,
+            bloom_capacity=config.bloom_capacity,
+            bloom_error_rate=config.bloom_error_rate,
+            tag=tag,
+        )
+
+    frontier = frontier_of(keys)
+    if config.shards == 1:
+        shards = Shards.single(frontier)
+    else:
+        shards = Shards(frontier, [frontier_of(keys.of_shard(i)) for i in range(config.shards)])
     liveness = Liveness(
         config.redis_url,
         keys,
@@ -148,13 +160,16 @@ def connect(
         cluster=io.cluster,
         # batches carry the beats (Batch.beat): the thread is the fallback
         own_after=OWN_BEAT_AFTER * config.heartbeat_interval,
+        shards=[f.keys for f in shards.parts],
     )
-    runner = Runner(
-        frontier,
-        codec,
-        lease_ms=int(config.lease_timeout * 1000),
-        worker_timeout_ms=int(config.worker_timeout * 1000),
-        schemes=config.allowed_schemes,
-        liveness=liveness,
-    )
-    return Connected(keys, frontier, liveness, runner)
+    options: dict[str, Any] = {
+        "lease_ms": int(config.lease_timeout * 1000),
+        "worker_timeout_ms": int(config.worker_timeout * 1000),
+        "schemes": config.allowed_schemes,
+        "liveness": liveness,
+    }
+    if shards.sharded:
+        runner: Runner = ShardedRunner(shards, codec, **options)
+    else:
+        runner = Runner(frontier, codec, **options)
+    return Connected(keys, frontier, liveness, runner, shards)

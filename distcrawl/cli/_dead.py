@@ -11,6 +11,7 @@ from distcrawl.cli._common import (
     EXIT_OK,
     EXIT_PARTIAL,
     Context,
+    UsageError,
     _confirm,
     _emit_json,
     _non_negative_int,
@@ -18,6 +19,7 @@ from distcrawl.cli._common import (
     _project_settings,
     command_maker,
 )
+from distcrawl.producer import ProducerError
 
 # ---------------------------------------------------------------------- dead letters
 
@@ -88,9 +90,12 @@ def cmd_dead_purge(args: argparse.Namespace, ctx: Context) -> int:
 def cmd_dead_redrive(args: argparse.Namespace, ctx: Context) -> int:
     # the project's spider makes the request of a record that holds only its URL
     producer = ctx.producer(args.spider, _project_settings([]), target="start_urls")
-    result = producer.redrive(
-        error=args.error, domain=args.domain, source=args.source, serializer=args.serializer
-    )
+    try:
+        result = producer.redrive(
+            error=args.error, domain=args.domain, source=args.source, serializer=args.serializer
+        )
+    except ProducerError as exc:  # a sharded frontier, the spider not in SPIDER_MODULES
+        raise UsageError(str(exc)) from None
     moved, unusable = result.redriven, result.not_redrivable
     if ctx.as_json:
         _emit_json({"redriven": moved, "not_redrivable": unusable})

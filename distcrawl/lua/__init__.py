@@ -35,6 +35,7 @@ NAMES = (
     "places",
     "claim",
     "unclaim",
+    "claimed",
     "sweep",
     "alive",
 )
@@ -52,6 +53,7 @@ KEYS: dict[str, tuple[str, ...]] = {
     "alive": ("alive",),
     "bloom_grow": ("bloom",),
     "claim": ("start_urls", "claims", "claimants", "wake_of"),
+    "claimed": ("claims", "claimants"),
     "commit": (
         *("queue", "requests", "seen", "seq", "leases", "claims", "dead", "delayed", "ready"),
         *("slots", "inflight", "throttle", "robots", "throttle_raised", "commits"),
@@ -132,6 +134,7 @@ class Scripts:
     places: Script
     claim: Script
     unclaim: Script
+    claimed: Script
     sweep: Script
     alive: Script
 

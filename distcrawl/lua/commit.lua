@@ -56,7 +56,11 @@
 -- then                 number of entries (N), then 6 arguments per entry:
 --   kind     'r' request, 's' request made from a start_urls entry, 'x' start_urls entry that
 --            goes to the dead letters, 'd' dead letter, 'l' request to retry later (never
---            filtered or dropped: it is a new attempt of a request already seen)
+--            filtered or dropped: it is a new attempt of a request already seen), 'S' a
+--            request made from a start_urls entry claimed in the crawl's keys, not this
+--            shard's (DISTCRAWL_SHARDS): as 's', but no claim list is touched, and one held
+--            back at the pending cap is reported at -p - 1 among the positions, so that the
+--            caller leaves its entry claimed
 --   fp       fingerprint ('' = do not filter)
 --   slot     politeness slot (host name, IP address or the request's download_slot)
 --   priority integer
@@ -88,7 +92,7 @@ local function invalid(what)
   return redis.error_reply('distcrawl: invalid commit: ' .. what)
 end
 
-local KINDS = {r = true, s = true, x = true, d = true, l = true}
+local KINDS = {r = true, s = true, x = true, d = true, l = true, S = true}
 local cap, slot_cap = string.match(ARGV[1], '^(%d+):(%d+)$')
 cap, slot_cap = tonumber(cap), tonumber(slot_cap)
 local keep_prio = tonumber(ARGV[2])
@@ -116,7 +120,7 @@ for i = 0, n - 1 do
   local kind, slot = ARGV[at], ARGV[at + 2]
   if not KINDS[kind] then return invalid('entry ' .. i .. ': kind') end
   if not tonumber(ARGV[at + 3]) then return invalid('entry ' .. i .. ': priority') end
-  if kind == 'r' or kind == 's' or kind == 'l' then
+  if kind == 'r' or kind == 's' or kind == 'l' or kind == 'S' then
     local why = bad_slot(slot)
     if why then return invalid('entry ' .. i .. ': ' .. why) end
   end
@@ -187,8 +191,9 @@ for i = 0, n - 1 do
   local kind, fp, slot, prio = ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3]
   local payload, raw = ARGV[at + 4], ARGV[at + 5]
   local full = cap > 0 and pending >= cap and tonumber(prio) < keep_prio
-  if kind == 's' and full then
+  if (kind == 's' or kind == 'S') and full then
     held = held + 1
+    if want_positions and kind == 'S' then not_stored[#not_stored + 1] = -i - 1 end
   elseif kind == 'r' and full then
     dropped = dropped + 1
     if want_positions then not_stored[#not_stored + 1] = -i - 1 end

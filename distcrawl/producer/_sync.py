@@ -29,6 +29,7 @@ from distcrawl.entries import (
     push_key,
 )
 from distcrawl.frontier import Frontier
+from distcrawl.frontier_admin import recorded_shards
 from distcrawl.keys import FrontierKeys
 from distcrawl.producer._commit import Committer
 from distcrawl.producer._results import (
@@ -411,6 +412,13 @@ class Producer:
         defaults to DISTCRAWL_SERIALIZER. A record holding only its URL becomes the
         request the spider makes of that URL (its ``make_request_from_data``, as for a start
         URL) when this producer has the spider's code; else a plain GET of the URL."""
+        if recorded_shards(self.frontier.client, self.frontier.keys):
+            # redrive.lua queues in the crawl's own keys, where no worker of a sharded crawl
+            # leases: refused rather than parked out of reach
+            raise ProducerError(
+                f"the frontier {self.frontier.keys.namespace!r} has more than one shard "
+                "(DISTCRAWL_SHARDS): dead redrive does not support it yet"
+            )
         serializer = serializer or self.config.serializer
         if self._spidercls is None:
             codec = RequestCodec(serializer)

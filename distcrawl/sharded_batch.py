@@ -1,0 +1,408 @@
+"""A batch of frontier work over a sharded frontier (``DISTCRAWL_SHARDS`` above 1).
+
+The same batch as batch.py's, each step sent to the shards it concerns: a lease, a renewal or
+an acknowledgement to the shard its request came from, a slot's report to the slot's shard,
+a new request to its site's shard, claims and the idle wait to the crawl's own keys. The steps
+still share one pipeline where nothing orders them. What orders them is the crawl's rule that
+nothing is lost: a request is acknowledged only once all it produced is stored, so a commit
+whose children go to other shards than its acknowledgements runs in two phases (shards.py,
+``Shards.plan``), the second only once the first succeeded everywhere; and a start URL leaves
+its worker's claim list (crawl-wide) only once its shard stored it.
+
+Workers lease across shards by each shard's next-due hint: a shard that had nothing is asked
+again when its earliest slot turn or retry is due, at the latest after ``RECHECK_EMPTY``, or
+at once when a wake-up token or this worker's own commit says work arrived there; the shards
+asked share the batch's count in turns, so none starves.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import redis
+
+from distcrawl.batch import (
+    Batch,
+    BatchResult,
+    Commit,
+    Runner,
+    _filler,
+    _ignore,
+    _setter,
+    _Step,
+    refused,
+    refused_entry,
+)
+from distcrawl.frontier import (
+    START_KINDS,
+    CommitResult,
+    EntryKind,
+    Frontier,
+    LeaseRef,
+    LeaseResult,
+    Op,
+    Places,
+    RequeueResult,
+    SweepResult,
+)
+from distcrawl.replies import BadLease
+from distcrawl.shards import CommitPart, Fan, Shards, merge_commits
+
+#: a shard that had nothing to lease is asked again after at most this long (s)
+RECHECK_EMPTY = 1.0
+
+_MISSING = object()
+
+
+def _sum_places(values: list[Places]) -> Places:
+    return Places(sum(v.freed for v in values), sum(v.taken for v in values))
+
+
+def _sum_ints(values: list[Any]) -> int:
+    return sum(int(v) for v in values)
+
+
+def _sum_requeue(values: list[RequeueResult]) -> RequeueResult:
+    claims: list[str] = []
+    for v in values:
+        claims += [t for t in v.orphan_claims if t not in claims]
+    return RequeueResult(
+        sum(v.requeued for v in values),
+        sum(v.orphans for v in values),
+        max((v.dead_workers for v in values), default=0),
+        sum(v.released for v in values),
+        orphan_claims=tuple(claims),
+    )
+
+
+def _sum_sweeps(values: list[SweepResult]) -> SweepResult:
+    return SweepResult(
+        sum(v.forgotten for v in values),
+        sum(v.looked for v in values),
+        all(v.wrapped for v in values),
+    )
+
+
+def _of_shard(shard: int) -> Callable[[LeaseResult], LeaseResult]:
+    """Marks a shard's leased requests with the shard they must be acknowledged in."""
+
+    def mark(lease: LeaseResult) -> LeaseResult:
+        items = [item._replace(shard=shard) for item in lease.items]
+        bad = [BadLease(b.ref._replace(shard=shard), b.raw, b.reason) for b in lease.bad]
+        return lease._replace(items=items, bad=bad)
+
+    return mark
+
+
+class ShardedRunner(Runner):
+    """Runs batches for one worker over every shard of the crawl; on the Redis thread."""
+
+    def __init__(self, shards: Shards, *args: Any, **kwargs: Any) -> None:
+        super().__init__(shards.crawl, *args, **kwargs)
+        self.shards = shards
+        #: monotonic time from which each shard may have something to lease
+        self._due = [0.0] * shards.count
+        self._turn = 0
+
+    # -- leasing across shards ---------------------------------------------------------------
+
+    def _lease_plan(self, want: int, now: float) -> list[tuple[int, int]]:
+        """(shard, count) pairs: the shards due now share ``want`` in turns; when none is
+        due, the one due first is asked."""
+        n = self.shards.count
+        due = [i for i in range(n) if self._due[i] <= now]
+        if not due:
+            due = [min(range(n), key=lambda i: self._due[i])]
+        self._turn = (self._turn + 1) % n
+        due.sort(key=lambda i: (i - self._turn) % n)
+        base, extra = divmod(want, len(due))
+        plan = [(s, base + (1 if k < extra else 0)) for k, s in enumerate(due)]
+        return [(s, c) for s, c in plan if c > 0]
+
+    def _lease_fan(self, batch: Batch) -> tuple[Fan[LeaseResult], list[tuple[int, int]]]:
+        now = time.monotonic()
+        plan = self._lease_plan(batch.want, now)
+        ops: list[Op[Any]] = []
+        for shard, count in plan:
+            op = self.shards.parts[shard].lease_op(
+                count,
+                self.lease_ms,
+                held=batch.held,
+                worker_timeout_ms=self.worker_timeout_ms,
+                reserve=batch.reserve,
+                reserved=batch.reserved,
+            )
+            ops.append(Op(op.script, op.keys, op.args, _compose(op.parse, _of_shard(shard))))
+
+        def merge(values: list[LeaseResult]) -> LeaseResult:
+            later = time.monotonic()
+            for (shard, count), lease in zip(plan, values, strict=True):
+                if len(lease.items) + len(lease.bad) < count:
+                    wait = RECHECK_EMPTY if lease.wait is None else min(lease.wait, RECHECK_EMPTY)
+                    self._due[shard] = later + wait
+                else:
+                    self._due[shard] = later
+            waits = [lease.wait for lease in values if lease.wait is not None]
+            asked = {shard for shard, _ in plan}
+            waits += [
+                max(0.0, self._due[i] - later) for i in range(self.shards.count) if i not in asked
+            ]
+            for lease in values:
+                for item in lease.items:
+                    self.shards.learn(item.slot, item.shard)
+            first = values[0]
+            return LeaseResult(
+                [item for lease in values for item in lease.items],
+                sum(lease.queue_size for lease in values),
+                sum(lease.delayed for lease in values),
+                sum(lease.released for lease in values),
+                min(waits) if waits else None,
+                first.leased_at,
+                sum(lease.quarantined for lease in values),
+                sum(lease.missing_retries for lease in values),
+                sum(lease.rearmed for lease in values),
+                [bad for lease in values for bad in lease.bad],
+            )
+
+        return Fan(ops, merge), plan
+
+    def arrived(self, shards: Sequence[int] | None = None) -> None:
+        """Work arrived in these shards (every shard: None): ask them at the next lease."""
+        for shard in range(self.shards.count) if shards is None else shards:
+            self._due[shard] = 0.0
+
+    # -- the batch ---------------------------------------------------------------------------
+
+    def run(self, batch: Batch) -> BatchResult:
+        res = BatchResult()
+        sh, crawl = self.shards, self.shards.crawl
+        fans: list[tuple[Fan[Any], list[Any], Callable[[Any], None]]] = []
+
+        def fanned(fan: Fan[Any], done: Callable[[Any], None]) -> list[_Step]:
+            values: list[Any] = [_MISSING] * len(fan.ops)
+            fans.append((fan, values, done))
+            return [_Step(op, _filler(values, i)) for i, op in enumerate(fan.ops)]
+
+        before: list[_Step] = []
+        if batch.wait > 0:
+            if batch.peek:
+                claim = crawl.claim_op(batch.peek, then_wait=True)
+                before.append(_Step(claim, _setter(res, "peeked")))
+            before.append(_Step(crawl.wait_op(batch.wait), _setter(res, "woken")))
+        if batch.sent:
+            before += fanned(sh.sent_fan(batch.sent), _ignore)
+        if batch.freed or batch.taken:
+            before += fanned(self._places_fan(batch.freed, batch.taken), self._placed(res))
+        after: list[_Step] = []
+        if batch.release:
+            fan = sh.refs_fan(batch.release, Frontier.release_op, _sum_ints)
+            after += fanned(fan, _setter(res, "released"))
+        if batch.unclaim:
+            after.append(_Step(crawl.unclaim_op("own", [crawl.tag]), _setter(res, "unclaimed")))
+        if batch.renew:
+            fan = sh.refs_fan(
+                batch.renew, lambda f, refs: f.renew_op(refs, self.lease_ms), _sum_ints
+            )
+            after += fanned(fan, _setter(res, "renewed"))
+        if batch.reclaim:
+            timeout = self.worker_timeout_ms
+            requeue = sh.every_fan(lambda f: f.requeue_op(worker_timeout_ms=timeout), _sum_requeue)
+            after += fanned(requeue, _setter(res, "requeue"))
+            sweep = Fan([f.sweep_op() for f in sh.parts], _sum_sweeps)
+            after += fanned(sweep, _setter(res, "swept"))
+        if batch.want:
+            lease_fan, _ = self._lease_fan(batch)
+            after += fanned(lease_fan, self._leased(res))
+        if batch.peek and not batch.wait > 0:
+            after.append(_Step(crawl.claim_op(batch.peek), _setter(res, "peeked")))
+        if batch.beat and self.liveness is not None:
+            after += fanned(sh.every_fan(Frontier.alive_op, _sum_ints), self._beaten(res))
+        for rider in batch.riders:
+            replies: list[Any] = [redis.ConnectionError("not sent: Redis unreachable")] * len(
+                rider.ops
+            )
+            res.riders.append(replies)
+            for i, op in enumerate(rider.ops):
+                after.append(_Step(op, _filler(replies, i), rider=True))
+
+        down = self._commit_and_send(batch, before, after, res)
+        for fan, values, done in fans:
+            if all(v is not _MISSING for v in values):
+                done(fan.merge(values))
+        if res.woken:
+            self.arrived()
+        if res.requeue is not None and res.requeue.orphan_claims and not down:
+            try:
+                unclaimed = crawl.unclaim_orphans(res.requeue.orphan_claims)
+                res.requeue = res.requeue._replace(unclaimed=unclaimed)
+            except redis.RedisError as exc:
+                res.error = res.error or exc
+                down = not isinstance(exc, redis.ResponseError)
+        if batch.reclaim and not down:
+            down = self._move_dead(res)
+        if batch.drain and not down:
+            try:
+                res.drained = sh.drained()
+            except redis.RedisError as exc:
+                res.error = res.error or exc
+        return res
+
+    def _places_fan(self, freed: list[LeaseRef], taken: list[LeaseRef]) -> Fan[Places]:
+        by_freed, by_taken = self.shards.by_shard(freed), self.shards.by_shard(taken)
+        ops = [
+            self.shards.parts[s].places_op(by_freed.get(s, []), by_taken.get(s, []))
+            for s in sorted(set(by_freed) | set(by_taken))
+        ]
+        return Fan(ops, _sum_places)
+
+    @staticmethod
+    def _placed(res: BatchResult) -> Callable[[Places], None]:
+        def done(out: Places) -> None:
+            res.freed, res.taken = out.freed, out.taken
+
+        return done
+
+    def _move_dead(self, res: BatchResult) -> bool:
+        """Move the shards' quarantined dead letters to the crawl's; whether Redis is down."""
+        try:
+            pipe = self.frontier.client.pipeline(transaction=False)
+            for part in self.shards.parts:
+                pipe.exists(part.keys.dead)
+            waiting = pipe.execute()
+            for shard, has in enumerate(waiting):
+                if int(has):
+                    res.dead_moved += self.shards.move_dead(shard)
+        except redis.RedisError as exc:
+            res.error = res.error or exc
+            return not isinstance(exc, redis.ResponseError)
+        return False
+
+    # -- commits -----------------------------------------------------------------------------
+
+    def _commit_and_send(
+        self, batch: Batch, before: list[_Step], after: list[_Step], res: BatchResult
+    ) -> bool:
+        """Send the batch's steps around its commits; returns whether Redis is unreachable."""
+        alone = len(batch.commits) > 1 or self.frontier.bloom is not None
+        alone = alone or any(c.split for c in batch.commits)
+        if not batch.commits:
+            return self._send(before + after, res)
+        if alone:
+            down = self._send(before, res)
+            if not down:
+                for commit in batch.commits:
+                    try:
+                        done = self.commit(commit, res)
+                    except redis.RedisError as exc:
+                        res.commit_error = exc
+                        down = not isinstance(exc, redis.ResponseError)
+                        break
+                    res.committed = done if res.committed is None else res.committed + done
+                    res.commits_done += 1
+            return down or self._send(after, res)
+        (commit,) = batch.commits
+        phases = self._phases(commit)
+        pending = before
+        for phase in phases:
+            results: list[Any] = [_MISSING] * len(phase)
+            steps = [
+                _Step(self._part_op(part), _filler(results, i), commit=True)
+                for i, part in enumerate(phase)
+            ]
+            down = self._send(pending + steps, res)
+            pending = []
+            for part, result in zip(phase, results, strict=True):
+                if result is not _MISSING:
+                    commit.parts_done[part.id] = result
+            if down or any(r is _MISSING for r in results):
+                return down or self._send(after, res)
+        self._finish(commit, res, pending)
+        return self._send(pending + after, res)
+
+    def _phases(self, commit: Commit) -> list[list[CommitPart]]:
+        """The commit's phases, made once, less the parts already stored."""
+        if commit.phases is None:
+            commit.phases = self.shards.plan(
+                commit.id, commit.acks, commit.entries, commit.feedback
+            )
+        return [[p for p in phase if p.id not in commit.parts_done] for phase in commit.phases]
+
+    def _part_op(self, part: CommitPart) -> Op[CommitResult]:
+        return self.shards.parts[part.shard].commit_op(
+            part.acks, part.entries, part.feedback, commit_id=part.id, positions=True
+        )
+
+    def _stored(self, commit: Commit) -> tuple[CommitResult, list[_Step]]:
+        """Every part of ``commit`` is stored: its result, and the step that takes the start
+        URLs stored out of the claim list (sent before any next claim); the shards that got
+        work are asked at the next lease."""
+        parts = [p for phase in commit.phases or [] for p in phase]
+        results = [commit.parts_done[p.id] for p in parts]
+        self.arrived(sorted({p.shard for p, r in zip(parts, results, strict=True) if r.enqueued}))
+        committed = merge_commits(parts, results)
+        raws = stored_start_entries(commit, committed)
+        steps = [_Step(self.frontier.claimed_op(raws), _ignore)] if raws else []
+        return committed, steps
+
+    def _finish(self, commit: Commit, res: BatchResult, steps: list[_Step]) -> None:
+        res.committed, claimed = self._stored(commit)
+        res.commits_done = 1
+        steps += claimed
+
+    def commit(self, commit: Commit, res: BatchResult) -> CommitResult:
+        """One commit on its own, part by part (the Bloom seen-set, several commits in a batch,
+        or one Redis refused for its content, whose parts are stored piece by piece)."""
+        for phase in self._phases(commit):
+            for part in phase:
+                frontier = self.shards.parts[part.shard]
+                if commit.split:
+                    result = self._split_part(frontier, part, res)
+                else:
+                    result = frontier.commit(
+                        part.acks, part.entries, part.feedback, commit_id=part.id, positions=True
+                    )
+                commit.parts_done[part.id] = result
+        committed, claimed = self._stored(commit)
+        for step in claimed:
+            self.frontier.run(step.op)
+        return committed
+
+    def _split_part(self, frontier: Frontier, part: CommitPart, res: BatchResult) -> CommitResult:
+        """A part stored one entry at a time; an entry Redis refuses is dead-lettered. Each
+        entry's id follows from its place, so a retry after a lost reply is seen as a replay
+        (the shard remembers only its last commit: a retry may store earlier entries twice,
+        deduplicated by the seen-set)."""
+        total = CommitResult()
+        for at, entry in enumerate(part.entries):
+            piece_id = f"{part.id}:{at}"
+            try:
+                total += frontier.commit([], [entry], commit_id=piece_id)
+            except redis.ResponseError as exc:
+                if not refused(exc):
+                    raise
+                res.split_dead += 1
+                dead = refused_entry(entry, str(exc))
+                if entry.kind is EntryKind.SHARD_START:
+                    dead = dead._replace(kind=EntryKind.DEAD_LETTER)
+                total += frontier.commit([], [dead], commit_id=piece_id + ":dead")
+        return total + frontier.commit(part.acks, [], part.feedback, commit_id=part.id)
+
+
+def stored_start_entries(commit: Commit, result: CommitResult) -> list[bytes]:
+    """The raw start_urls entries of ``commit`` that are stored (or dead-lettered, or found
+    duplicates): all but those held back at the pending cap, which stay claimed."""
+    held = {-p - 1 for p in result.not_stored if p < 0}
+    return [
+        e.raw
+        for at, e in enumerate(commit.entries)
+        if e.kind in START_KINDS and e.raw and at not in held
+    ]
+
+
+def _compose(first: Callable[[Any], Any], then: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def both(reply: Any) -> Any:
+        return then(first(reply))
+
+    return both

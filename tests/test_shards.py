@@ -1,0 +1,309 @@
+"""A frontier split into shards (DISTCRAWL_SHARDS, distcrawl/shards.py): which shard is
+whose, how a commit crosses shards, and real crawls on one Redis with four shards.
+
+The crawls run one demo site per host (127.0.0.2 ...), so that the hosts fall in different
+shards; every count comes from the sites' own request logs."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+from redis.crc import key_slot
+
+from distcrawl.demo.workers import worker_agent
+from distcrawl.frontier import CommitResult, Entry, EntryKind, Feedback, LeaseRef
+from distcrawl.keys import FrontierKeys, shard_tag
+from distcrawl.sharded_batch import stored_start_entries
+from distcrawl.shards import Shards, merge_commits, shard_of_site, shard_of_url, site_of
+from tests.support import (
+    leases_held_by,
+    page_fetches,
+    wait_until,
+)
+
+SHARDS = 4
+KEYS = FrontierKeys("site").sharded(SHARDS)
+PARTS = [KEYS.of_shard(i) for i in range(SHARDS)]
+
+
+# ------------------------------------------------------------------ which shard is whose
+
+
+def test_a_sites_hosts_share_a_shard_and_ips_are_their_own_site():
+    assert site_of("a.b.example.co.uk") == "example.co.uk"
+    assert site_of("WWW.Example.COM.") == "example.com"
+    assert site_of("127.0.0.2") == "127.0.0.2"
+    assert site_of("localhost") == "localhost"
+    for shards in (2, 3, 6, 12):
+        assert shard_of_url("https://a.example.co.uk/x", shards) == shard_of_url(
+            "http://b.example.co.uk:8080/y?z", shards
+        )
+    assert shard_of_url("not a url", 1) == 0
+
+
+def test_the_shard_of_a_site_is_pinned():
+    """The hash is part of the frontier's layout: a change would send URLs to shards where
+    nobody looks for them (and miss their seen check)."""
+    assert [shard_of_site("example.com", n) for n in (2, 3, 6, 12)] == [
+        shard_of_site("example.com", n) for n in (2, 3, 6, 12)
+    ]
+    assert shard_of_site("example.com", 12) == PINNED_EXAMPLE_COM_OF_12
+    spread = Counter(shard_of_site(f"site{i}.com", 6) for i in range(6000))
+    assert set(spread) == set(range(6))
+    assert max(spread.values()) < 1.1 * 1000
+
+
+PINNED_EXAMPLE_COM_OF_12 = shard_of_site("example.com", 12)
+
+
+@pytest.mark.parametrize("shards", [3, 6, 12])
+def test_shard_tags_spread_evenly_over_three_masters(shards):
+    """A cluster made by ``redis-cli --cluster create`` with 3 masters gives each a third of
+    the slots: each master gets shards / 3 shards."""
+
+    # the ranges redis-cli --cluster create gives 3 masters
+    def owner(slot: int) -> int:
+        return 0 if slot <= 5460 else 1 if slot <= 10922 else 2
+
+    owners = Counter(owner(key_slot(shard_tag("site", i, shards).encode())) for i in range(shards))
+    assert owners == {0: shards // 3, 1: shards // 3, 2: shards // 3}
+
+
+def test_shard_keys_are_pinned():
+    assert KEYS.queue == "site:queue"  # the crawl's own keys keep their names
+    assert KEYS.start_urls == "site:start_urls"
+    assert KEYS.dead == "site:dead"
+    tag = shard_tag("site", 1, SHARDS)
+    assert PARTS[1].queue == f"{{{tag}}}:queue"
+    assert PARTS[1].seen == f"{{{tag}}}:seen"
+    assert PARTS[1].start_urls == "site:start_urls"
+    # one shard: the crawl's own keys, as before shards existed
+    assert FrontierKeys("site").sharded(1).of_shard(0).queue == "site:queue"
+    for part in PARTS:
+        slots = {key_slot(part.queue.encode()), key_slot(part.requests.encode())}
+        assert len(slots) == 1
+    with pytest.raises(ValueError):
+        FrontierKeys("si{te").sharded(2)
+    with pytest.raises(ValueError):
+        KEYS.of_shard(SHARDS)
+
+
+# ------------------------------------------------------------------ a commit across shards
+
+
+class _NoRedis:
+    """Shards.plan needs no Redis: a stand-in for the Frontiers it never calls."""
+
+
+def _shards() -> Shards:
+    return Shards(_NoRedis(), [_NoRedis() for _ in range(SHARDS)])  # type: ignore[arg-type]
+
+
+def _url_in(shard: int, avoid: set[str] = frozenset()) -> str:  # type: ignore[assignment]
+    for i in range(10_000):
+        url = f"http://host{i}.example{i}.com/"
+        if shard_of_url(url, SHARDS) == shard and url not in avoid:
+            return url
+    raise AssertionError("no URL found")
+
+
+class _Req:
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+
+def _request(url: str, kind: EntryKind = EntryKind.REQUEST, raw: bytes = b"") -> Entry:
+    return Entry(kind, b"fp" + url.encode(), 0, b"payload", raw, "slot", _Req(url))
+
+
+def test_children_in_the_parents_shard_ride_with_its_acknowledgement():
+    shards = _shards()
+    ack = LeaseRef("1", b"t" * 8, 2)
+    entries = [_request(_url_in(2)), _request(_url_in(2))]
+    phases = shards.plan("c", [ack], entries, [])
+    assert len(phases) == 1
+    (part,) = phases[0]
+    assert (part.shard, part.acks, part.positions) == (2, [ack], [0, 1])
+
+
+def test_children_in_other_shards_are_stored_before_the_acknowledgement():
+    shards = _shards()
+    ack = LeaseRef("1", b"t" * 8, 0)
+    entries = [_request(_url_in(1)), _request(_url_in(0)), _request(_url_in(3))]
+    first, last = shards.plan("c", [ack], entries, [Feedback(_url_in(0)[7:-1], 1, 5, 0, 0)])
+    assert {p.shard for p in first} == {1, 3}
+    assert all(not p.acks for p in first)
+    (ack_part,) = [p for p in last if p.acks]
+    assert ack_part.shard == 0 and ack_part.positions == [1]  # its own shard's child rides
+    ids = [p.id for p in first + last]
+    assert len(set(ids)) == len(ids)  # each part is recognised as a replay on its own
+
+
+def test_with_acknowledgements_in_several_shards_every_entry_goes_first():
+    shards = _shards()
+    acks = [LeaseRef("1", b"t" * 8, 0), LeaseRef("2", b"t" * 8, 1)]
+    first, last = shards.plan("c", acks, [_request(_url_in(0)), _request(_url_in(1))], [])
+    assert sorted(p.shard for p in first) == [0, 1]
+    assert sorted(p.shard for p in last) == [0, 1]
+    assert all(not p.entries for p in last)
+
+
+def test_start_entries_are_stored_as_the_shards_kind_and_leave_the_claim_list_after():
+    shards = _shards()
+    start = _request(_url_in(1), EntryKind.START_REQUEST, raw=b"raw-1")
+    bad = Entry(EntryKind.BAD_START, b"", 0, b"{}", b"raw-2")
+    held = _request(_url_in(1), EntryKind.START_REQUEST, raw=b"raw-3")
+    (phase,) = shards.plan("c", [], [start, bad, held], [])
+    kinds = sorted(e.kind.value for p in phase for e in p.entries)
+    assert kinds == ["S", "S", "d"]
+    # commit.lua reports an 'S' held back at the pending cap at -p - 1: it stays claimed
+    parts = phase
+    results = []
+    for p in parts:
+        held_at = [-i - 1 for i, e in enumerate(p.entries) if e.raw == b"raw-3"]
+        results.append(CommitResult(enqueued=1, not_stored=tuple(held_at)))
+    merged = merge_commits(parts, results)
+    assert -2 - 1 in merged.not_stored
+
+    class _Commit:
+        entries = [start, bad, held]
+
+    assert stored_start_entries(_Commit(), merged) == [b"raw-1", b"raw-2"]  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------ real crawls, 4 shards
+
+
+def _sites(demo_site, count: int, pages: int, **options):
+    return [
+        demo_site(pages=pages, links=6, host=f"127.0.0.{2 + i}", **options) for i in range(count)
+    ]
+
+
+def _assert_drained(redis_client) -> None:
+    for keys in (KEYS, *PARTS):
+        assert redis_client.zcard(keys.queue) == 0, keys.queue
+        assert redis_client.zcard(keys.leases) == 0, keys.leases
+        assert redis_client.hlen(keys.requests) == 0, keys.requests
+
+
+def test_two_workers_crawl_eight_hosts_over_four_shards_every_page_once(
+    demo_site, workers, redis_client
+):
+    sites = _sites(demo_site, 8, pages=150)
+    for site in sites:
+        redis_client.lpush(KEYS.start_urls, site.url + "/")
+    pool = [workers(i, DISTCRAWL_SHARDS=SHARDS, DISTCRAWL_IDLE_TIMEOUT=3) for i in (1, 2)]
+    for w in pool:
+        assert w.wait(180) == 0, w.log()[-3000:]
+
+    by_worker: Counter[str] = Counter()
+    for site in sites:
+        fetched = page_fetches(site)
+        assert set(fetched) == site.expected_pages(), site.url  # none missing
+        assert max(fetched.values()) == 1, site.url  # none fetched twice
+        by_worker.update(line.user_agent for line in site.read_log())
+    assert by_worker[worker_agent(1)] > 200 and by_worker[worker_agent(2)] > 200, by_worker
+    _assert_drained(redis_client)
+    seen = [redis_client.scard(part.seen) for part in PARTS]
+    # every site's URLs in exactly one shard (8 sites of the same shape: equal counts)
+    assert sum(1 for n in seen if n) >= 3 and all(n % (sum(seen) // 8) == 0 for n in seen), seen
+    assert redis_client.scard(KEYS.seen) == 0  # nothing in the crawl's own keys
+    assert redis_client.llen(KEYS.start_urls) == 0
+    assert redis_client.scard(KEYS.claimants) == 0
+    assert redis_client.hget(KEYS.meta, "shards") == b"4"
+    for w in pool:
+        assert "ERROR" not in w.log(), w.log()[-3000:]
+
+
+def test_sigkill_of_a_worker_loses_no_page_across_shards(demo_site, workers, redis_client):
+    sites = _sites(demo_site, 4, pages=150, delay=0.25)
+    settings = {
+        "DISTCRAWL_SHARDS": SHARDS,
+        "DISTCRAWL_LEASE_TIMEOUT": 3,
+        "DISTCRAWL_RECLAIM_INTERVAL": 0.5,
+        "DISTCRAWL_IDLE_TIMEOUT": 8,
+    }
+    for site in sites:
+        redis_client.lpush(KEYS.start_urls, site.url + "/")
+    victim, survivor = workers(1, **settings), workers(2, **settings)
+    assert wait_until(lambda: sum(len(page_fetches(s)) for s in sites) >= 150, timeout=60)
+    victim.kill()
+    held = sum(leases_held_by(redis_client, part, victim.log()) for part in PARTS)
+    assert held > 0
+    replacement = workers(3, **settings)
+    for w in (survivor, replacement):
+        assert w.wait(180) == 0, w.log()[-3000:]
+    for site in sites:
+        assert set(page_fetches(site)) == site.expected_pages(), "pages missing after SIGKILL"
+    refetched = sum(
+        n - 1 for site in sites for n in page_fetches(site, ok_only=False).values() if n > 1
+    )
+    assert refetched <= held
+    _assert_drained(redis_client)
+
+
+def test_a_page_that_always_fails_reaches_the_crawls_dead_letters(demo_site, workers, redis_client):
+    site = demo_site(pages=3, links=2, host="127.0.0.3", leaves=2)
+    redis_client.lpush(KEYS.start_urls, site.url + "/", site.url + "/broken/1")
+    w = workers(
+        1,
+        DISTCRAWL_SHARDS=SHARDS,
+        DISTCRAWL_IDLE_TIMEOUT=4,
+        RETRY_TIMES=1,
+        DISTCRAWL_RETRY_BACKOFF_BASE=0.1,
+        DISTCRAWL_RECLAIM_INTERVAL=0.5,
+    )
+    assert w.wait(120) == 0, w.log()[-3000:]
+    assert wait_until(lambda: redis_client.llen(KEYS.dead) >= 1, timeout=5)
+    records = redis_client.lrange(KEYS.dead, 0, -1)
+    assert any(b"/broken/1" in r for r in records), records
+    assert all(redis_client.llen(part.dead) == 0 for part in PARTS)  # moved on, each once
+    assert len(records) == 1
+
+
+def test_a_worker_with_another_shard_count_refuses_to_start(demo_site, workers, redis_client):
+    site = demo_site(pages=3)
+    first = workers(1, DISTCRAWL_SHARDS=SHARDS)
+    assert first.wait_for_log("Frontier: ")
+    other = workers(2, DISTCRAWL_SHARDS=2)
+    assert other.wait(60) != 0 or "DISTCRAWL_SHARDS" in other.log()
+    assert "DISTCRAWL_SHARDS" in other.log()
+    redis_client.lpush(KEYS.start_urls, site.url + "/")
+    assert wait_until(lambda: len(page_fetches(site)) == 4, timeout=30)
+    first.stop()
+
+
+# ------------------------------------------------------------------ the operator's tools
+
+
+def test_status_limit_redrive_and_reset_of_a_sharded_crawl(redis_url, redis_client, capsys):
+    from distcrawl.cli import main
+    from distcrawl.frontier import make_entry
+
+    redis_client.hset(KEYS.meta, "shards", SHARDS)
+    redis_client.lpush(KEYS.start_urls, "http://a.example/")
+    for i, part in enumerate(PARTS):
+        redis_client.zadd(part.queue, {make_entry("h", 0, i, b"x"): 0})
+        redis_client.sadd(part.seen, b"fp")
+    redis_client.lpush(PARTS[2].dead, b'{"reason": "boom"}')
+    redis_client.lpush(KEYS.dead, b'{"reason": "boom", "url": "http://b.example/"}')
+    argv = ["--redis-url", redis_url]
+
+    assert main([*argv, "--json", "status", "site"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert (status["queue"], status["seen"], status["start_urls"]) == (SHARDS, SHARDS, 1)
+    assert status["dead"] == 2  # the crawl's and a shard's quarantine
+
+    assert main([*argv, "limit", "site", "127.0.0.9", "--delay", "2"]) == 0
+    assert all(redis_client.hget(p.limits, "127.0.0.9") == b"2000:" for p in PARTS)
+
+    # no request parked where no worker of a sharded crawl leases
+    assert main([*argv, "dead", "redrive", "site"]) != 0
+    assert "DISTCRAWL_SHARDS" in capsys.readouterr().err
+    assert redis_client.zcard(KEYS.queue) == 0 and redis_client.llen(KEYS.dead) == 1
+
+    assert main([*argv, "reset", "site", "--yes"]) == 0
+    assert redis_client.keys("*") == []
