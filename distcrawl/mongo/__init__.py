@@ -27,6 +27,8 @@ from distcrawl.mongo._documents import (
     NoKey,
     check_document,
     dead_record,
+    item_document,
+    item_key,
     item_text,
     key_from_fields,
 )
@@ -37,6 +39,7 @@ from distcrawl.mongo._errors import (
     UNAUTHORIZED,
     WriteConcernFailed,
     auth_refusal,
+    error_reason,
     is_transient,
 )
 from distcrawl.mongo._io import MongoIO
@@ -70,7 +73,10 @@ __all__ = [
     "check_document",
     "client_options",
     "dead_record",
+    "error_reason",
     "is_transient",
+    "item_document",
+    "item_key",
     "item_text",
     "key_from_fields",
     "read_spill",
