@@ -44,7 +44,7 @@ from distcrawl.mongo._errors import (
 )
 from distcrawl.mongo._io import MongoIO
 from distcrawl.mongo._replay import ReplayResult, replay
-from distcrawl.mongo._spill import SPILL_FORMAT, SpillFile, read_spill, spill_record
+from distcrawl.mongo._spill import SPILL_FORMAT, SpillFile, json_lines, read_spill, spill_record
 from distcrawl.mongo._writer import DEAD_SUFFIX, DUPLICATE_KEY, MongoWriter
 
 __all__ = [
@@ -78,6 +78,7 @@ __all__ = [
     "item_document",
     "item_key",
     "item_text",
+    "json_lines",
     "key_from_fields",
     "read_spill",
     "replay",
