@@ -24,7 +24,7 @@ from distcrawl.cli._common import (
     UsageError,
     _cluster_option,
     _emit_json,
-    _spider,
+    command_maker,
     redis_failure,
 )
 from distcrawl.connection import make_redis
@@ -127,12 +127,7 @@ def add_parser(commands: Any, common: argparse.ArgumentParser) -> None:
         "copy a paused crawl (every worker stopped) to another Redis, e.g. one node to a "
         "Redis Cluster, under the names keys take there; verify; optionally delete the source"
     )
-    sub: argparse.ArgumentParser = commands.add_parser(
-        "migrate", parents=[common], help=text, description=text
-    )
-    sub.add_argument(
-        "spider", type=_spider, metavar="SPIDER", help="namespace (usually the spider name)"
-    )
+    sub = command_maker(common)(commands, "migrate", cmd_migrate, text)
     # never %(default)s or an echo of the value: it may hold a password
     sub.add_argument("--to", required=True, metavar="URL", help="the Redis to move the crawl to")
     sub.add_argument(
@@ -160,4 +155,3 @@ def add_parser(commands: Any, common: argparse.ArgumentParser) -> None:
         action="store_true",
         help="UNSAFE: skip the checks that the crawl is paused and no worker is live",
     )
-    sub.set_defaults(handler=cmd_migrate)
