@@ -1,4 +1,4 @@
-"""The two pieces of Scrapy's engine that distcrawl relies on, kept in one place.
+"""The pieces of Scrapy's engine that distcrawl relies on, kept in one place.
 
 Scrapy has no signal for "this request is completely done" (downloaded, its callback
 finished, and every request and item it produced handed on), which is exactly when a
@@ -6,7 +6,9 @@ lease may be acknowledged. The engine tracks that set itself (``_slot.inprogress
 request enters it when its download starts and leaves it after the scraper is done with
 it). Likewise there is no public way to ask the engine to look at the scheduler again when
 work arrives from Redis. Both are checked once when the scheduler opens, so a Scrapy release
-that renames them fails loudly at start-up instead of losing requests silently.
+that renames them fails loudly at start-up instead of losing requests silently. Nor is
+there a public way to ask whether the crawl is closing, which the MongoDB pipeline must know
+to stop waiting for MongoDB and spill what it holds.
 """
 
 from __future__ import annotations
@@ -68,3 +70,17 @@ def wake(crawler: Crawler) -> None:
     slot = _slot(crawler)
     if slot is not None:
         slot.nextcall.schedule()
+
+
+def closing(crawler: Crawler) -> bool:
+    """Whether the crawl is on its way out, whichever way it was stopped; an engine this
+    cannot read counts as closing, so that a pipeline waiting on it never waits forever."""
+    try:
+        engine = crawler.engine
+    except (AttributeError, RuntimeError):  # not started, or already gone
+        return True
+    if engine is None or not getattr(engine, "running", True):
+        return True  # engine.stop(): SIGTERM, crawler.stop()
+    # close_spider() (idle timeout, CLOSESPIDER_*): Scrapy sets _slot.closing
+    slot = getattr(engine, "_slot", None)
+    return slot is None or getattr(slot, "closing", None) is not None

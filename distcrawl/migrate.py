@@ -23,24 +23,25 @@ with ``RESTORE ... REPLACE``, so a run again after an interruption finishes the 
 record ``<ns>:migration`` (keys.py) on both sides names the migration, so that a run again
 only ever writes into a target this same migration started, never over another crawl of
 that name, and says on the source whether the copy was verified.
+
+This module is the move, which Python code and the tests drive one step at a time; the
+command's arguments and output are ``cli/_migrate.py``'s, as the import's are
+``cli/_import.py``'s.
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
 
-from distcrawl.connection import is_cluster, make_redis, node_info
+from distcrawl.connection import is_cluster, node_info
 from distcrawl.frontier import Frontier
 from distcrawl.keys import FrontierKeys
-from distcrawl.redact import redact_text, redact_url, url_secrets
 from distcrawl.seen import BloomState, part_keys
 
 #: keys per pipeline: bounds what one round trip carries (a DUMP holds a whole key)
@@ -373,150 +374,3 @@ class Migration:
         for chunk in _chunks([n for n in names if n not in last], 500):
             removed += int(self.source.client.unlink(*chunk))
         return removed + int(self.source.client.unlink(*last))
-
-
-# ---------------------------------------------------------------------- the command
-
-
-def _print_plan(infos: Sequence[KeyInfo], as_json: bool) -> None:
-    if as_json:
-        import json
-
-        print(json.dumps([asdict(i) for i in infos], indent=2))
-        return
-    for i in infos:
-        ttl = f" ttl {i.ttl_ms / 1000:.0f}s" if i.ttl_ms >= 0 else ""
-        print(f"{i.source} -> {i.target}: {i.type} of {i.size}, {i.bytes or 0} bytes{ttl}")
-    total = sum(i.bytes or 0 for i in infos)
-    print(f"{len(infos)} keys, {total} bytes (MEMORY USAGE); nothing written (--dry-run)")
-
-
-def cmd_migrate(args: argparse.Namespace, ctx: Any) -> int:
-    """Exit 0 when every key is on the target and verified (and, with --delete-source, gone
-    from the source), 1 when refused (nothing written) or a key differs after the copy."""
-    from distcrawl.cli._common import (
-        EXIT_OK,
-        EXIT_PARTIAL,
-        UsageError,
-        _cluster_option,
-        _emit_json,
-        redis_failure,
-    )
-
-    target_url: str = args.to
-    shown_target = redact_url(target_url)
-
-    def scrub(text: str) -> str:
-        return ctx.scrub(redact_text(text, url_secrets(target_url)))
-
-    try:
-        to_cluster = _cluster_option(args.to_cluster)
-    except argparse.ArgumentTypeError as exc:
-        raise UsageError(str(exc)) from None
-    ctx.client.ping()  # the source first: cli.main reports its errors, naming it
-    where = f"the target {shown_target}"
-
-    def failed(exc: redis.RedisError) -> int:
-        """As the other commands report a Redis error (cli.main), naming the side."""
-        return redis_failure(exc, where, scrub)
-
-    try:
-        target = make_redis(target_url, cluster=to_cluster)
-    except (ValueError, redis.exceptions.RedisClusterException) as exc:
-        raise UsageError(f"invalid --to {shown_target}: {scrub(str(exc))}") from None
-    except redis.RedisError as exc:  # a cluster's slot map is loaded here
-        return failed(exc)
-    try:
-        migration = Migration.between(
-            ctx.client,
-            target,
-            args.spider.namespace,
-            shown=(ctx.shown_url, shown_target),
-            worker_timeout=args.worker_timeout,
-        )
-        migration.target.client.ping()  # a wrong --to is named as such, before any work
-        where = f"the source {ctx.shown_url} or the target {shown_target}"
-        problems = [] if args.force else migration.problems()
-        if args.dry_run:  # the keys, and what a run would refuse
-            migration.run(dry_run=True)
-            _print_plan(migration.listed, ctx.as_json)
-        for problem in problems:
-            print(f"distcrawl migrate: refused: {problem}", file=sys.stderr)
-        if problems or args.dry_run:
-            return EXIT_PARTIAL if problems else EXIT_OK
-        outcome = migration.run(delete_source=args.delete_source)
-    except MigrationRefused as exc:
-        print(f"distcrawl migrate: refused: {exc}", file=sys.stderr)
-        return EXIT_PARTIAL
-    except redis.RedisError as exc:
-        return failed(exc)
-    finally:
-        target.close()
-    if ctx.as_json:
-        _emit_json(asdict(outcome))
-    else:
-        ns = args.spider.namespace
-        if outcome.already_done:
-            print(f"{ns!r} was already migrated to {shown_target} and verified")
-        else:
-            print(
-                f"{ns!r}: {outcome.keys} keys from {ctx.shown_url} to {shown_target}: "
-                f"{outcome.copied} copied, {outcome.unchanged} already there, "
-                f"{outcome.expired} expired meanwhile, in {outcome.seconds:.1f}s"
-            )
-        for line in outcome.mismatches:
-            print(f"differs: {line}", file=sys.stderr)
-        if outcome.mismatches:
-            print("not verified: the source is kept; run it again", file=sys.stderr)
-        elif outcome.deleted:
-            print(f"removed {outcome.deleted} keys from the source")
-        elif not args.delete_source:
-            print(
-                f"verified; point the workers at the target, then: distcrawl --redis-url "
-                f"<target> resume {ns}"
-            )
-    return EXIT_PARTIAL if outcome.mismatches else EXIT_OK
-
-
-def add_parser(commands: Any, common: argparse.ArgumentParser) -> None:
-    """``distcrawl migrate SPIDER --to URL``, registered by cli.py."""
-    from distcrawl.cli._common import _spider
-
-    text = (
-        "copy a paused crawl (every worker stopped) to another Redis, e.g. one node to a "
-        "Redis Cluster, under the names keys take there; verify; optionally delete the source"
-    )
-    sub: argparse.ArgumentParser = commands.add_parser(
-        "migrate", parents=[common], help=text, description=text
-    )
-    sub.add_argument(
-        "spider", type=_spider, metavar="SPIDER", help="namespace (usually the spider name)"
-    )
-    # never %(default)s or an echo of the value: it may hold a password
-    sub.add_argument("--to", required=True, metavar="URL", help="the Redis to move the crawl to")
-    sub.add_argument(
-        "--to-cluster",
-        default="auto",
-        metavar="auto|yes|no",
-        help="whether --to is a Redis Cluster node (default auto: ask it)",
-    )
-    sub.add_argument("--dry-run", action="store_true", help="list the keys and sizes only")
-    sub.add_argument(
-        "--delete-source",
-        action="store_true",
-        help="remove the crawl's keys from the source once every key is verified",
-    )
-    sub.add_argument(
-        "--worker-timeout",
-        type=float,
-        default=10.0,
-        metavar="SECONDS",
-        help="a worker that beat more recently is live and refuses the move "
-        "(DISTCRAWL_WORKER_TIMEOUT, default 10)",
-    )
-    sub.add_argument(
-        "--force",
-        action="store_true",
-        help="UNSAFE: skip the checks that the crawl is paused and no worker is live",
-    )
-    sub.set_defaults(handler=cmd_migrate)

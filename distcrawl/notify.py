@@ -33,7 +33,7 @@ from bson import json_util
 from scrapy.settings import BaseSettings
 
 from distcrawl.config import ConfigError
-from distcrawl.mongo import JSON_OPTIONS, SpillFile
+from distcrawl.mongo import JSON_OPTIONS, SpillFile, json_lines
 from distcrawl.redact import redact_text, redact_url, url_secrets
 
 logger = logging.getLogger(__name__)
@@ -188,25 +188,18 @@ class ReplayResult:
 def read_notifications(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
     """The records of a notification spill file (Notifier._spill); ValueError names the
     first line that is not one (an item spill file given by mistake, say)."""
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json_util.loads(line, json_options=JSON_OPTIONS)
-            except ValueError:
-                record = None
-            names = ("task", "database", "collection")
-            if (
-                not isinstance(record, dict)
-                or not all(isinstance(record.get(n), str) for n in names)
-                or "_id" not in record
-            ):
-                raise ValueError(
-                    f"{path}:{number}: not an item notification record (task, database, "
-                    "collection, _id)"
-                )
-            yield record
+    names = ("task", "database", "collection")
+    for number, record, _error in json_lines(path):  # a line not JSON is no record either
+        if (
+            not isinstance(record, dict)
+            or not all(isinstance(record.get(n), str) for n in names)
+            or "_id" not in record
+        ):
+            raise ValueError(
+                f"{path}:{number}: not an item notification record (task, database, "
+                "collection, _id)"
+            )
+        yield record
 
 
 def replay(

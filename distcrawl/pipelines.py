@@ -29,27 +29,28 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from itemadapter import ItemAdapter
 from scrapy import Request
 from scrapy.exceptions import NotConfigured
 from scrapy.utils.defer import maybe_deferred_to_future
 from twisted.internet.defer import Deferred
 
+from distcrawl import _engine
+from distcrawl._pipeline_report import STATS as STATS  # re-exported: it was defined here
+from distcrawl._pipeline_report import PipelineReport
 from distcrawl.mongo import (
-    DEAD_SUFFIX,
     Doc,
     FlushResult,
     MongoConfig,
     MongoIO,
     MongoWriter,
-    NoKey,
     SpillFile,
+    error_reason,
     is_transient,
-    key_from_fields,
+    item_document,
 )
 from distcrawl.mongo import auth_refusal as mongo_auth_refusal
 from distcrawl.notify import Notifier, NotifyConfig
-from distcrawl.redact import redact_text, redacted_exc_info, url_secrets
+from distcrawl.redact import redacted_exc_info
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -62,16 +63,6 @@ RETRY_MIN_DELAY = 0.25
 RETRY_MAX_DELAY = 10.0
 #: how often a pipeline waiting for MongoDB checks whether the crawl is closing
 TICK = 0.5
-STATS = "distcrawl/mongo"
-
-
-def _reason(exc: BaseException, uri: str) -> str:
-    """The error message, without secrets and without pymongo's topology dump."""
-    text = str(exc).split(", Timeout: ")[0].split(", full error: ")[0]
-    text = redact_text(text, url_secrets(uri))
-    text = text if len(text) <= 300 else text[:300] + "..."
-    refusal = mongo_auth_refusal(exc)
-    return f"{refusal}: {text}" if refusal else text
 
 
 def _call_later(delay: float, func: Callable[[], None]) -> DelayedCall:
@@ -115,7 +106,7 @@ class MongoPipeline:
         self._down_since: float | None = None
         self._closing_since: float | None = None
         self._closing_logged = False
-        self._counts = {"written": 0, "upserted": 0, "updated": 0, "failed": 0, "spilled": 0}
+        self._report = PipelineReport(crawler, config)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> MongoPipeline:
@@ -158,19 +149,21 @@ class MongoPipeline:
         )
         # first contact in the background: the crawl does not wait for MongoDB to start
         self._io.run(self._writer.prepare, self._default_collection).addErrback(
-            self._log_unreachable_at_open
+            self._report.unreachable_at_open
         )
 
     async def process_item(self, item: Any) -> Any:
-        pending = _Pending(self._document(item))
+        pending = _Pending(
+            item_document(item, self.config, self._default_collection, self._fingerprint)
+        )
         if self._queued() >= self.config.max_buffer:
-            self._inc("waited_for_room")
+            self._report.inc("waited_for_room")
             while self._queued() >= self.config.max_buffer:
                 room: Deferred[None] = Deferred()
                 self._space.append(room)
                 await maybe_deferred_to_future(room)
         self._buffer.append(pending)
-        self._max("buffer_max", self._queued())
+        self._report.max("buffer_max", self._queued())
         self._kick()
         await maybe_deferred_to_future(pending.done)
         return item
@@ -196,60 +189,13 @@ class MongoPipeline:
                     await maybe_deferred_to_future(self._io.run(self._notifier.close))
             finally:
                 self._io.stop()
-        counts = self._counts
-        logger.info(
-            "MongoDB: %d items written to %s (%d new, %d updated), %d dead-lettered, %d spilled",
-            counts["written"],
-            self.config.database,
-            counts["upserted"],
-            counts["updated"],
-            counts["failed"],
-            counts["spilled"],
-        )
-        if counts["spilled"] and self._spill is not None:
-            self._log_spill(self._spill.records)
+        self._report.closed(self._spill)
 
     # ------------------------------------------------------------------ documents
 
-    def _document(self, item: Any) -> Doc:
-        item_type = type(item)
-        type_name = f"{item_type.__module__}.{item_type.__qualname__}"
-        collection = self.config.collection_for(item_type, self._default_collection)
-        if not ItemAdapter.is_item(item):
-            return Doc(
-                collection,
-                {"value": repr(item)},
-                item_type=type_name,
-                error="not an item (itemadapter does not support this type)",
-            )
-        data = ItemAdapter(item).asdict()
-        try:
-            key = self._key(data)
-        except NoKey as exc:
-            return Doc(collection, data, item_type=type_name, error=f"no key: {exc}")
-        doc: dict[str, Any] = {"_id": key}
-        doc.update((k, v) for k, v in data.items() if k != "_id")
-        return Doc(collection, doc, key=key, item_type=type_name)
-
-    def _key(self, data: dict[str, Any]) -> Any:
-        """The item's ``_id``: its own, or the hash of DISTCRAWL_MONGO_KEY_FIELDS, or (by
-        default) the request fingerprint of its URL, the key Redis dedups pages by."""
-        if data.get("_id") is not None:
-            return data["_id"]
-        if self.config.key_fields:
-            return key_from_fields(data, self.config.key_fields)
-        name = self.config.url_field
-        url = data.get(name)
-        if not isinstance(url, str) or not url:
-            raise NoKey(
-                f"the item has no {name!r} field; set DISTCRAWL_MONGO_KEY_FIELDS for items "
-                "without a URL"
-            )
-        try:
-            request = Request(url)
-        except (TypeError, ValueError) as exc:
-            raise NoKey(f"{name!r} is not a URL: {exc}") from None
-        return self.crawler.request_fingerprinter.fingerprint(request).hex()
+    def _fingerprint(self, request: Request) -> bytes:
+        """The request fingerprint Redis dedups pages by: an item's key by default."""
+        return self.crawler.request_fingerprinter.fingerprint(request)
 
     # ------------------------------------------------------------------ batching
 
@@ -309,22 +255,7 @@ class MongoPipeline:
             )
             self._down_since = None
         self._retry_delay = 0.0
-        self._inc("flushes")
-        self._inc("flush_time_ms", round(elapsed * 1000))
-        self._max("flush_time_max_ms", round(elapsed * 1000))
-        self._max("batch_max", len(batch))
-        self._count(result)
-        for i, reason in sorted(result.reasons.items()):
-            doc = batch[i].doc
-            logger.warning(
-                "MongoDB: an item of %s (key %r) was dead-lettered to %s.%s%s: %s",
-                doc.item_type,
-                doc.key,
-                self.config.database,
-                doc.collection,
-                DEAD_SUFFIX,
-                reason,
-            )
+        self._report.flushed(result, [p.doc for p in batch], elapsed)
         self._notify(batch, result.outcomes)
 
     def _notify(self, batch: list[_Pending], outcomes: list[str]) -> None:
@@ -342,13 +273,13 @@ class MongoPipeline:
         d = self._io.run(
             self._notifier.deliver,
             stored,
-            lambda: self._closing_since is not None or self._engine_closing(),
+            lambda: self._closing_since is not None or _engine.closing(self.crawler),
             self.config.close_timeout,
         )
 
         def done(outcome: Any) -> None:
             if isinstance(outcome, str):
-                self._inc(f"notifications/{outcome}", len(stored))
+                self._report.inc(f"notifications/{outcome}", len(stored))
             else:
                 logger.error("Item notifications not sent: %s", outcome.getErrorMessage())
             self._finish(batch, outcomes)
@@ -358,7 +289,7 @@ class MongoPipeline:
     def _on_failed(self, failure: Failure, batch: list[_Pending]) -> None:
         self._in_flight = []
         self._buffer.extendleft(reversed(batch))
-        self._inc("retries")
+        self._report.inc("retries")
         exc = failure.value
         now = time.monotonic()
         if self._down_since is None:
@@ -370,7 +301,7 @@ class MongoPipeline:
                 "with backoff up to %.0fs",
                 self.config.shown_uri,
                 type(exc).__name__,
-                _reason(exc, self.config.uri or ""),
+                error_reason(exc, self.config.uri or ""),
                 self._queued(),
                 RETRY_MAX_DELAY,
                 exc_info=None
@@ -403,7 +334,7 @@ class MongoPipeline:
             self._kick()
             return
         now = time.monotonic()
-        if self._closing_since is None and self._engine_closing():
+        if self._closing_since is None and _engine.closing(self.crawler):
             self._closing_since = now
         if self._closing_since is not None:
             waited = now - self._closing_since
@@ -433,9 +364,9 @@ class MongoPipeline:
 
     def _on_spilled(self, result: FlushResult, batch: list[_Pending]) -> None:
         self._in_flight = []
-        self._count(result)
+        self._report.count(result)
         assert self._spill is not None
-        self._log_spill(len(batch))
+        self._report.spilled(len(batch), self._spill.path)
         self._finish(batch, result.outcomes)
 
     def _on_spill_failed(self, failure: Failure, batch: list[_Pending]) -> None:
@@ -465,56 +396,3 @@ class MongoPipeline:
         drained, self._drained = self._drained, []
         for d in drained:
             d.callback(None)
-
-    # ------------------------------------------------------------------ helpers
-
-    def _engine_closing(self) -> bool:
-        try:
-            engine = self.crawler.engine
-        except (AttributeError, RuntimeError):  # not started, or already gone
-            return True
-        if engine is None or not getattr(engine, "running", True):
-            return True  # engine.stop(): SIGTERM, crawler.stop()
-        # close_spider() (idle timeout, CLOSESPIDER_*): Scrapy sets _slot.closing
-        slot = getattr(engine, "_slot", None)
-        return slot is None or getattr(slot, "closing", None) is not None
-
-    def _log_spill(self, count: int) -> None:
-        assert self._spill is not None
-        logger.error(
-            "MongoDB at %s was unreachable at close: %d items are in the spill file %s. "
-            'Write them to MongoDB with: distcrawl mongo replay %s --mongo-uri "$MONGO_URI"',
-            self.config.shown_uri,
-            count,
-            self._spill.path.resolve(),
-            self._spill.path.resolve(),
-        )
-
-    def _log_unreachable_at_open(self, failure: Failure) -> None:
-        logger.warning(
-            "MongoDB at %s is not %s yet (%s); items will wait for it",
-            self.config.shown_uri,
-            "usable" if mongo_auth_refusal(failure.value) else "reachable",
-            _reason(failure.value, self.config.uri or ""),
-        )
-
-    def _count(self, result: FlushResult) -> None:
-        upserted, updated = result.count("upserted"), result.count("updated")
-        for name, value in (
-            ("written", upserted + updated),
-            ("upserted", upserted),
-            ("updated", updated),
-            ("failed", result.count("dead")),
-            ("spilled", result.count("spilled")),
-        ):
-            self._counts[name] += value
-            if value:
-                self._inc(name, value)
-
-    def _inc(self, name: str, value: int = 1) -> None:
-        if self.crawler.stats is not None:
-            self.crawler.stats.inc_value(f"{STATS}/{name}", value)
-
-    def _max(self, name: str, value: int) -> None:
-        if self.crawler.stats is not None:
-            self.crawler.stats.max_value(f"{STATS}/{name}", value)

@@ -70,12 +70,12 @@ def build_parser() -> argparse.ArgumentParser:
     _crawl.add_parsers(commands, common)
     _dead.add_parsers(commands, common)
     _admin.add_parsers(commands, common)
-    from distcrawl import migrate, scrapyd
-    from distcrawl.cli import _import
+    from distcrawl import scrapyd
+    from distcrawl.cli import _import, _migrate
 
     scrapyd.add_parser(commands, common, _admin.cmd_scrapyd)
     _import.add_parser(commands, common)
-    migrate.add_parser(commands, common)
+    _migrate.add_parser(commands, common)
     return parser
 
 

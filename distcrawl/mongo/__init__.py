@@ -27,6 +27,8 @@ from distcrawl.mongo._documents import (
     NoKey,
     check_document,
     dead_record,
+    item_document,
+    item_key,
     item_text,
     key_from_fields,
 )
@@ -37,11 +39,12 @@ from distcrawl.mongo._errors import (
     UNAUTHORIZED,
     WriteConcernFailed,
     auth_refusal,
+    error_reason,
     is_transient,
 )
 from distcrawl.mongo._io import MongoIO
 from distcrawl.mongo._replay import ReplayResult, replay
-from distcrawl.mongo._spill import SPILL_FORMAT, SpillFile, read_spill, spill_record
+from distcrawl.mongo._spill import SPILL_FORMAT, SpillFile, json_lines, read_spill, spill_record
 from distcrawl.mongo._writer import DEAD_SUFFIX, DUPLICATE_KEY, MongoWriter
 
 __all__ = [
@@ -70,8 +73,12 @@ __all__ = [
     "check_document",
     "client_options",
     "dead_record",
+    "error_reason",
     "is_transient",
+    "item_document",
+    "item_key",
     "item_text",
+    "json_lines",
     "key_from_fields",
     "read_spill",
     "replay",

@@ -1,21 +1,27 @@
 """Items as MongoDB documents: the stable ``_id`` that makes every write an upsert, the checks
 that tell a document MongoDB will refuse before it is sent, and the dead-letter record of one.
+A scraped item becomes its document here too, so that its key is chosen in one place.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import bson
 from bson import json_util
 from bson.binary import UuidRepresentation
 from bson.codec_options import CodecOptions
 from bson.errors import InvalidDocument
+from itemadapter import ItemAdapter
+from scrapy import Request
+
+if TYPE_CHECKING:
+    from distcrawl.mongo._config import MongoConfig
 
 #: MongoDB's document size limit (``maxBsonObjectSize``), the same on every server since 1.8
 MAX_DOCUMENT_BYTES = 16 * 1024 * 1024
@@ -76,6 +82,57 @@ class FlushResult:
 
     def count(self, outcome: str) -> int:
         return self.outcomes.count(outcome)
+
+
+def item_document(
+    item: Any,
+    config: MongoConfig,
+    default_collection: str,
+    fingerprint: Callable[[Request], bytes],
+) -> Doc:
+    """The Doc of a scraped item, keyed; an item that cannot be one (not an item, no key)
+    still becomes a Doc, with ``error`` set, so that it is dead-lettered, not lost."""
+    item_type = type(item)
+    type_name = f"{item_type.__module__}.{item_type.__qualname__}"
+    collection = config.collection_for(item_type, default_collection)
+    if not ItemAdapter.is_item(item):
+        return Doc(
+            collection,
+            {"value": repr(item)},
+            item_type=type_name,
+            error="not an item (itemadapter does not support this type)",
+        )
+    data = ItemAdapter(item).asdict()
+    try:
+        key = item_key(data, config, fingerprint)
+    except NoKey as exc:
+        return Doc(collection, data, item_type=type_name, error=f"no key: {exc}")
+    doc: dict[str, Any] = {"_id": key}
+    doc.update((k, v) for k, v in data.items() if k != "_id")
+    return Doc(collection, doc, key=key, item_type=type_name)
+
+
+def item_key(
+    data: Mapping[str, Any], config: MongoConfig, fingerprint: Callable[[Request], bytes]
+) -> Any:
+    """The item's ``_id``: its own, or the hash of DISTCRAWL_MONGO_KEY_FIELDS, or (by
+    default) the request fingerprint of its URL, the key Redis dedups pages by."""
+    if data.get("_id") is not None:
+        return data["_id"]
+    if config.key_fields:
+        return key_from_fields(data, config.key_fields)
+    name = config.url_field
+    url = data.get(name)
+    if not isinstance(url, str) or not url:
+        raise NoKey(
+            f"the item has no {name!r} field; set DISTCRAWL_MONGO_KEY_FIELDS for items "
+            "without a URL"
+        )
+    try:
+        request = Request(url)
+    except (TypeError, ValueError) as exc:
+        raise NoKey(f"{name!r} is not a URL: {exc}") from None
+    return fingerprint(request).hex()
 
 
 def check_document(doc: Mapping[str, Any]) -> bytes | str:

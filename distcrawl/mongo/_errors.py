@@ -10,6 +10,8 @@ from pymongo.errors import (
     WTimeoutError,
 )
 
+from distcrawl.redact import redact_text, url_secrets
+
 #: server error codes that say "try again", not "this document is bad"
 TRANSIENT_CODES = frozenset(
     {6, 7, 50, 89, 91, 112, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436}
@@ -41,6 +43,16 @@ def auth_refusal(exc: BaseException) -> str | None:
     if isinstance(exc, OperationFailure):
         return AUTH_REFUSALS.get(exc.code or 0)
     return None
+
+
+def error_reason(exc: BaseException, uri: str) -> str:
+    """``exc``'s message fit for a log line: pymongo appends its whole topology to a server
+    selection timeout, and the message may quote the URI's password."""
+    text = str(exc).split(", Timeout: ")[0].split(", full error: ")[0]
+    text = redact_text(text, url_secrets(uri))
+    text = text if len(text) <= 300 else text[:300] + "..."
+    refusal = auth_refusal(exc)
+    return f"{refusal}: {text}" if refusal else text
 
 
 class WriteConcernFailed(PyMongoError):

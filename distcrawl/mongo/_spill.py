@@ -52,23 +52,36 @@ def spill_record(
     }
 
 
-def read_spill(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, record) of a spill file; a line that is not a record raises ValueError."""
+def json_lines(
+    path: str | os.PathLike[str],
+) -> Iterator[tuple[int, Any, ValueError | TypeError | None]]:
+    """(line number, value, None) of each line of a JSON-lines file distcrawl wrote (a spill
+    file, a notification spill file), or (line number, None, the error) for a line that is
+    not JSON: each reader says in its own words what the line should have been."""
     with open(path, encoding="utf-8") as handle:
         for number, line in enumerate(handle, 1):
             if not line.strip():
                 continue
             try:
-                record = json_util.loads(line, json_options=JSON_OPTIONS)
+                value = json_util.loads(line, json_options=JSON_OPTIONS)
             except (ValueError, TypeError) as exc:
-                raise ValueError(f"{path}:{number}: not JSON: {exc}") from None
-            if (
-                not isinstance(record, dict)
-                or record.get("v") != SPILL_FORMAT
-                or not isinstance(record.get("doc"), dict)
-                or "_id" not in record["doc"]
-                or not isinstance(record.get("collection"), str)
-                or not isinstance(record.get("database"), str)
-            ):
-                raise ValueError(f"{path}:{number}: not a distcrawl spill record")
-            yield number, record
+                yield number, None, exc
+            else:
+                yield number, value, None
+
+
+def read_spill(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, record) of a spill file; a line that is not a record raises ValueError."""
+    for number, record, error in json_lines(path):
+        if error is not None:
+            raise ValueError(f"{path}:{number}: not JSON: {error}")
+        if (
+            not isinstance(record, dict)
+            or record.get("v") != SPILL_FORMAT
+            or not isinstance(record.get("doc"), dict)
+            or "_id" not in record["doc"]
+            or not isinstance(record.get("collection"), str)
+            or not isinstance(record.get("database"), str)
+        ):
+            raise ValueError(f"{path}:{number}: not a distcrawl spill record")
+        yield number, record
