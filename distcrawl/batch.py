@@ -217,6 +217,9 @@ class BatchResult:
     swept: SweepResult | None = None
     #: dead letters moved from the shards' quarantines to the crawl's (sharded_batch.py)
     dead_moved: int = 0
+    #: the fewest replicas a WAIT behind a commit's first phase counted (DISTCRAWL_WAIT_REPLICAS;
+    #: a large number when none was sent)
+    replicas: int = 1 << 30
     drained: Drained | None = None
     #: the liveness beat that rode along reached Redis
     beat: bool = False
@@ -376,15 +379,26 @@ class Runner:
                     res.error = exc
         return res
 
-    def _send(self, steps: list[_Step], res: BatchResult) -> bool:
+    def _send(
+        self,
+        steps: list[_Step],
+        res: BatchResult,
+        *,
+        client: Any = None,
+        wait: tuple[int, int] | None = None,
+    ) -> bool:
         """Send ``steps`` in one non-transactional pipeline and hand each its reply; returns
         whether Redis is unreachable (then no step's outcome is known).
 
         EVALSHA, not redis-py's Script objects: those ask SCRIPT EXISTS on every execute, a
         round trip of its own. A step refused with NOSCRIPT (the server restarted or its
         script cache was flushed) did not run: once the scripts are loaded, exactly those
-        steps are sent again, in their order."""
-        client = self.frontier.client
+        steps are sent again, in their order.
+
+        ``client``: one node's client instead of the frontier's; ``wait``: (replicas,
+        timeout ms) for a WAIT behind the steps, on the same connection as their writes,
+        whose reply (the replicas that acknowledged them) goes to ``res.replicas``."""
+        client = client if client is not None else self.frontier.client
         scripts = self.frontier.scripts
         pending = steps
         for attempt in range(2):
@@ -400,6 +414,8 @@ class Runner:
                     pipe.execute_command("EVALSHA", sha, len(op.keys), *op.keys, *op.args)
                 else:
                     pipe.execute_command(*op.args)
+            if wait is not None:
+                pipe.execute_command("WAIT", *wait)
             try:
                 replies = pipe.execute(raise_on_error=False)
             except redis.RedisError as exc:
@@ -413,6 +429,10 @@ class Runner:
                 if res.error is None and any(not (st.commit or st.rider) for st in pending):
                     res.error = exc
                 return not isinstance(exc, redis.ResponseError)
+            if wait is not None:
+                acked = replies.pop()
+                if not isinstance(acked, BaseException):
+                    res.replicas = min(int(acked), res.replicas)
             again: list[_Step] = []
             for st, reply in zip(pending, replies, strict=True):
                 if isinstance(reply, redis.exceptions.NoScriptError) and attempt == 0:

@@ -189,6 +189,10 @@ class DistcrawlConfig:
     seen: str = "set"
     #: how many shards the frontier is split into (shards.py)
     shards: int = 1
+    #: replicas a commit's children must reach before their parent is acknowledged in
+    #: another shard, and how long (s) to wait for them at most (sharded_batch.py)
+    wait_replicas: int = 0
+    wait_replicas_timeout: float = 1.0
     bloom_capacity: int = DEFAULT_CAPACITY
     bloom_error_rate: float = DEFAULT_ERROR_RATE
     socket_timeout: float = 10.0
@@ -307,6 +311,15 @@ class DistcrawlConfig:
             ),
             seen=seen,
             shards=_get(settings, "DISTCRAWL_SHARDS", cls.shards, _shard_count),
+            wait_replicas=_get(
+                settings, "DISTCRAWL_WAIT_REPLICAS", cls.wait_replicas, _at_least(0, int)
+            ),
+            wait_replicas_timeout=_get(
+                settings,
+                "DISTCRAWL_WAIT_REPLICAS_TIMEOUT",
+                cls.wait_replicas_timeout,
+                _positive(float),
+            ),
             bloom_capacity=_get(
                 settings, "DISTCRAWL_BLOOM_CAPACITY", cls.bloom_capacity, _positive(_integer)
             ),

@@ -557,6 +557,7 @@ class Scheduler(BaseScheduler):
                 len(batch.renew),
             )
         self._report.requeue(res)
+        self._report.shards(res)
         got = self._handle_leased(res)
         if batch.want and res.lease is not None:
             if got:

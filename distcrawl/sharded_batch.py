@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
+from redis.cluster import RedisCluster
 
 from distcrawl.batch import (
     Batch,
@@ -99,9 +100,20 @@ def _of_shard(shard: int) -> Callable[[LeaseResult], LeaseResult]:
 class ShardedRunner(Runner):
     """Runs batches for one worker over every shard of the crawl; on the Redis thread."""
 
-    def __init__(self, shards: Shards, *args: Any, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        shards: Shards,
+        *args: Any,
+        wait_replicas: int = 0,
+        wait_replicas_ms: int = 1000,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(shards.crawl, *args, **kwargs)
         self.shards = shards
+        #: DISTCRAWL_WAIT_REPLICAS: a commit's first phase must reach this many replicas
+        #: (or the timeout pass) before its acknowledgements are sent
+        self.wait_replicas = wait_replicas
+        self.wait_replicas_ms = wait_replicas_ms
         #: monotonic time from which each shard may have something to lease
         self._due = [0.0] * shards.count
         self._turn = 0
@@ -311,7 +323,10 @@ class ShardedRunner(Runner):
                 _Step(self._part_op(part), _filler(results, i), commit=True)
                 for i, part in enumerate(phase)
             ]
-            down = self._send(pending + steps, res)
+            if self.wait_replicas and len(phases) > 1 and phase is phases[0]:
+                down = self._send(pending, res) or self._send_waited(steps, res)
+            else:
+                down = self._send(pending + steps, res)
             pending = []
             for part, result in zip(phase, results, strict=True):
                 if result is not _MISSING:
@@ -320,6 +335,32 @@ class ShardedRunner(Runner):
                 return down or self._send(after, res)
         self._finish(commit, res, pending)
         return self._send(pending + after, res)
+
+    def _send_waited(self, steps: list[_Step], res: BatchResult) -> bool:
+        """Send a first phase with a WAIT behind it on each node it wrote to, on the
+        connection that wrote: a failover then cannot keep the acknowledgement that follows
+        and lose the children (Redis replicates asynchronously). On a single server the
+        shards share one replication stream, in order, so one WAIT covers them."""
+        client = self.frontier.client
+        wait = (self.wait_replicas, self.wait_replicas_ms)
+        if not isinstance(client, RedisCluster):
+            return self._send(steps, res, wait=wait)
+        groups: dict[str, list[_Step]] = {}
+        nodes: dict[str, Any] = {}
+        for st in steps:
+            node = client.get_node_from_key(st.op.keys[0])
+            groups.setdefault(node.name, []).append(st)
+            nodes[node.name] = node
+        for name, group in groups.items():
+            down = self._send(
+                group, res, client=client.get_redis_connection(nodes[name]), wait=wait
+            )
+            if down:
+                return True
+        if res.commit_error is not None and "MOVED" in str(res.commit_error):
+            # a slot moved: the node's own client does not follow; the next try asks anew
+            client.nodes_manager.initialize()
+        return False
 
     def _phases(self, commit: Commit) -> list[list[CommitPart]]:
         """The commit's phases, made once, less the parts already stored."""

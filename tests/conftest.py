@@ -146,13 +146,19 @@ def workers(tmp_path: Path, redis_url: str) -> Iterator[Callable[..., Worker]]:
     """Factory of real ``scrapy crawl site`` processes on the test Redis; all stopped by PID."""
     started: list[Worker] = []
 
-    def factory(index: int, spider: str = "site", **settings: object) -> Worker:
+    def factory(
+        index: int,
+        spider: str = "site",
+        spider_args: dict[str, str] | None = None,
+        **settings: object,
+    ) -> Worker:
         worker = Worker(
             index,
             redis_url=redis_url,
             spider=spider,
             settings=worker_settings(settings),
             log_path=tmp_path / f"worker-{index}.log",
+            spider_args=spider_args,
         )
         started.append(worker)
         return worker.start()

@@ -245,6 +245,46 @@ def test_sigkill_of_a_worker_loses_no_page_across_shards(demo_site, workers, red
     _assert_drained(redis_client)
 
 
+def test_links_across_shards_survive_a_sigkill_each_page_once(demo_site, workers, redis_client):
+    """Each site links to pages of the sites started before it, on other hosts and so (for
+    at least one pair, checked) other shards: a page's children are stored in their shards
+    before the page is acknowledged in its own (two phases). A worker killed mid-crawl loses
+    nothing, and nothing but what it held is fetched twice."""
+    sites = []
+    for i in range(4):
+        links = tuple(f"{s.url}/page/{n}" for s in sites for n in range(0, 120, 4))
+        sites.append(
+            demo_site(pages=120, links=4, delay=0.1, host=f"127.0.0.{2 + i}", hostile_links=links)
+        )
+    assert len({shard_of_url(s.url, SHARDS) for s in sites}) >= 2
+    args = {"allowed_domains": ",".join(f"127.0.0.{2 + i}" for i in range(4))}
+    settings = {
+        "DISTCRAWL_SHARDS": SHARDS,
+        "DISTCRAWL_LEASE_TIMEOUT": 3,
+        "DISTCRAWL_RECLAIM_INTERVAL": 0.5,
+        "DISTCRAWL_IDLE_TIMEOUT": 6,
+    }
+    for site in sites:
+        redis_client.lpush(KEYS.start_urls, site.url + "/")
+    victim = workers(1, spider_args=args, **settings)
+    survivor = workers(2, spider_args=args, **settings)
+    assert wait_until(lambda: sum(len(page_fetches(s)) for s in sites) >= 120, timeout=60)
+    victim.kill()
+    held = sum(leases_held_by(redis_client, part, victim.log()) for part in PARTS)
+    replacement = workers(3, spider_args=args, **settings)
+    for w in (survivor, replacement):
+        assert w.wait(180) == 0, w.log()[-3000:]
+        assert "ERROR" not in w.log(), w.log()[-3000:]
+    twice = 0
+    for site in sites:
+        fetched = page_fetches(site, ok_only=False)
+        assert set(page_fetches(site)) == site.expected_pages(), site.url
+        twice += sum(n - 1 for n in fetched.values() if n > 1)
+    assert twice <= held, (twice, held)
+    _assert_drained(redis_client)
+    assert redis_client.llen(KEYS.dead) == 0
+
+
 def test_a_page_that_always_fails_reaches_the_crawls_dead_letters(demo_site, workers, redis_client):
     site = demo_site(pages=3, links=2, host="127.0.0.3", leaves=2)
     redis_client.lpush(KEYS.start_urls, site.url + "/", site.url + "/broken/1")
@@ -307,3 +347,73 @@ def test_status_limit_redrive_and_reset_of_a_sharded_crawl(redis_url, redis_clie
 
     assert main([*argv, "reset", "site", "--yes"]) == 0
     assert redis_client.keys("*") == []
+
+
+# ------------------------------------------------------------------ DISTCRAWL_WAIT_REPLICAS
+
+
+def _linked_sites(demo_site, count: int = 3, pages: int = 40):
+    """Sites each linking to pages of the ones before: commits that cross shards."""
+    sites = []
+    for i in range(count):
+        links = tuple(f"{s.url}/page/{n}" for s in sites for n in range(0, pages, 3))
+        host = f"127.0.0.{2 + i}"
+        sites.append(demo_site(pages=pages, links=3, host=host, hostile_links=links))
+    return sites, {"allowed_domains": ",".join(f"127.0.0.{2 + i}" for i in range(count))}
+
+
+def _waits(client) -> int:
+    return int(client.info("commandstats").get("cmdstat_wait", {}).get("calls", 0))
+
+
+def test_children_in_other_shards_wait_for_a_replica_before_the_ack(
+    demo_site, workers, redis_server, redis_client, tmp_path
+):
+    from distcrawl.demo.redis_server import RedisServer
+
+    replica = RedisServer(directory=tmp_path / "replica").start()
+    try:
+        replica_client = replica.client()
+        replica_client.replicaof("127.0.0.1", redis_server.port)
+        assert wait_until(
+            lambda: replica_client.info("replication").get("master_link_status") == "up", 10
+        )
+        sites, args = _linked_sites(demo_site)
+        for site in sites:
+            redis_client.lpush(KEYS.start_urls, site.url + "/")
+        w = workers(
+            1,
+            spider_args=args,
+            DISTCRAWL_SHARDS=SHARDS,
+            DISTCRAWL_WAIT_REPLICAS=1,
+            DISTCRAWL_IDLE_TIMEOUT=3,
+        )
+        assert w.wait(120) == 0, w.log()[-3000:]
+        for site in sites:
+            assert set(page_fetches(site)) == site.expected_pages()
+        assert _waits(redis_client) > 0  # the cross-shard commits waited
+        assert "distcrawl/commit/unreplicated" not in w.log()  # and the replica answered
+        assert wait_until(lambda: replica_client.dbsize() == redis_client.dbsize(), 10)
+        replica_client.close()
+    finally:
+        replica.stop()
+
+
+def test_without_the_replicas_the_crawl_goes_on_and_says_so(demo_site, workers, redis_client):
+    sites, args = _linked_sites(demo_site, count=2, pages=20)
+    for site in sites:
+        redis_client.lpush(KEYS.start_urls, site.url + "/")
+    w = workers(
+        1,
+        spider_args=args,
+        DISTCRAWL_SHARDS=SHARDS,
+        DISTCRAWL_WAIT_REPLICAS=1,
+        DISTCRAWL_WAIT_REPLICAS_TIMEOUT=0.05,
+        DISTCRAWL_IDLE_TIMEOUT=3,
+    )
+    assert w.wait(120) == 0, w.log()[-3000:]
+    for site in sites:
+        assert set(page_fetches(site)) == site.expected_pages()
+    assert _waits(redis_client) > 0
+    assert "'distcrawl/commit/unreplicated'" in w.log()
+    assert "reached 0 of 1 replicas" in w.log()

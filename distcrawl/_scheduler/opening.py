@@ -169,7 +169,20 @@ def connect(
         "liveness": liveness,
     }
     if shards.sharded:
-        runner: Runner = ShardedRunner(shards, codec, **options)
+        runner: Runner = ShardedRunner(
+            shards,
+            codec,
+            wait_replicas=config.wait_replicas,
+            wait_replicas_ms=int(config.wait_replicas_timeout * 1000),
+            **options,
+        )
     else:
+        if config.wait_replicas:
+            logger.warning(
+                "DISTCRAWL_WAIT_REPLICAS=%d has no effect with one shard: a commit is one "
+                "script, replicated whole, acknowledgement and children together",
+                config.wait_replicas,
+                extra={"spider": spider},
+            )
         runner = Runner(frontier, codec, **options)
     return Connected(keys, frontier, liveness, runner, shards)

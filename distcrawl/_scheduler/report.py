@@ -50,6 +50,7 @@ class Reporter:
         self._warned_slot_full = 0.0
         self._warned_full = 0.0
         self._warned_acks = -WARN_EVERY
+        self._warned_replicas = -WARN_EVERY
         #: scheme -> monotonic time of the last warning about requests refused for it
         self._warned_schemes: dict[str, float] = {}
 
@@ -144,6 +145,26 @@ class Reporter:
                 self.crawler.signals.send_catch_log(
                     signals.request_dropped, request=request, spider=self.spider
                 )
+
+    def shards(self, res: BatchResult) -> None:
+        """What only a sharded frontier does: dead letters moved from the shards'
+        quarantines, and first phases that did not reach DISTCRAWL_WAIT_REPLICAS replicas."""
+        self._inc("distcrawl/dead/moved", res.dead_moved)
+        wanted = self.config.wait_replicas
+        if res.replicas >= wanted:
+            return
+        self._inc("distcrawl/commit/unreplicated")
+        if time.monotonic() - self._warned_replicas >= WARN_EVERY:
+            self._warned_replicas = time.monotonic()
+            logger.warning(
+                "Children stored in other shards reached %d of %d replicas within %.1fs "
+                "(DISTCRAWL_WAIT_REPLICAS); their pages are acknowledged anyway, so that the "
+                "crawl goes on: a failover now could lose them",
+                res.replicas,
+                wanted,
+                self.config.wait_replicas_timeout,
+                extra={"spider": self.spider},
+            )
 
     def requeue(self, res: BatchResult) -> None:
         """Tell what the reclaim of expired leases and of dead workers' found."""

@@ -40,6 +40,7 @@ class Worker(ManagedProcess):
         settings: Mapping[str, Any] | None = None,
         env: Mapping[str, str] | None = None,
         mongo_uri: str | None = None,
+        spider_args: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__()
         self.index = index
@@ -47,6 +48,8 @@ class Worker(ManagedProcess):
         self.log_path = Path(log_path)
         self.spider = spider
         self.settings = dict(settings or {})
+        #: ``-a name=value`` arguments of the spider (e.g. the site spider's allowed_domains)
+        self.spider_args = dict(spider_args or {})
         self.env = dict(env or {})
         #: given to the worker as the MONGO_URI environment variable (the bundled settings read
         #: it), never on its command line; None: the worker stores no items
@@ -58,6 +61,8 @@ class Worker(ManagedProcess):
         settings.update(self.settings)
         for key, value in settings.items():
             cmd += ["-s", f"{key}={value}"]
+        for name, value in self.spider_args.items():
+            cmd += ["-a", f"{name}={value}"]
         return cmd
 
     def start(self) -> Worker:
