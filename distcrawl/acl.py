@@ -112,6 +112,7 @@ PYTHON_COMMANDS = (
     "lrange",
     "ltrim",
     "multi",
+    "pexpire",
     "scan",
     "scard",
     "set",
@@ -182,7 +183,17 @@ def producer_read_keys(keys: FrontierKeys) -> tuple[str, ...]:
         keys.workers,
         keys.domains,
         keys.alive,
+        keys.meta,
     )
+
+
+#: what push and status read in each shard of a sharded crawl (DISTCRAWL_SHARDS)
+PRODUCER_SHARD_READS = ("queue", "ready", "leases", "delayed", "seen", "bloom", "dead", "stats")
+
+
+def shard_pattern(keys: FrontierKeys, suffix: str = "*") -> str:
+    """An ACL glob of the shards' keys (``{<ns>:<shard>}:<suffix>``, keys.py)."""
+    return f"{{{key_pattern(check_token('namespace', keys.namespace))}:[0-9]*}}:{suffix}"
 
 
 def worker_commands(cluster: bool = False) -> tuple[str, ...]:
@@ -197,7 +208,7 @@ def worker_key_patterns(keys: FrontierKeys) -> tuple[str, ...]:
     ``{<ns>:start_urls}:*`` and ``<ns>:start_urls`` itself (keys.py); and the shards' keys,
     ``{<ns>:<shard>}:*``, which a crawl may have (DISTCRAWL_SHARDS) on either."""
     namespace = key_pattern(check_token("namespace", keys.namespace))
-    shards = f"{{{namespace}:[0-9]*}}:*"
+    shards = shard_pattern(keys)
     if not keys.cluster:
         return (f"{namespace}:*", shards)
     crawl = keys.sharded(1)
@@ -253,6 +264,7 @@ def password_rule(role: str, env_var: str | None) -> tuple[str, bool]:
 def producer_user(keys: FrontierKeys, name: str, password: tuple[str, bool]) -> AclUser:
     check_token("producer user", name)
     reads = tuple(f"%R~{key_pattern(check_token('key', key))}" for key in producer_read_keys(keys))
+    reads += tuple(f"%R~{shard_pattern(keys, suffix)}" for suffix in PRODUCER_SHARD_READS)
     rules = (
         "on",
         password[0],

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import redis
+from redis.cluster import RedisCluster
 from scrapy import Request
 
 from distcrawl.frontier import (
@@ -400,6 +401,7 @@ class Runner:
         whose reply (the replicas that acknowledged them) goes to ``res.replicas``."""
         client = client if client is not None else self.frontier.client
         scripts = self.frontier.scripts
+        cluster = isinstance(client, RedisCluster)
         pending = steps
         for attempt in range(2):
             if not pending:
@@ -411,7 +413,15 @@ class Runner:
                     sha = getattr(scripts, op.script).sha
                     # as a plain command: redis-py's cluster pipeline refuses its evalsha()
                     # method, but routes an EVALSHA by its keys (all in one slot)
-                    pipe.execute_command("EVALSHA", sha, len(op.keys), *op.keys, *op.args)
+                    args = ("EVALSHA", sha, len(op.keys), *op.keys, *op.args)
+                    if cluster and op.keys:
+                        # routed here, from the slot map it holds: left to itself, redis-py
+                        # 8 asks a node COMMAND GETKEYS for each EVALSHA, a round trip each
+                        # (after a MOVED it routes the command again, by its keys)
+                        node = client.get_node_from_key(op.keys[0])
+                        pipe.execute_command(*args, target_nodes=node)
+                    else:
+                        pipe.execute_command(*args)
                 else:
                     pipe.execute_command(*op.args)
             if wait is not None:

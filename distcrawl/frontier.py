@@ -19,7 +19,7 @@ import redis
 
 from distcrawl.connection import execute_timed
 from distcrawl.deadrecord import DEAD_RAW_BYTES, dead_letter, worker_id
-from distcrawl.frontier_admin import FrontierAdmin
+from distcrawl.frontier_admin import FrontierAdmin, recorded_shards
 from distcrawl.keys import FrontierKeys
 from distcrawl.lua import SEEN_MODES, Scripts
 from distcrawl.ops import Op, sent_alone
@@ -99,6 +99,9 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+#: as commit.lua: wake-up tokens waiting at most, and how long each waits (ms)
+WAKE_MAX, WAKE_TTL_MS = 16, 1000
 
 
 def _pairs(refs: Iterable[LeaseRef]) -> list[Any]:
@@ -342,6 +345,17 @@ class Frontier(FrontierAdmin):
         k = self.keys
         return Op("", [], ["BLPOP", k.wake_of(self.tag), k.wake, f"{seconds:.3f}"], is_not_none)
 
+    def wake_ops(self, queued: int) -> list[Op[Any]]:
+        """Wake-up tokens for ``queued`` requests stored, as commit.lua pushes them (at most
+        WAKE_MAX waiting, each for WAKE_TTL_MS): for commits made in shards, whose own wake
+        lists nobody waits on."""
+        wake = self.keys.wake
+        return [
+            Op("", [], ["LPUSH", wake, *["1"] * min(queued, WAKE_MAX)], int),
+            Op("", [], ["LTRIM", wake, 0, WAKE_MAX - 1], bool),
+            Op("", [], ["PEXPIRE", wake, WAKE_TTL_MS], bool),
+        ]
+
     def alive_op(self) -> Op[int]:
         """One liveness beat of this worker (alive.lua; see liveness.py), to ride with a
         batch; returns the server time written."""
@@ -352,13 +366,15 @@ class Frontier(FrontierAdmin):
         queued or leased, and when the next retry is due (server clock)."""
         k = self.keys
         pipe = self.client.pipeline(transaction=True)
-        pipe.llen(k.start_urls)
         pipe.zcard(k.queue)
         pipe.zcard(k.leases)
         pipe.zrange(k.delayed, 0, 0, withscores=True)
         pipe.scard(k.claimants)
+        if k.shard is None:  # a shard's transaction may touch its own slot only
+            pipe.llen(k.start_urls)
         values = execute_timed(self.client, pipe, k.queue)
-        start_urls, queued, leased, first, claimants, (seconds, micros) = values
+        queued, leased, first, claimants, *rest, (seconds, micros) = values
+        start_urls = rest[0] if rest else 0
         next_retry = None
         if first:
             next_retry = max(0, int(first[0][1]) - (seconds * 1000 + micros // 1000))
@@ -398,10 +414,12 @@ class Frontier(FrontierAdmin):
         pipe.hget(k.settings, "max_pending")
         pipe.zcard(k.queue)
         pipe.llen(k.start_urls)
-        cap, queued, waiting = pipe.execute()
+        for part in recorded_shards(self.client, k):
+            pipe.zcard(part.queue)
+        cap, *sizes = pipe.execute()
         if cap is None:
             return None
-        return max(0, int(cap) - int(queued) - int(waiting))
+        return max(0, int(cap) - sum(int(n) for n in sizes))
 
     def sweep_slots(self, grace_ms: int = 60_000, count: int = 100) -> SweepResult:
         """Forget the politeness state of up to ``count`` slots per per-slot HASH that

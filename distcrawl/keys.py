@@ -36,13 +36,14 @@ MAX_SHARDS = 256
 def shard_tag(namespace: str, shard: int, shards: int) -> str:
     """The hash tag of shard ``shard`` of ``shards``: ``<ns>:<shard>``, with a suffix
     (``<ns>:<shard>.<n>``, the first ``n`` that fits) when needed so that the tag's cluster
-    hash slot falls in the shard's share of the 16,384 slots. A cluster made by
-    ``redis-cli --cluster create`` gives each master an equal run of slots, so with a shard
-    count that is a multiple of the masters each master holds as many shards."""
+    hash slot falls inside the shard's share of the 16,384 slots, a slot away from its ends.
+    A cluster made by ``redis-cli --cluster create`` gives each master an equal run of slots,
+    so with a shard count that is a multiple of the masters each master holds as many."""
     if not 0 <= shard < shards <= MAX_SHARDS:
         raise ValueError(f"invalid shard {shard} of {shards}")
-    low = shard * REDIS_CLUSTER_HASH_SLOTS // shards
-    high = (shard + 1) * REDIS_CLUSTER_HASH_SLOTS // shards
+    # a slot away from each end: redis-cli rounds the ends of the masters' runs
+    low = shard * REDIS_CLUSTER_HASH_SLOTS // shards + 1
+    high = (shard + 1) * REDIS_CLUSTER_HASH_SLOTS // shards - 1
     for n in range(1_000_000):
         tag = f"{namespace}:{shard}" + (f".{n}" if n else "")
         if low <= key_slot(tag.encode()) < high:

@@ -116,6 +116,10 @@ class ShardedRunner(Runner):
         self.wait_replicas_ms = wait_replicas_ms
         #: monotonic time from which each shard may have something to lease
         self._due = [0.0] * shards.count
+        #: monotonic time of each shard's next slot turn or retry, as its last lease said
+        self._hint: list[float | None] = [None] * shards.count
+        #: each shard's queue length, as its last lease said
+        self._queued = [0] * shards.count
         self._turn = 0
 
     # -- leasing across shards ---------------------------------------------------------------
@@ -151,26 +155,26 @@ class ShardedRunner(Runner):
         def merge(values: list[LeaseResult]) -> LeaseResult:
             later = time.monotonic()
             for (shard, count), lease in zip(plan, values, strict=True):
+                self._hint[shard] = None if lease.wait is None else later + lease.wait
+                self._queued[shard] = lease.queue_size
                 if len(lease.items) + len(lease.bad) < count:
                     wait = RECHECK_EMPTY if lease.wait is None else min(lease.wait, RECHECK_EMPTY)
                     self._due[shard] = later + wait
                 else:
                     self._due[shard] = later
-            waits = [lease.wait for lease in values if lease.wait is not None]
-            asked = {shard for shard, _ in plan}
-            waits += [
-                max(0.0, self._due[i] - later) for i in range(self.shards.count) if i not in asked
-            ]
+            # when some shard's slot turn or retry comes: only the shards' own hints, so that
+            # a crawl with nothing queued anywhere waits for a wake-up token (batch.py)
+            hints = [h - later for h in self._hint if h is not None]
             for lease in values:
                 for item in lease.items:
                     self.shards.learn(item.slot, item.shard)
             first = values[0]
             return LeaseResult(
                 [item for lease in values for item in lease.items],
-                sum(lease.queue_size for lease in values),
+                sum(self._queued),
                 sum(lease.delayed for lease in values),
                 sum(lease.released for lease in values),
-                min(waits) if waits else None,
+                max(0.0, min(hints)) if hints else None,
                 first.leased_at,
                 sum(lease.quarantined for lease in values),
                 sum(lease.missing_retries for lease in values),
@@ -385,6 +389,9 @@ class ShardedRunner(Runner):
         committed = merge_commits(parts, results)
         raws = stored_start_entries(commit, committed)
         steps = [_Step(self.frontier.claimed_op(raws), _ignore)] if raws else []
+        if committed.enqueued:
+            # the shards' scripts wake nobody (idle workers wait on the crawl's list)
+            steps += [_Step(op, _ignore) for op in self.frontier.wake_ops(committed.enqueued)]
         return committed, steps
 
     def _finish(self, commit: Commit, res: BatchResult, steps: list[_Step]) -> None:

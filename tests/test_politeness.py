@@ -12,6 +12,8 @@ import json
 import time
 from collections import Counter
 
+import pytest
+
 from distcrawl import cli
 from distcrawl.demo.site import DemoSite, LogLine
 from distcrawl.frontier import Frontier
@@ -34,14 +36,18 @@ def finish(pool, timeout: float = 120) -> None:
         assert w.wait(timeout) == 0, w.log()[-3000:]
 
 
+@pytest.mark.parametrize("shards", [1, 4])
 def test_delay_holds_across_workers_while_another_host_runs_at_full_speed(
-    demo_site, workers, redis_client
+    shards, demo_site, workers, redis_client
 ):
+    """With 4 shards the two hosts are in different shards: each shard keeps its slots'
+    turns, and a worker leases from both."""
     slow = demo_site(pages=8, links=3, host="127.0.0.2")
     fast = demo_site(pages=300, host="127.0.0.3")
     settings = {
         "DOWNLOAD_SLOTS": json.dumps({"127.0.0.2": {"delay": 1.0}}),
         "DISTCRAWL_IDLE_TIMEOUT": 3,
+        "DISTCRAWL_SHARDS": shards,
     }
     redis_client.lpush("site:start_urls", slow.url + "/", fast.url + "/")
     pool = [workers(i, **settings) for i in (1, 2, 3)]
@@ -67,11 +73,13 @@ def test_delay_holds_across_workers_while_another_host_runs_at_full_speed(
     assert sum(1 for line in fast_log if line.arrived < slow_log[4].arrived) >= 100
 
 
-def test_per_domain_concurrency_is_cluster_wide(demo_site, workers, redis_client):
+@pytest.mark.parametrize("shards", [1, 4])
+def test_per_domain_concurrency_is_cluster_wide(shards, demo_site, workers, redis_client):
     site = demo_site(pages=40, links=3, delay=0.3, host="127.0.0.2")
     # Scrapy's own setting, which distcrawl makes cluster-wide; one request per worker at a
     # time, so that per-process limits would let 3 through at once
     settings = {
+        "DISTCRAWL_SHARDS": shards,
         "CONCURRENT_REQUESTS_PER_DOMAIN": 2,
         "DISTCRAWL_PREFETCH": 1,
         "DISTCRAWL_DOMAIN_CONCURRENCY": None,

@@ -53,16 +53,20 @@ def test_parse_retry_after():
     assert parse_retry_after(None) is None
 
 
-@pytest.mark.parametrize("mode", ["503", "drop"])
+@pytest.mark.parametrize(("mode", "shards"), [("503", 1), ("drop", 1), ("503", 4)])
 def test_transient_failures_are_retried_with_backoff_and_nothing_is_lost(
-    mode, demo_site, workers, redis_client
+    mode, shards, demo_site, workers, redis_client
 ):
     site = demo_site(pages=150, fail_rate=0.1, fail_times=2, fail_mode=mode)
     redis_client.lpush("site:start_urls", site.url + "/")
     # the site's 503s stand for failures of single pages here, not for an overloaded host:
     # the host-wide slow-down they cause by default (test_politeness) would stretch the
     # retries' timing this test measures
-    settings = {"DISTCRAWL_IDLE_TIMEOUT": 5, "DISTCRAWL_THROTTLE_HTTP_CODES": "429"}
+    settings = {
+        "DISTCRAWL_IDLE_TIMEOUT": 5,
+        "DISTCRAWL_THROTTLE_HTTP_CODES": "429",
+        "DISTCRAWL_SHARDS": shards,
+    }
     pool = [workers(i, **settings, **FAST_BACKOFF) for i in (1, 2)]
     for w in pool:
         assert w.wait(180) == 0, w.log()[-3000:]

@@ -7,6 +7,7 @@ shards; every count comes from the sites' own request logs."""
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 
 import pytest
@@ -417,3 +418,32 @@ def test_without_the_replicas_the_crawl_goes_on_and_says_so(demo_site, workers, 
     assert _waits(redis_client) > 0
     assert "'distcrawl/commit/unreplicated'" in w.log()
     assert "reached 0 of 1 replicas" in w.log()
+
+
+def test_idle_workers_of_a_sharded_crawl_start_within_a_second_of_a_push(
+    demo_site, workers, redis_server, redis_client
+):
+    import subprocess
+
+    site = demo_site(pages=30, host="127.0.0.4")
+    pool = [workers(i, DISTCRAWL_SHARDS=SHARDS) for i in (1, 2)]
+    for w in pool:
+        assert w.wait_for_log("Frontier: 0 queued"), w.log()
+    time.sleep(2.0)  # both idle, polling at their slowest
+    pushed_at = time.time()
+    subprocess.run(
+        ["redis-cli", "-p", str(redis_server.port), "lpush", KEYS.start_urls, site.url + "/"],
+        check=True,
+        capture_output=True,
+        timeout=10,
+    )
+    assert wait_until(lambda: "/" in page_fetches(site), timeout=10)
+    first = min(line.time for line in site.read_log() if line.path == "/")
+    assert first - pushed_at < 1.0, first - pushed_at
+    assert wait_until(lambda: len(page_fetches(site)) == 31, timeout=60)
+    for w in pool:
+        w.stop()
+    # the commits made in shards pushed wake-up tokens to the crawl's list: the worker that
+    # stored nothing was woken by them, not by its poll's timeout
+    woken = [w for w in pool if "'distcrawl/idle/woken'" in w.log()]
+    assert woken, [w.log()[-2000:] for w in pool]

@@ -9,6 +9,7 @@ with nothing said until then.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -134,14 +135,19 @@ def connect(
             keys.start_urls,
             extra={"spider": spider},
         )
+    limits = politeness(config)
+    if config.shards > 1:
+        # each shard holds a share of the queue and of the seen URLs: the pending cap and
+        # the Bloom filter's capacity are the crawl's, divided among them
+        limits = dataclasses.replace(limits, max_pending=-(-limits.max_pending // config.shards))
 
     def frontier_of(of: FrontierKeys) -> Frontier:
         return Frontier(
             client,
             of,
-            politeness(config),
+            limits,
             seen=config.seen,
-            bloom_capacity=config.bloom_capacity,
+            bloom_capacity=-(-config.bloom_capacity // config.shards),
             bloom_error_rate=config.bloom_error_rate,
             tag=tag,
         )
