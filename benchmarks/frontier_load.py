@@ -66,6 +66,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 NAMESPACE = "load"
 LEASE_MS = 60_000
 WORKER_TIMEOUT_MS = 60_000
+#: the nodes' CPU is sampled this long (s) before the load starts: what they spend idle
+IDLE_SECONDS = 1.0
 #: a load process stops after this many rounds even if its time is not up
 MAX_ROUNDS = 10_000_000
 #: a commit Redis refuses or cannot take is sent again at most this many times
@@ -255,16 +257,18 @@ class Redises:
     #: port of the master holding each shard
     owners: list[int] = field(default_factory=list)
 
-    def sample(self) -> dict[int, tuple[float, int, int]]:
-        """CPU seconds, commands and script calls of each node."""
-        return {
-            port: (
-                cpu_of(node),
+    def sample(self) -> dict[int, tuple[float, int, int, float]]:
+        """CPU seconds, commands, script calls and system CPU seconds of each node."""
+        out = {}
+        for port, node in self.nodes.items():
+            cpu = node.info("cpu")
+            out[port] = (
+                float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"]),
                 int(node.info("stats")["total_commands_processed"]),
                 scripts_of(node),
+                float(cpu["used_cpu_sys"]),
             )
-            for port, node in self.nodes.items()
-        }
+        return out
 
     def memory(self) -> dict[int, int]:
         return {port: int(node.info("memory")["used_memory"]) for port, node in self.nodes.items()}
@@ -344,6 +348,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             p.start()
         try:
             time.sleep(1.0)  # the processes import and connect before the clock starts
+            # what the nodes spend with nothing to do (the server's and the cluster bus' cron)
+            idle0 = rs.sample()
+            time.sleep(IDLE_SECONDS)
             before = rs.sample()
             go.set()
             reports = [out.get(timeout=args.seconds + 60) for _ in procs]
@@ -359,6 +366,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         node_cpu = {port: after[port][0] - before[port][0] for port in rs.nodes}
         commands = sum(after[port][1] - before[port][1] for port in rs.nodes)
         scripts = sum(after[port][2] - before[port][2] for port in rs.nodes)
+        node_sys = {port: after[port][3] - before[port][3] for port in rs.nodes}
+        idle = {port: (before[port][0] - idle0[port][0]) / IDLE_SECONDS for port in rs.nodes}
         redis_cpu = sum(node_cpu.values())
         mean = redis_cpu / len(node_cpu)
         memory = rs.memory()
@@ -379,6 +388,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             },
             "node_cpu_cores": {str(port): c / seconds for port, c in node_cpu.items()},
             "balance": max(node_cpu.values()) / mean if mean > 0 else 1.0,
+            "redis_cpu_sys_share": sum(node_sys.values()) / redis_cpu if redis_cpu else 0.0,
+            "idle_cpu_ms_per_s": {str(port): 1000 * c for port, c in idle.items()},
             "commands_per_page": commands / max(pages, 1),
             "scripts_per_page": scripts / max(pages, 1),
             "rounds_per_page": sum(r["rounds"] for r in reports) / max(pages, 1),
@@ -458,6 +469,11 @@ def print_run(result: dict[str, Any]) -> None:
             for port, us in result["node_cpu_us_per_page"].items()
         )
         print(f"per master: {nodes}; balance (max/mean) {result['balance']:.2f}")
+    idle = ", ".join(f"{ms:.1f}" for ms in result["idle_cpu_ms_per_s"].values())
+    print(
+        f"Redis system CPU {100 * result['redis_cpu_sys_share']:.0f}% of its CPU; "
+        f"idle before the load: {idle} ms/s per node"
+    )
     print(
         f"seen {result['seen_urls']}, queued at the end {result['queued_at_end']}, "
         f"used memory {result['used_memory_at_end'] / 2**20:.1f} MiB; "
