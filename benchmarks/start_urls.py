@@ -50,9 +50,11 @@ def entry(i: int) -> bytes:
 # ---------------------------------------------------------------------- worker process
 
 
-def worker(redis_url: str, start_at: float, out: Path, max_seconds: float) -> None:
+def worker(redis_url: str, start_at: float, out: Path, max_seconds: float, shards: int = 1) -> None:
     """One worker: read and store batches of entries until ``start_urls`` is empty or
-    ``max_seconds`` have passed."""
+    ``max_seconds`` have passed. With ``shards`` above 1 (DISTCRAWL_SHARDS) each entry's
+    request is stored in its site's shard (commit kind 'S'), then the batch leaves the claim
+    list (claimed.lua), as the scheduler's sharded commits do."""
     import redis
 
     import distcrawl
@@ -62,7 +64,13 @@ def worker(redis_url: str, start_at: float, out: Path, max_seconds: float) -> No
     print(f"worker {os.getpid()}: distcrawl from {distcrawl.__file__}", flush=True)
 
     client = redis.Redis.from_url(redis_url)
-    frontier = Frontier(client, FrontierKeys(NAMESPACE))
+    keys = FrontierKeys(NAMESPACE)
+    if shards > 1:
+        from distcrawl.shards import shard_of_site
+
+        keys = keys.sharded(shards)
+        parts = [Frontier(client, keys.of_shard(i)) for i in range(shards)]
+    frontier = Frontier(client, keys, tag=parts[0].tag if shards > 1 else None)
     read = getattr(frontier, "claim_start_urls", None) or frontier.peek_start_urls  # type: ignore[attr-defined]
     time.sleep(max(0.0, start_at - time.time()))
     first = time.time()
@@ -76,9 +84,19 @@ def worker(redis_url: str, start_at: float, out: Path, max_seconds: float) -> No
             host = raw.split(b"/")[2].decode()
             fp = hashlib.sha1(raw).digest()
             entries.append(Entry(EntryKind.START_REQUEST, fp, 0, raw, raw, host))
-        result = frontier.commit([], entries)
-        enqueued += result.enqueued
-        skipped += result.skipped
+        if shards == 1:
+            result = frontier.commit([], entries)
+            enqueued += result.enqueued
+            skipped += result.skipped
+        else:
+            routed: dict[int, list[Any]] = {}
+            for e in entries:
+                routed.setdefault(shard_of_site(e.slot, shards), []).append(
+                    e._replace(kind=EntryKind.SHARD_START)
+                )
+            for shard, part in routed.items():
+                enqueued += parts[shard].commit([], part).enqueued
+            frontier.run(frontier.claimed_op(raws))
         commits += 1
     last = time.time()
     client.close()
@@ -101,7 +119,12 @@ def _cpu(client: Any) -> float:
 
 
 def run_config(
-    workers: int, count: int, workdir: Path, distcrawl_dir: Path | None, max_seconds: float
+    workers: int,
+    count: int,
+    workdir: Path,
+    distcrawl_dir: Path | None,
+    max_seconds: float,
+    shards: int = 1,
 ) -> dict[str, Any]:
     """``count`` entries, ``workers`` processes, one fresh Redis."""
     from distcrawl.demo.redis_server import RedisServer
@@ -126,7 +149,7 @@ def run_config(
                     [
                         *(sys.executable, "-m", "benchmarks.start_urls", "--worker", server.url),
                         *("--start-at", repr(start_at), "--out", str(out), *other),
-                        *("--max-seconds", str(max_seconds)),
+                        *("--max-seconds", str(max_seconds), "--shards", str(shards)),
                     ],
                     cwd=Path(__file__).resolve().parents[1],
                 )
@@ -145,6 +168,11 @@ def run_config(
             cpu = _cpu(client) - cpu0
             slow = client.slowlog_get(SLOWLOG_LEN)
             queued = int(client.zcard(f"{NAMESPACE}:queue"))
+            if shards > 1:
+                from distcrawl.keys import FrontierKeys
+
+                crawl = FrontierKeys(NAMESPACE).sharded(shards)
+                queued = sum(int(client.zcard(crawl.of_shard(i).queue)) for i in range(shards))
             left = int(client.llen(f"{NAMESPACE}:start_urls"))
         finally:
             client.close()
@@ -207,11 +235,15 @@ def run_suite(
     distcrawl_dir: Path | None = None,
     max_seconds: float = 90,
     worker_counts: tuple[int, ...] = (1, 2),
+    shards: int = 1,
 ) -> dict[str, Any]:
     rows = {}
     for workers in worker_counts:
-        print(f"Start URLs: {count} entries, {workers} worker process(es) ...", flush=True)
-        row = run_config(workers, count, workdir, distcrawl_dir, max_seconds)
+        print(
+            f"Start URLs: {count} entries, {workers} worker process(es), {shards} shard(s) ...",
+            flush=True,
+        )
+        row = run_config(workers, count, workdir, distcrawl_dir, max_seconds, shards)
         print(
             f"  {row['queued']} stored in {row['seconds']:.1f}s = "
             f"{row['start_urls_per_s']:.0f}/s, Redis CPU {row['redis_cpu_seconds']:.1f}s, "
@@ -247,14 +279,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-seconds", type=float, default=90)
     p.add_argument("--output", type=Path, default=None)
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--shards", type=int, default=1, help="DISTCRAWL_SHARDS of the frontier")
     args = p.parse_args(argv)
     if args.worker:
         if args.distcrawl is not None:
             sys.path.insert(0, str(args.distcrawl))
-        worker(args.worker, args.start_at, args.out, args.max_seconds)
+        worker(args.worker, args.start_at, args.out, args.max_seconds, args.shards)
         return 0
     return suite_main(
-        args.start_urls, args.distcrawl, args.output, args.max_seconds, tuple(args.workers)
+        args.start_urls,
+        args.distcrawl,
+        args.output,
+        args.max_seconds,
+        tuple(args.workers),
+        args.shards,
     )
 
 
@@ -264,6 +302,7 @@ def suite_main(
     output: Path | None,
     max_seconds: float = 90,
     worker_counts: tuple[int, ...] = (1, 2),
+    shards: int = 1,
 ) -> int:
     if distcrawl_dir is not None:
         sys.path.insert(0, str(distcrawl_dir.resolve()))
@@ -279,9 +318,14 @@ def suite_main(
     workdir = output.parent / "run-start-urls"
     workdir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    rows = run_suite(count, workdir, distcrawl_dir, max_seconds, worker_counts)
+    rows = run_suite(count, workdir, distcrawl_dir, max_seconds, worker_counts, shards)
     source = str(Path(distcrawl.__file__).resolve().parent)
-    meta = {"distcrawl": source, "cpus": os.cpu_count(), "max_seconds": max_seconds}
+    meta = {
+        "distcrawl": source,
+        "cpus": os.cpu_count(),
+        "max_seconds": max_seconds,
+        "shards": shards,
+    }
     results = {"meta": meta, "configurations": rows}
     results["meta"]["suite_seconds"] = round(time.monotonic() - started, 1)
     output.parent.mkdir(parents=True, exist_ok=True)

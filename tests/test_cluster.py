@@ -207,6 +207,34 @@ def test_the_crawls_slot_migrates_to_another_master_mid_crawl(
     assert_one_slot(redis_cluster)
 
 
+def test_a_shards_slot_migrates_to_another_master_mid_crawl(
+    redis_cluster, demo_site, workers, cluster_client
+):
+    """DISTCRAWL_SHARDS=3: the slot of the shard that holds the site moves while two workers
+    crawl it (their scripts are routed from their slot map: a MOVED must re-route them)."""
+    from distcrawl.shards import shard_of_url
+
+    site = demo_site(pages=300, delay=0.05, host="127.0.0.2")
+    lpush_with_redis_cli(redis_cluster, site.url + "/")
+    pool = [workers(i, DISTCRAWL_SHARDS=3, DISTCRAWL_IDLE_TIMEOUT=3) for i in (1, 2)]
+    assert wait_until(lambda: len(page_fetches(site)) >= 60, timeout=60)
+    part = SITE.sharded(3).of_shard(shard_of_url(site.url, 3))
+    slot = redis_cluster.keyslot(part.queue)
+    source = redis_cluster.owner(slot)
+    target = next(p for p in redis_cluster.ports if p != source)
+    moved = redis_cluster.migrate_slot(slot, target)
+    assert moved > 5
+    assert redis_cluster.owner(slot) == target
+    for w in pool:
+        assert w.wait(120) == 0, w.log()[-3000:]
+        assert "CROSSSLOT" not in w.log()
+
+    fetched = page_fetches(site)
+    assert set(fetched) == site.expected_pages()
+    assert max(fetched.values()) == 1
+    assert cluster_client.zcard(part.queue) == 0 and cluster_client.zcard(part.leases) == 0
+
+
 def test_acl_users_created_on_every_node_suffice(
     redis_cluster, demo_site, workers, capsys, monkeypatch, redis_url
 ):
