@@ -39,6 +39,7 @@ from benchmarks.redisstats import SCRIPT_COMMANDS, Snapshot, own_traffic, traffi
 from distcrawl.demo.redis_server import RedisServer
 from distcrawl.demo.site import DemoSite
 from distcrawl.demo.workers import Worker
+from distcrawl.keys import FrontierKeys
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMESPACE = "site"
@@ -72,6 +73,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--pushes", type=int, default=5, help="start URLs pushed one at a time")
     p.add_argument("--code", type=Path, default=None, help="distcrawl checkout for workers")
     p.add_argument("--output", type=Path, default=None, help="JSON results")
+    p.add_argument("--shards", type=int, default=1, help="DISTCRAWL_SHARDS of the crawl")
     return p.parse_args(argv)
 
 
@@ -108,12 +110,16 @@ def measure_idle(client: redis.Redis, workers: int, seconds: float) -> dict[str,
     }
 
 
-def measure_pickup(client: redis.Redis, site_url: str, pushes: int) -> list[dict[str, float]]:
+def measure_pickup(
+    client: redis.Redis, site_url: str, pushes: int, shards: int = 1
+) -> list[dict[str, float]]:
     """Seconds from the LPUSH until the entry left ``start_urls`` and until the request made
-    from it left the queue (leased), polled every 2 ms."""
+    from it left the queue (leased; every shard's queue), polled every 2 ms."""
     out = []
     rng = random.Random(7)
-    queue, start_urls = f"{NAMESPACE}:queue", f"{NAMESPACE}:start_urls"
+    crawl = FrontierKeys(NAMESPACE).sharded(shards)
+    queues = [crawl.of_shard(i).queue for i in range(shards)]
+    start_urls = crawl.start_urls
     for i in range(pushes):
         time.sleep(1.0 + rng.random() * 2)  # a random phase against the workers' polls
         t0 = time.monotonic()
@@ -122,8 +128,10 @@ def measure_pickup(client: redis.Redis, site_url: str, pushes: int) -> list[dict
         while time.monotonic() - t0 < 30:
             pipe = client.pipeline(transaction=False)
             pipe.llen(start_urls)
-            pipe.zcard(queue)
-            waiting, queued = pipe.execute()
+            for queue in queues:
+                pipe.zcard(queue)
+            waiting, *sizes = pipe.execute()
+            queued = sum(sizes)
             now = time.monotonic() - t0
             if taken is None and not waiting:
                 taken = now
@@ -145,7 +153,11 @@ def main(argv: list[str] | None = None) -> int:
     workers: list[Worker] = []
     try:
         client = server.client()
-        settings = {"LOG_LEVEL": "INFO", "DISTCRAWL_DOMAIN_CONCURRENCY": 64}
+        settings = {
+            "LOG_LEVEL": "INFO",
+            "DISTCRAWL_DOMAIN_CONCURRENCY": 64,
+            "DISTCRAWL_SHARDS": args.shards,
+        }
         for i in range(args.workers):
             w = CodeWorker(
                 i,
@@ -159,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         wait_alive(client, workers)
         time.sleep(args.settle)
         idle = measure_idle(client, args.workers, args.seconds)
-        pickup = measure_pickup(client, site.url, args.pushes)
+        pickup = measure_pickup(client, site.url, args.pushes, args.shards)
         leased = [p["leased_s"] for p in pickup]
         result = {
             "workers": args.workers,

@@ -212,6 +212,8 @@ class ShardedRunner(Runner):
         if batch.freed or batch.taken:
             before += fanned(self._places_fan(batch.freed, batch.taken), self._placed(res))
         after: list[_Step] = []
+        #: dead letters waiting in each shard's quarantine (read with the reclaim)
+        waiting: list[int] = []
         if batch.release:
             fan = sh.refs_fan(batch.release, Frontier.release_op, _sum_ints)
             after += fanned(fan, _setter(res, "released"))
@@ -228,6 +230,9 @@ class ShardedRunner(Runner):
             after += fanned(requeue, _setter(res, "requeue"))
             sweep = Fan([f.sweep_op() for f in sh.parts], _sum_sweeps)
             after += fanned(sweep, _setter(res, "swept"))
+            # the shards' quarantines, read in the same round trip; moved after it
+            lengths = Fan([Op("", [], ["LLEN", f.keys.dead], int) for f in sh.parts], list)
+            after += fanned(lengths, waiting.extend)
         if batch.want:
             lease_fan, _ = self._lease_fan(batch)
             after += fanned(lease_fan, self._leased(res))
@@ -256,8 +261,8 @@ class ShardedRunner(Runner):
             except redis.RedisError as exc:
                 res.error = res.error or exc
                 down = not isinstance(exc, redis.ResponseError)
-        if batch.reclaim and not down:
-            down = self._move_dead(res)
+        if batch.reclaim and not down and any(waiting):
+            down = self._move_dead(res, [i for i, n in enumerate(waiting) if n])
         if batch.drain and not down:
             try:
                 res.drained = sh.drained()
@@ -280,16 +285,12 @@ class ShardedRunner(Runner):
 
         return done
 
-    def _move_dead(self, res: BatchResult) -> bool:
-        """Move the shards' quarantined dead letters to the crawl's; whether Redis is down."""
+    def _move_dead(self, res: BatchResult, shards: list[int]) -> bool:
+        """Move the quarantined dead letters of these shards to the crawl's; whether Redis
+        is down."""
         try:
-            pipe = self.frontier.client.pipeline(transaction=False)
-            for part in self.shards.parts:
-                pipe.exists(part.keys.dead)
-            waiting = pipe.execute()
-            for shard, has in enumerate(waiting):
-                if int(has):
-                    res.dead_moved += self.shards.move_dead(shard)
+            for shard in shards:
+                res.dead_moved += self.shards.move_dead(shard)
         except redis.RedisError as exc:
             res.error = res.error or exc
             return not isinstance(exc, redis.ResponseError)

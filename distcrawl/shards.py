@@ -288,8 +288,6 @@ class Shards:
         part = self.parts[shard]
         source, target = part.keys.dead, self.crawl.keys.dead
         client = part.client
-        if not client.exists(source):
-            return 0
         lock = f"{part.keys.prefix}dead:moving"
         if not client.set(lock, part.tag, nx=True, px=MOVE_DEAD_LOCK_MS):
             return 0
