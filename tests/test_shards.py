@@ -307,3 +307,96 @@ def test_status_limit_redrive_and_reset_of_a_sharded_crawl(redis_url, redis_clie
 
     assert main([*argv, "reset", "site", "--yes"]) == 0
     assert redis_client.keys("*") == []
+
+
+# ------------------------------------------------------------------ producers and operators
+
+
+def _producer(redis_url: str, shards: int = SHARDS):
+    from distcrawl.producer import Producer
+    from tests.test_producer import project_settings
+
+    return Producer.from_url(redis_url, "site", project_settings(DISTCRAWL_SHARDS=shards))
+
+
+def _urls(per_shard: int = 2) -> dict[int, list[str]]:
+    """``per_shard`` URLs of sites of their own in each shard."""
+    urls: dict[int, list[str]] = {}
+    taken: set[str] = set()
+    for shard in range(SHARDS):
+        for _ in range(per_shard):
+            url = _url_in(shard, taken)
+            taken.add(url)
+            urls.setdefault(shard, []).append(url)
+    return urls
+
+
+def _decoded(record: bytes) -> dict:
+    """A queue entry (or, after its 8-byte token, a request record) decoded, its slot in."""
+    from distcrawl.frontier import parse_entry
+    from distcrawl.serialize import RequestCodec
+
+    entry = parse_entry(record)
+    return RequestCodec("msgpack").decode_dict(entry.payload) | {"slot": entry.slot}
+
+
+def _queued_urls(redis_client, keys: FrontierKeys) -> list[str]:
+    return sorted(_decoded(raw)["u"] for raw in redis_client.zrange(keys.queue, 0, -1))
+
+
+def _retries(redis_client, keys: FrontierKeys) -> list[dict]:
+    """The requests waiting in a shard's ``delayed`` (a redrive stores them there)."""
+    ids = redis_client.zrange(keys.delayed, 0, -1)
+    if not ids:
+        return []
+    return [_decoded(r[8:]) for r in redis_client.hmget(keys.requests, ids)]
+
+
+def test_a_producer_pushes_each_request_to_its_sites_shard(redis_url, redis_client):
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    from distcrawl.producer import AsyncProducer, Outcome, ProducerError
+
+    urls = _urls()
+    # another host of shard 1's first site: the same site, so the same shard
+    sub = urls[1][0].replace("http://host", "http://www.sub")
+    pushed = [u for shard in (2, 0, 3, 1) for u in urls[shard]] + [sub, urls[2][0]]
+    with _producer(redis_url) as producer:
+        results = producer.push_many(pushed)
+        # the callers' order, the duplicate within the push reported where it was
+        assert [r.url for r in results] == pushed
+        assert [r.outcome for r in results] == [Outcome.QUEUED] * (len(pushed) - 1) + [Outcome.SEEN]
+        for shard, part in enumerate(PARTS):
+            mine = urls[shard] + ([sub] if shard == 1 else [])
+            assert _queued_urls(redis_client, part) == sorted(mine), shard
+        assert redis_client.zcard(KEYS.queue) == 0  # nothing where no worker leases
+        assert redis_client.hget(KEYS.meta, "shards") == b"4"
+        again = producer.push_many(reversed(pushed))
+        assert [r.outcome for r in again] == [Outcome.SEEN] * len(pushed)
+        assert not producer.idle()
+
+        # a page crawled elsewhere is marked seen in its own shard's seen-set only
+        new = _url_in(3, set(pushed))
+        before = [redis_client.scard(p.seen) for p in PARTS]
+        assert producer.mark_seen([new]) == 1
+        after = [redis_client.scard(p.seen) for p in PARTS]
+        assert [b - a for a, b in zip(before, after, strict=True)] == [0, 0, 0, 1]
+        assert producer.push(new).outcome is Outcome.SEEN
+
+    async def push_async() -> list:
+        async with AsyncProducer.from_url(
+            redis_url, "site", _producer(redis_url).settings
+        ) as producer:
+            return await producer.push_many([urls[0][0], _url_in(0, set(pushed) | {new})])
+
+    # its own thread: the test process's asyncio loop belongs to the Twisted reactor
+    with ThreadPoolExecutor(1) as thread:
+        outcomes = [r.outcome for r in thread.submit(asyncio.run, push_async()).result()]
+    assert outcomes == [Outcome.SEEN, Outcome.QUEUED]
+    assert redis_client.zcard(PARTS[0].queue) == 3
+
+    # a producer configured for another shard count is refused, naming the setting
+    with _producer(redis_url, shards=1) as other, pytest.raises(ProducerError) as refused:
+        other.push(_url_in(1, set(pushed)))
+    assert "DISTCRAWL_SHARDS" in str(refused.value)
