@@ -300,10 +300,12 @@ def test_status_limit_redrive_and_reset_of_a_sharded_crawl(redis_url, redis_clie
     assert main([*argv, "limit", "site", "127.0.0.9", "--delay", "2"]) == 0
     assert all(redis_client.hget(p.limits, "127.0.0.9") == b"2000:" for p in PARTS)
 
-    # no request parked where no worker of a sharded crawl leases
-    assert main([*argv, "dead", "redrive", "site"]) != 0
-    assert "DISTCRAWL_SHARDS" in capsys.readouterr().err
-    assert redis_client.zcard(KEYS.queue) == 0 and redis_client.llen(KEYS.dead) == 1
+    # re-driven into the shard of its URL, never where no worker of a sharded crawl leases
+    assert main([*argv, "dead", "redrive", "site"]) == 0
+    capsys.readouterr()
+    assert redis_client.zcard(KEYS.queue) == 0 and redis_client.llen(KEYS.dead) == 0
+    shard = shard_of_url("http://b.example/", SHARDS)
+    assert redis_client.zcard(PARTS[shard].delayed) == 1
 
     assert main([*argv, "reset", "site", "--yes"]) == 0
     assert redis_client.keys("*") == []
@@ -400,3 +402,104 @@ def test_a_producer_pushes_each_request_to_its_sites_shard(redis_url, redis_clie
     with _producer(redis_url, shards=1) as other, pytest.raises(ProducerError) as refused:
         other.push(_url_in(1, set(pushed)))
     assert "DISTCRAWL_SHARDS" in str(refused.value)
+
+
+def test_redrive_puts_each_request_back_into_its_shard(redis_url, redis_client):
+    import base64
+
+    from distcrawl.frontier import Frontier, dead_letter
+    from distcrawl.producer import RedriveResult
+    from distcrawl.serialize import RequestCodec
+
+    redis_client.hset(KEYS.meta, "shards", SHARDS)
+    url_a, url_b = _url_in(1), _url_in(2)
+    payload = RequestCodec("msgpack").encode_dict(
+        {"u": url_a, "p": 3, "M": {"retry_times": 2, "k": 1}}
+    )
+    with_payload = dead_letter(
+        "gave up: 503", url=url_a, source="retry", payload=base64.b64encode(payload).decode()
+    )
+    url_only = dead_letter("gave up: 503", url=url_b, source="retry", priority=4)
+    bad_start = dead_letter("bad", raw=b"http://c.test/", source="start_urls")
+    not_redrivable = dead_letter("refused", url="http://d.test/", source="queue")
+    # oldest first
+    redis_client.lpush(KEYS.dead, with_payload, url_only, bad_start, not_redrivable)
+
+    # the CLI's producer has no DISTCRAWL_SHARDS: the layout record says how many shards
+    with _producer(redis_url, shards=1) as producer:
+        assert producer.redrive() == RedriveResult(3, 1)
+
+    [a] = _retries(redis_client, PARTS[1])
+    assert (a["u"], a["p"], a["M"]) == (url_a, 3, {"k": 1})  # a fresh attempt count
+    [b] = _retries(redis_client, PARTS[2])
+    host_b = url_b.split("/")[2]
+    assert (b["u"], b["p"], b["M"]) == (url_b, 4, {"site_scope": host_b})
+    assert redis_client.lrange(KEYS.start_urls, 0, -1) == [b"http://c.test/"]
+    assert redis_client.lrange(KEYS.dead, 0, -1) == [not_redrivable]
+    for keys in (KEYS, PARTS[0], PARTS[3]):
+        assert redis_client.zcard(keys.queue) == redis_client.zcard(keys.delayed) == 0
+    assert redis_client.keys("site:redrive:*") == []  # the removal's scratch list is gone
+
+    # the workers' next lease in that shard takes it: due at once, never filtered
+    leased = Frontier(redis_client, PARTS[2]).lease(10, 60_000)
+    assert [item.slot for item in leased.items] == [host_b]
+
+
+def test_a_redrive_interrupted_between_its_steps_loses_nothing(
+    redis_url, redis_client, monkeypatch
+):
+    """Stored in the shard, then taken out of the dead letters: a crash in between leaves
+    the record, which a redrive again stores a second time (at least once)."""
+    from distcrawl import deadletter
+    from distcrawl.frontier import dead_letter
+    from distcrawl.producer import RedriveResult
+
+    redis_client.hset(KEYS.meta, "shards", SHARDS)
+    url = _url_in(3)
+    redis_client.lpush(KEYS.dead, dead_letter("gave up: 503", url=url, source="retry"))
+
+    def crash(*args: object) -> int:
+        raise ConnectionError("lost between the steps")
+
+    with _producer(redis_url, shards=1) as producer:
+        monkeypatch.setattr(deadletter, "_forget", crash)
+        with pytest.raises(ConnectionError):
+            producer.redrive()
+        assert [r["u"] for r in _retries(redis_client, PARTS[3])] == [url]
+        assert redis_client.llen(KEYS.dead) == 1  # not lost
+        monkeypatch.undo()
+        assert producer.redrive() == RedriveResult(1, 0)
+    assert [r["u"] for r in _retries(redis_client, PARTS[3])] == [url, url]
+    assert redis_client.llen(KEYS.dead) == 0
+
+
+def test_redrive_of_a_long_sharded_list_goes_page_by_page_and_keeps_the_rest_in_order(
+    redis_url, redis_client, capsys
+):
+    from distcrawl import deadletter
+    from distcrawl.cli import main
+    from distcrawl.frontier import dead_letter
+
+    redis_client.hset(KEYS.meta, "shards", SHARDS)
+    letters = []
+    for i in range(2 * deadletter.PAGE + 100):
+        if i % 10 == 3:  # a bad start URL among them, matching too
+            letters.append(dead_letter("bad: 501", raw=f"http://s.test/{i}", source="start_urls"))
+        else:
+            url = f"http://h{i % 7}.example{i % 7}.com/{i}"
+            letters.append(dead_letter(f"gave up: {500 + i % 2}", url=url, source="retry"))
+    redis_client.lpush(KEYS.dead, *letters)  # the last is the newest
+    matching = [r for r in map(json.loads, letters) if "501" in r["reason"]]
+    main(["--redis-url", redis_url, "dead", "redrive", "site", "--error", "501"])
+    assert f"re-drove {len(matching)} dead letters" in capsys.readouterr().out
+    kept = [x for x in letters if "501" not in json.loads(x)["reason"]]
+    assert redis_client.lrange(KEYS.dead, 0, -1) == kept[::-1]
+    for shard, part in enumerate(PARTS):
+        wanted = sorted(
+            r["url"]
+            for r in matching
+            if r["source"] == "retry" and shard_of_url(r["url"], SHARDS) == shard
+        )
+        assert sorted(r["u"] for r in _retries(redis_client, part)) == wanted
+    starts = [r["raw"].encode() for r in matching if r["source"] == "start_urls"]
+    assert redis_client.lrange(KEYS.start_urls, 0, -1) == starts[::-1]  # oldest taken first

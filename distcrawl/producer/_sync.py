@@ -29,7 +29,7 @@ from distcrawl.entries import (
     push_key,
 )
 from distcrawl.frontier import Frontier
-from distcrawl.frontier_admin import recorded_shards, shard_frontiers
+from distcrawl.frontier_admin import shard_frontiers
 from distcrawl.keys import FrontierKeys
 from distcrawl.producer._commit import Committer
 from distcrawl.producer._results import (
@@ -441,14 +441,10 @@ class Producer:
         """Put the matching dead letters back to work (deadletter.py); ``serializer``
         defaults to DISTCRAWL_SERIALIZER. A record holding only its URL becomes the
         request the spider makes of that URL (its ``make_request_from_data``, as for a start
-        URL) when this producer has the spider's code; else a plain GET of the URL."""
-        if recorded_shards(self.frontier.client, self.frontier.keys):
-            # redrive.lua queues in the crawl's own keys, where no worker of a sharded crawl
-            # leases: refused rather than parked out of reach
-            raise ProducerError(
-                f"the frontier {self.frontier.keys.namespace!r} has more than one shard "
-                "(DISTCRAWL_SHARDS): dead redrive does not support it yet"
-            )
+        URL) when this producer has the spider's code; else a plain GET of the URL.
+
+        In a sharded crawl (the shards its layout record names) each request goes back to
+        the shard of its URL, in two steps per page: see :func:`deadletter.redrive`."""
         serializer = serializer or self.config.serializer
         if self._spidercls is None:
             codec = RequestCodec(serializer)
@@ -465,6 +461,12 @@ class Producer:
                 return maker.request_of({**data, "url": validate_url(data["url"], schemes)})
 
         moved, unusable = deadletter.redrive(
-            self.frontier, codec, error=error, domain=domain, source=source, rebuild=rebuild
+            self.frontier,
+            codec,
+            error=error,
+            domain=domain,
+            source=source,
+            rebuild=rebuild,
+            shards=shard_frontiers(self.frontier),
         )
         return RedriveResult(moved, unusable)
