@@ -41,8 +41,24 @@ class FrontierAdmin:
         """The politeness state of the slots with the most requests queued or in flight,
         among at most ``scan`` slots with queued requests and ``scan`` with requests in
         flight: a broad crawl has millions, and reading them all in one reply would hold
-        Redis (``slot_count`` says how many there are)."""
-        k = self.keys
+        Redis (``slot_count`` says how many there are).
+
+        A sharded crawl's slots are read in every shard its layout record names (``scan``
+        shared among them) and merged: a slot found in several shards (an IP address, a
+        ``download_slot``) is one line, its counts summed, with the ``shards`` holding its
+        requests."""
+        parts = recorded_shards(self.client, self.keys)
+        if not parts:
+            out = self._slot_states(self.keys, scan)
+        else:
+            each = -(-scan // len(parts))
+            found = [(k.shard or 0, s) for k in parts for s in self._slot_states(k, each)]
+            out = _merged_states(found)
+        out.sort(key=lambda d: (-(d["queued"] + d["in_flight"]), d["slot"]))
+        return out[:limit]
+
+    def _slot_states(self, k: FrontierKeys, scan: int) -> list[dict[str, Any]]:
+        """The state of the slots of one keyset (the crawl's, or one shard's)."""
         names: set[bytes] = set()
         for found in (
             self.client.zscan_iter(k.ready, count=1000),
@@ -84,15 +100,16 @@ class FrontierAdmin:
                     "override": None if limits is None else limits.decode(),
                 }
             )
-        out.sort(key=lambda d: (-(d["queued"] + d["in_flight"]), d["slot"]))
-        return out[:limit]
+        return out
 
     def slot_count(self) -> int:
         """Slots with requests queued plus slots with requests in flight (a slot with both
-        counts twice): how many ``slot_states`` would have to look at."""
+        counts twice, a slot in two shards too): how many ``slot_states`` would have to look
+        at, in every shard of a sharded crawl."""
         pipe = self.client.pipeline(transaction=False)
-        pipe.zcard(self.keys.ready)
-        pipe.hlen(self.keys.inflight)
+        for keys in recorded_shards(self.client, self.keys) or [self.keys]:
+            pipe.zcard(keys.ready)
+            pipe.hlen(keys.inflight)
         return sum(int(x) for x in pipe.execute())
 
     def sizes(self) -> dict[str, int]:
@@ -165,6 +182,30 @@ def shard_frontiers(frontier: Frontier, count: int | None = None) -> list[Fronti
     if bloom is not None:
         options.update(bloom_capacity=bloom.capacity, bloom_error_rate=bloom.error_rate)
     return [_Frontier(frontier.client, k, frontier.politeness, **options) for k in parts]
+
+
+def _merged_states(found: Sequence[tuple[int, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """slot_states of several shards, one line per slot: counts summed, the soonest turn,
+    the strongest throttle and Crawl-delay, and the shards holding its requests (queued or
+    in flight; a slot known only by its override, which is in every shard, has none)."""
+    out: dict[str, dict[str, Any]] = {}
+    for shard, state in found:
+        busy = [shard] if state["queued"] or state["in_flight"] else []
+        have = out.get(state["slot"])
+        if have is None:
+            out[state["slot"]] = {**state, "shards": busy}
+            continue
+        have["queued"] += state["queued"]
+        have["in_flight"] += state["in_flight"]
+        have["next_in"] = min(have["next_in"], state["next_in"])
+        have["throttle_delay"] = max(have["throttle_delay"], state["throttle_delay"])
+        have["throttled_share"] = max(have["throttled_share"], state["throttled_share"])
+        for name, pick in (("throttle_concurrency", min), ("crawl_delay", max)):
+            values = [v for v in (have[name], state[name]) if v is not None]
+            have[name] = pick(values) if values else None
+        have["override"] = have["override"] or state["override"]
+        have["shards"] += busy
+    return list(out.values())
 
 
 #: how many replies :func:`read_sizes` adds to a pipeline

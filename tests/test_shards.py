@@ -503,3 +503,39 @@ def test_redrive_of_a_long_sharded_list_goes_page_by_page_and_keeps_the_rest_in_
         assert sorted(r["u"] for r in _retries(redis_client, part)) == wanted
     starts = [r["raw"].encode() for r in matching if r["source"] == "start_urls"]
     assert redis_client.lrange(KEYS.start_urls, 0, -1) == starts[::-1]  # oldest taken first
+
+
+def test_domains_lists_the_slots_of_every_shard(redis_url, redis_client, capsys):
+    from distcrawl.cli import main
+    from distcrawl.frontier import make_entry
+
+    redis_client.hset(KEYS.meta, "shards", SHARDS)
+    for shard, part in enumerate(PARTS):
+        host = f"host{shard}.test"
+        for seq in range(shard + 1):
+            redis_client.zadd(part.queue, {make_entry(host, 0, seq, b"x"): 0})
+        redis_client.zadd(part.ready, {host: 0})
+    # a slot that is no host name is coordinated in each shard its requests are in
+    for part in (PARTS[1], PARTS[3]):
+        redis_client.zadd(part.queue, {make_entry("10.0.0.1", 0, 9, b"x"): 0})
+        redis_client.zadd(part.ready, {"10.0.0.1": 0})
+    redis_client.hset(PARTS[3].inflight, "10.0.0.1", 1)
+    argv = ["--redis-url", redis_url, "--json"]
+    assert main([*argv, "limit", "site", "host2.test", "--concurrency", "3"]) == 0
+    capsys.readouterr()
+
+    assert main([*argv, "domains", "site"]) == 0
+    rows = {r["slot"]: r for r in json.loads(capsys.readouterr().out)}
+    assert {s: (r["queued"], r["in_flight"], r["shards"]) for s, r in rows.items()} == {
+        "host0.test": (1, 0, [0]),
+        "host1.test": (2, 0, [1]),
+        "host2.test": (3, 0, [2]),
+        "host3.test": (4, 0, [3]),
+        "10.0.0.1": (2, 1, [1, 3]),
+    }
+    assert rows["host2.test"]["override"] == ":3"
+    assert main([*argv, "domains", "site", "--limit", "1"]) == 0
+    assert [r["slot"] for r in json.loads(capsys.readouterr().out)] == ["host3.test"]
+    from distcrawl.frontier import Frontier
+
+    assert Frontier(redis_client, FrontierKeys("site")).slot_count() == 7  # 6 ready, 1 inflight
