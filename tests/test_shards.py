@@ -539,3 +539,31 @@ def test_domains_lists_the_slots_of_every_shard(redis_url, redis_client, capsys)
     from distcrawl.frontier import Frontier
 
     assert Frontier(redis_client, FrontierKeys("site")).slot_count() == 7  # 6 ready, 1 inflight
+
+
+def test_doctor_examines_every_shard(redis_url, redis_client, capsys):
+    from distcrawl.cli import main
+    from distcrawl.frontier import make_entry
+
+    redis_client.hset(KEYS.meta, "shards", SHARDS)
+    redis_client.zadd(PARTS[0].queue, {make_entry("fine.test", 0, 1, b"x"): 0})
+    redis_client.zadd(PARTS[0].ready, {"fine.test": 0})
+    argv = ["--redis-url", redis_url, "--json", "doctor", "site"]
+    assert main(argv) == 0  # a sharded crawl in order has no problem
+    report = json.loads(capsys.readouterr().out)
+    assert report["clean"] and report["scanned"]["queue"] == 1
+
+    redis_client.zadd(PARTS[1].queue, {b"garbage": 0})
+    redis_client.zadd(PARTS[2].queue, {make_entry("lost.test", 0, 1, b"x"): 0})
+    assert main(argv) == 1
+    problems = json.loads(capsys.readouterr().out)["problems"]
+    assert problems["unparsable"]["found"] == 1
+    assert problems["unparsable"]["samples"][0]["shard"] == 1
+    assert problems["slot_not_ready"]["samples"] == [{"slot": "lost.test", "queued": 1, "shard": 2}]
+
+    assert main([*argv, "--repair"]) == 0
+    capsys.readouterr()
+    assert redis_client.zscore(PARTS[2].ready, "lost.test") is not None
+    assert redis_client.llen(PARTS[1].dead) == 1  # the shard's quarantine: moved on by workers
+    assert main(argv) == 0
+    capsys.readouterr()
