@@ -567,3 +567,43 @@ def test_doctor_examines_every_shard(redis_url, redis_client, capsys):
     assert redis_client.llen(PARTS[1].dead) == 1  # the shard's quarantine: moved on by workers
     assert main(argv) == 0
     capsys.readouterr()
+
+
+def test_import_of_a_scrapy_redis_queue_into_a_sharded_crawl(
+    redis_url, redis_client, capsys, monkeypatch
+):
+    pytest.importorskip("scrapy_redis")
+    from scrapy import Request
+    from scrapy.utils.request import fingerprint
+
+    from distcrawl.cli import main
+    from distcrawl.dupefilter import FINGERPRINT_BYTES
+    from tests.test_import import DUPEFILTER, PROJECT, SPIDER_NAME, seed
+
+    monkeypatch.setenv("SCRAPY_SETTINGS_MODULE", "distcrawl.settings")
+    urls = _urls(per_shard=1)
+    queued = [Request(urls[s][0]) for s in range(SHARDS)]
+    seed(redis_client, queued)
+    crawled = [Request(_url_in(s, {u for us in urls.values() for u in us})) for s in (0, 2)]
+    # a scrapy-redis patched to use Scrapy's fingerprints: the queued ones are in it too
+    redis_client.sadd(DUPEFILTER, *(fingerprint(r).hex() for r in queued + crawled))
+    keys = FrontierKeys("mig").sharded(SHARDS)
+    redis_client.hset(keys.meta, "shards", SHARDS)
+    argv = ["--redis-url", redis_url, "--json", "import", "scrapy-redis", SPIDER_NAME, *PROJECT]
+    argv += ["--namespace", "mig", "--trust-pickle"]
+
+    # the project's settings must say how many shards: they route the requests
+    assert main(argv) != 0
+    assert "DISTCRAWL_SHARDS" in capsys.readouterr().err
+    assert main([*argv, "-s", f"DISTCRAWL_SHARDS={SHARDS}"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["queued"] == SHARDS
+    for shard in range(SHARDS):
+        assert _queued_urls(redis_client, keys.of_shard(shard)) == urls[shard]
+    assert redis_client.zcard(keys.queue) == 0
+    # the dupefilter's fingerprints tell no URL: copied into every shard
+    assert report["fingerprints"] == "crawl" and report["converted"] == len(crawled)
+    assert any("DISTCRAWL_SHARDS" in note for note in report["notes"])
+    fps = [fingerprint(r)[:FINGERPRINT_BYTES] for r in crawled]
+    for shard in range(SHARDS):
+        assert all(redis_client.smismember(keys.of_shard(shard).seen, fps))
