@@ -14,10 +14,15 @@ read in O(n) without blocking Redis; each batch's suspects are confirmed in one 
 problem), and every repair re-checks each item inside a Lua script, because workers may be
 running while the doctor works. Synchronous and free of Scrapy state, like
 :mod:`distcrawl.frontier`.
+
+A sharded crawl (DISTCRAWL_SHARDS above 1) is examined shard by shard, every shard its
+layout record names: each is a whole frontier, and the doctor's scripts take one shard's
+keys. The findings are added up, each sample naming its ``shard``.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -27,6 +32,7 @@ import redis
 from redis.commands.core import Script
 
 from distcrawl.frontier import dead_letter
+from distcrawl.frontier_admin import recorded_shards
 from distcrawl.keys import FrontierKeys
 from distcrawl.lua import script_source
 
@@ -189,12 +195,20 @@ class Doctor:
         self.scripts = DoctorScripts.register(client)
 
     def examine(self, *, repair: bool = False) -> Report:
+        """Examine the frontier, or each shard of a sharded one (the ``scanned`` counts are
+        summed over the shards)."""
         report = Report(self.keys.namespace, repair)
-        self._unrecorded(report, "lease_without_record", self.keys.leases)
-        self._unrecorded(report, "delayed_without_record", self.keys.delayed)
-        self._records(report)
-        self._queue(report)
-        self._inflight(report)
+        parts = recorded_shards(self.client, self.keys)
+        if not parts:
+            self._examine(report)
+        for keys in parts:
+            before = {kind: len(f.samples) for kind, f in report.findings.items()}
+            shard = copy.copy(self)  # the same scripts, batch and samples
+            shard.keys = keys
+            shard._examine(report)
+            for kind, finding in report.findings.items():
+                for sample in finding.samples[before[kind] :]:
+                    sample["shard"] = keys.shard
         for kind, finding in report.findings.items():
             if finding.found:
                 logger.info(
@@ -205,6 +219,14 @@ class Doctor:
                     finding.repaired,
                 )
         return report
+
+    def _examine(self, report: Report) -> None:
+        """Examine the one frontier of ``self.keys`` (a crawl's, or one shard's)."""
+        self._unrecorded(report, "lease_without_record", self.keys.leases)
+        self._unrecorded(report, "delayed_without_record", self.keys.delayed)
+        self._records(report)
+        self._queue(report)
+        self._inflight(report)
 
     # ------------------------------------------------------------------ scanning
 
@@ -240,7 +262,8 @@ class Doctor:
                 rounds,
             )
             report.incomplete = True
-        report.scanned[key.rsplit(":", 1)[-1]] = read
+        name = key.rsplit(":", 1)[-1]
+        report.scanned[name] = report.scanned.get(name, 0) + read
 
     def _unrecorded(self, report: Report, kind: str, key: str) -> None:
         """Ids in ``leases`` or ``delayed`` whose request has no record."""

@@ -134,9 +134,11 @@ class EntryMaker:
         )
 
     def layout(self) -> Layout:
-        """The layout this producer writes in (layout.py): a worker's, field for field."""
+        """The layout this producer writes in (layout.py): a worker's, field for field; its
+        DISTCRAWL_SHARDS tells which shard each request goes to, so a producer whose count
+        is not the crawl's is refused."""
         return Layout(
-            shards=1,
+            shards=self.config.shards,
             seen=self.config.seen,
             serializer=self.config.serializer,
             fingerprinter=class_path(self.fingerprinter),

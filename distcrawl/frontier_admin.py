@@ -5,7 +5,7 @@ sizes). ``Frontier`` has these methods; they live here to keep frontier.py about
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 
@@ -14,6 +14,9 @@ from distcrawl.keys import MAX_SHARDS, FrontierKeys
 from distcrawl.queue_entry import worker_tags
 from distcrawl.replies import throttle_state
 from distcrawl.seen import BloomFilter, BloomState, part_keys
+
+if TYPE_CHECKING:
+    from distcrawl.frontier import Frontier
 
 
 class FrontierAdmin:
@@ -38,8 +41,24 @@ class FrontierAdmin:
         """The politeness state of the slots with the most requests queued or in flight,
         among at most ``scan`` slots with queued requests and ``scan`` with requests in
         flight: a broad crawl has millions, and reading them all in one reply would hold
-        Redis (``slot_count`` says how many there are)."""
-        k = self.keys
+        Redis (``slot_count`` says how many there are).
+
+        A sharded crawl's slots are read in every shard its layout record names (``scan``
+        shared among them) and merged: a slot found in several shards (an IP address, a
+        ``download_slot``) is one line, its counts summed, with the ``shards`` holding its
+        requests."""
+        parts = recorded_shards(self.client, self.keys)
+        if not parts:
+            out = self._slot_states(self.keys, scan)
+        else:
+            each = -(-scan // len(parts))
+            found = [(k.shard or 0, s) for k in parts for s in self._slot_states(k, each)]
+            out = _merged_states(found)
+        out.sort(key=lambda d: (-(d["queued"] + d["in_flight"]), d["slot"]))
+        return out[:limit]
+
+    def _slot_states(self, k: FrontierKeys, scan: int) -> list[dict[str, Any]]:
+        """The state of the slots of one keyset (the crawl's, or one shard's)."""
         names: set[bytes] = set()
         for found in (
             self.client.zscan_iter(k.ready, count=1000),
@@ -81,15 +100,16 @@ class FrontierAdmin:
                     "override": None if limits is None else limits.decode(),
                 }
             )
-        out.sort(key=lambda d: (-(d["queued"] + d["in_flight"]), d["slot"]))
-        return out[:limit]
+        return out
 
     def slot_count(self) -> int:
         """Slots with requests queued plus slots with requests in flight (a slot with both
-        counts twice): how many ``slot_states`` would have to look at."""
+        counts twice, a slot in two shards too): how many ``slot_states`` would have to look
+        at, in every shard of a sharded crawl."""
         pipe = self.client.pipeline(transaction=False)
-        pipe.zcard(self.keys.ready)
-        pipe.hlen(self.keys.inflight)
+        for keys in recorded_shards(self.client, self.keys) or [self.keys]:
+            pipe.zcard(keys.ready)
+            pipe.hlen(keys.inflight)
         return sum(int(x) for x in pipe.execute())
 
     def sizes(self) -> dict[str, int]:
@@ -141,6 +161,51 @@ def recorded_shards(client: redis.Redis, keys: FrontierKeys) -> list[FrontierKey
         return []
     crawl = keys.sharded(count)
     return [crawl.of_shard(i) for i in range(count)]
+
+
+def shard_frontiers(frontier: Frontier, count: int | None = None) -> list[Frontier]:
+    """The Frontier of each shard of ``frontier``'s crawl, made as ``frontier`` is (its
+    client, seen-set, politeness and tag): ``count`` shards (DISTCRAWL_SHARDS, a producer's),
+    else those the layout record names (the operator's tools). With one shard, the list is
+    ``[frontier]`` itself: its keys are the shard's."""
+    from distcrawl.frontier import Frontier as _Frontier  # frontier.py imports this module
+
+    keys = frontier.keys
+    if count is None:
+        parts = recorded_shards(frontier.client, keys)
+    else:
+        parts = [] if count == 1 else [keys.sharded(count).of_shard(i) for i in range(count)]
+    if not parts:
+        return [frontier]
+    bloom = frontier.bloom
+    options: dict[str, Any] = {"tag": frontier.tag, "seen": "set" if bloom is None else "bloom"}
+    if bloom is not None:
+        options.update(bloom_capacity=bloom.capacity, bloom_error_rate=bloom.error_rate)
+    return [_Frontier(frontier.client, k, frontier.politeness, **options) for k in parts]
+
+
+def _merged_states(found: Sequence[tuple[int, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """slot_states of several shards, one line per slot: counts summed, the soonest turn,
+    the strongest throttle and Crawl-delay, and the shards holding its requests (queued or
+    in flight; a slot known only by its override, which is in every shard, has none)."""
+    out: dict[str, dict[str, Any]] = {}
+    for shard, state in found:
+        busy = [shard] if state["queued"] or state["in_flight"] else []
+        have = out.get(state["slot"])
+        if have is None:
+            out[state["slot"]] = {**state, "shards": busy}
+            continue
+        have["queued"] += state["queued"]
+        have["in_flight"] += state["in_flight"]
+        have["next_in"] = min(have["next_in"], state["next_in"])
+        have["throttle_delay"] = max(have["throttle_delay"], state["throttle_delay"])
+        have["throttled_share"] = max(have["throttled_share"], state["throttled_share"])
+        for name, pick in (("throttle_concurrency", min), ("crawl_delay", max)):
+            values = [v for v in (have[name], state[name]) if v is not None]
+            have[name] = pick(values) if values else None
+        have["override"] = have["override"] or state["override"]
+        have["shards"] += busy
+    return list(out.values())
 
 
 #: how many replies :func:`read_sizes` adds to a pipeline

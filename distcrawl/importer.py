@@ -30,6 +30,12 @@ hash cannot be turned back into its URL. The import checks this on the queued re
 (:func:`detect`) rather than assuming it: where the dupefilter holds the crawl's own
 fingerprints (a patched scrapy-redis) they are copied; where not, ``--rebuild-seen``
 marks the pages already stored as seen instead.
+
+A sharded crawl (DISTCRAWL_SHARDS above 1, in the project's settings as in the crawl's
+layout record) gets each request in the shard of its URL and each URL ``--rebuild-seen``
+marks in that shard's seen-set, as the producer stores them. A copied fingerprint tells no
+URL, so no shard: it is copied into every shard's seen-set (each shard then drops that
+request, wherever its URL belongs), at the memory of one copy per shard.
 """
 
 from __future__ import annotations
@@ -346,9 +352,17 @@ class Importer:
             self._rebuild()
 
     def _convert(self) -> None:
-        """Copy the dupefilter's hex fingerprints, cut to what the seen-set holds."""
+        """Copy the dupefilter's hex fingerprints, cut to what the seen-set holds: into every
+        shard's seen-set in a sharded crawl (a fingerprint does not tell its URL's shard);
+        counted as converted when no shard held it yet."""
         cursor = 0
-        frontier = self.producer.frontier
+        parts = self.producer.parts
+        if len(parts) > 1:
+            self.report.notes.append(
+                f"the dupefilter's fingerprints were copied into each of the {len(parts)} "
+                "shards' seen-sets (DISTCRAWL_SHARDS): a fingerprint does not tell which "
+                "shard its URL belongs to"
+            )
         while True:
             cursor, values = self.client.sscan(self.source.dupefilter_key, cursor, count=PAGE)
             fps = []
@@ -357,7 +371,10 @@ class Importer:
                     fps.append(bytes.fromhex(to_unicode(value))[:FINGERPRINT_BYTES])
                 except ValueError:
                     continue
-            self.report.converted += sum(frontier.add_seen(fps))
+            new = [True] * len(fps)
+            for part in parts:
+                new = [a and b for a, b in zip(new, part.add_seen(fps), strict=True)]
+            self.report.converted += sum(new)
             if not cursor:
                 return
 

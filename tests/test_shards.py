@@ -341,10 +341,12 @@ def test_status_limit_redrive_and_reset_of_a_sharded_crawl(redis_url, redis_clie
     assert main([*argv, "limit", "site", "127.0.0.9", "--delay", "2"]) == 0
     assert all(redis_client.hget(p.limits, "127.0.0.9") == b"2000:" for p in PARTS)
 
-    # no request parked where no worker of a sharded crawl leases
-    assert main([*argv, "dead", "redrive", "site"]) != 0
-    assert "DISTCRAWL_SHARDS" in capsys.readouterr().err
-    assert redis_client.zcard(KEYS.queue) == 0 and redis_client.llen(KEYS.dead) == 1
+    # re-driven into the shard of its URL, never where no worker of a sharded crawl leases
+    assert main([*argv, "dead", "redrive", "site"]) == 0
+    capsys.readouterr()
+    assert redis_client.zcard(KEYS.queue) == 0 and redis_client.llen(KEYS.dead) == 0
+    shard = shard_of_url("http://b.example/", SHARDS)
+    assert redis_client.zcard(PARTS[shard].delayed) == 1
 
     assert main([*argv, "reset", "site", "--yes"]) == 0
     assert redis_client.keys("*") == []
@@ -447,3 +449,301 @@ def test_idle_workers_of_a_sharded_crawl_start_within_a_second_of_a_push(
     # stored nothing was woken by them, not by its poll's timeout
     woken = [w for w in pool if "'distcrawl/idle/woken'" in w.log()]
     assert woken, [w.log()[-2000:] for w in pool]
+
+
+# ------------------------------------------------------------------ producers and operators
+
+
+def _producer(redis_url: str, shards: int = SHARDS):
+    from distcrawl.producer import Producer
+    from tests.test_producer import project_settings
+
+    return Producer.from_url(redis_url, "site", project_settings(DISTCRAWL_SHARDS=shards))
+
+
+def _urls(per_shard: int = 2) -> dict[int, list[str]]:
+    """``per_shard`` URLs of sites of their own in each shard."""
+    urls: dict[int, list[str]] = {}
+    taken: set[str] = set()
+    for shard in range(SHARDS):
+        for _ in range(per_shard):
+            url = _url_in(shard, taken)
+            taken.add(url)
+            urls.setdefault(shard, []).append(url)
+    return urls
+
+
+def _decoded(record: bytes) -> dict:
+    """A queue entry (or, after its 8-byte token, a request record) decoded, its slot in."""
+    from distcrawl.frontier import parse_entry
+    from distcrawl.serialize import RequestCodec
+
+    entry = parse_entry(record)
+    return RequestCodec("msgpack").decode_dict(entry.payload) | {"slot": entry.slot}
+
+
+def _queued_urls(redis_client, keys: FrontierKeys) -> list[str]:
+    return sorted(_decoded(raw)["u"] for raw in redis_client.zrange(keys.queue, 0, -1))
+
+
+def _retries(redis_client, keys: FrontierKeys) -> list[dict]:
+    """The requests waiting in a shard's ``delayed`` (a redrive stores them there)."""
+    ids = redis_client.zrange(keys.delayed, 0, -1)
+    if not ids:
+        return []
+    return [_decoded(r[8:]) for r in redis_client.hmget(keys.requests, ids)]
+
+
+def test_a_producer_pushes_each_request_to_its_sites_shard(redis_url, redis_client):
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    from distcrawl.producer import AsyncProducer, Outcome, ProducerError
+
+    urls = _urls()
+    # another host of shard 1's first site: the same site, so the same shard
+    sub = urls[1][0].replace("http://host", "http://www.sub")
+    pushed = [u for shard in (2, 0, 3, 1) for u in urls[shard]] + [sub, urls[2][0]]
+    with _producer(redis_url) as producer:
+        results = producer.push_many(pushed)
+        # the callers' order, the duplicate within the push reported where it was
+        assert [r.url for r in results] == pushed
+        assert [r.outcome for r in results] == [Outcome.QUEUED] * (len(pushed) - 1) + [Outcome.SEEN]
+        for shard, part in enumerate(PARTS):
+            mine = urls[shard] + ([sub] if shard == 1 else [])
+            assert _queued_urls(redis_client, part) == sorted(mine), shard
+        assert redis_client.zcard(KEYS.queue) == 0  # nothing where no worker leases
+        assert redis_client.hget(KEYS.meta, "shards") == b"4"
+        again = producer.push_many(reversed(pushed))
+        assert [r.outcome for r in again] == [Outcome.SEEN] * len(pushed)
+        assert not producer.idle()
+
+        # a page crawled elsewhere is marked seen in its own shard's seen-set only
+        new = _url_in(3, set(pushed))
+        before = [redis_client.scard(p.seen) for p in PARTS]
+        assert producer.mark_seen([new]) == 1
+        after = [redis_client.scard(p.seen) for p in PARTS]
+        assert [b - a for a, b in zip(before, after, strict=True)] == [0, 0, 0, 1]
+        assert producer.push(new).outcome is Outcome.SEEN
+
+    async def push_async() -> list:
+        async with AsyncProducer.from_url(
+            redis_url, "site", _producer(redis_url).settings
+        ) as producer:
+            return await producer.push_many([urls[0][0], _url_in(0, set(pushed) | {new})])
+
+    # its own thread: the test process's asyncio loop belongs to the Twisted reactor
+    with ThreadPoolExecutor(1) as thread:
+        outcomes = [r.outcome for r in thread.submit(asyncio.run, push_async()).result()]
+    assert outcomes == [Outcome.SEEN, Outcome.QUEUED]
+    assert redis_client.zcard(PARTS[0].queue) == 3
+
+    # a producer configured for another shard count is refused, naming the setting
+    with _producer(redis_url, shards=1) as other, pytest.raises(ProducerError) as refused:
+        other.push(_url_in(1, set(pushed)))
+    assert "DISTCRAWL_SHARDS" in str(refused.value)
+
+
+def test_redrive_puts_each_request_back_into_its_shard(redis_url, redis_client):
+    import base64
+
+    from distcrawl.frontier import Frontier, dead_letter
+    from distcrawl.producer import RedriveResult
+    from distcrawl.serialize import RequestCodec
+
+    redis_client.hset(KEYS.meta, "shards", SHARDS)
+    url_a, url_b = _url_in(1), _url_in(2)
+    payload = RequestCodec("msgpack").encode_dict(
+        {"u": url_a, "p": 3, "M": {"retry_times": 2, "k": 1}}
+    )
+    with_payload = dead_letter(
+        "gave up: 503", url=url_a, source="retry", payload=base64.b64encode(payload).decode()
+    )
+    url_only = dead_letter("gave up: 503", url=url_b, source="retry", priority=4)
+    bad_start = dead_letter("bad", raw=b"http://c.test/", source="start_urls")
+    not_redrivable = dead_letter("refused", url="http://d.test/", source="queue")
+    # oldest first
+    redis_client.lpush(KEYS.dead, with_payload, url_only, bad_start, not_redrivable)
+
+    # the CLI's producer has no DISTCRAWL_SHARDS: the layout record says how many shards
+    with _producer(redis_url, shards=1) as producer:
+        assert producer.redrive() == RedriveResult(3, 1)
+
+    [a] = _retries(redis_client, PARTS[1])
+    assert (a["u"], a["p"], a["M"]) == (url_a, 3, {"k": 1})  # a fresh attempt count
+    [b] = _retries(redis_client, PARTS[2])
+    host_b = url_b.split("/")[2]
+    assert (b["u"], b["p"], b["M"]) == (url_b, 4, {"site_scope": host_b})
+    assert redis_client.lrange(KEYS.start_urls, 0, -1) == [b"http://c.test/"]
+    assert redis_client.lrange(KEYS.dead, 0, -1) == [not_redrivable]
+    for keys in (KEYS, PARTS[0], PARTS[3]):
+        assert redis_client.zcard(keys.queue) == redis_client.zcard(keys.delayed) == 0
+    assert redis_client.keys("site:redrive:*") == []  # the removal's scratch list is gone
+
+    # the workers' next lease in that shard takes it: due at once, never filtered
+    leased = Frontier(redis_client, PARTS[2]).lease(10, 60_000)
+    assert [item.slot for item in leased.items] == [host_b]
+
+
+def test_a_redrive_interrupted_between_its_steps_loses_nothing(
+    redis_url, redis_client, monkeypatch
+):
+    """Stored in the shard, then taken out of the dead letters: a crash in between leaves
+    the record, which a redrive again stores a second time (at least once)."""
+    from distcrawl import deadletter
+    from distcrawl.frontier import dead_letter
+    from distcrawl.producer import RedriveResult
+
+    redis_client.hset(KEYS.meta, "shards", SHARDS)
+    url = _url_in(3)
+    redis_client.lpush(KEYS.dead, dead_letter("gave up: 503", url=url, source="retry"))
+
+    def crash(*args: object) -> int:
+        raise ConnectionError("lost between the steps")
+
+    with _producer(redis_url, shards=1) as producer:
+        monkeypatch.setattr(deadletter, "_forget", crash)
+        with pytest.raises(ConnectionError):
+            producer.redrive()
+        assert [r["u"] for r in _retries(redis_client, PARTS[3])] == [url]
+        assert redis_client.llen(KEYS.dead) == 1  # not lost
+        monkeypatch.undo()
+        assert producer.redrive() == RedriveResult(1, 0)
+    assert [r["u"] for r in _retries(redis_client, PARTS[3])] == [url, url]
+    assert redis_client.llen(KEYS.dead) == 0
+
+
+def test_redrive_of_a_long_sharded_list_goes_page_by_page_and_keeps_the_rest_in_order(
+    redis_url, redis_client, capsys
+):
+    from distcrawl import deadletter
+    from distcrawl.cli import main
+    from distcrawl.frontier import dead_letter
+
+    redis_client.hset(KEYS.meta, "shards", SHARDS)
+    letters = []
+    for i in range(2 * deadletter.PAGE + 100):
+        if i % 10 == 3:  # a bad start URL among them, matching too
+            letters.append(dead_letter("bad: 501", raw=f"http://s.test/{i}", source="start_urls"))
+        else:
+            url = f"http://h{i % 7}.example{i % 7}.com/{i}"
+            letters.append(dead_letter(f"gave up: {500 + i % 2}", url=url, source="retry"))
+    redis_client.lpush(KEYS.dead, *letters)  # the last is the newest
+    matching = [r for r in map(json.loads, letters) if "501" in r["reason"]]
+    main(["--redis-url", redis_url, "dead", "redrive", "site", "--error", "501"])
+    assert f"re-drove {len(matching)} dead letters" in capsys.readouterr().out
+    kept = [x for x in letters if "501" not in json.loads(x)["reason"]]
+    assert redis_client.lrange(KEYS.dead, 0, -1) == kept[::-1]
+    for shard, part in enumerate(PARTS):
+        wanted = sorted(
+            r["url"]
+            for r in matching
+            if r["source"] == "retry" and shard_of_url(r["url"], SHARDS) == shard
+        )
+        assert sorted(r["u"] for r in _retries(redis_client, part)) == wanted
+    starts = [r["raw"].encode() for r in matching if r["source"] == "start_urls"]
+    assert redis_client.lrange(KEYS.start_urls, 0, -1) == starts[::-1]  # oldest taken first
+
+
+def test_domains_lists_the_slots_of_every_shard(redis_url, redis_client, capsys):
+    from distcrawl.cli import main
+    from distcrawl.frontier import make_entry
+
+    redis_client.hset(KEYS.meta, "shards", SHARDS)
+    for shard, part in enumerate(PARTS):
+        host = f"host{shard}.test"
+        for seq in range(shard + 1):
+            redis_client.zadd(part.queue, {make_entry(host, 0, seq, b"x"): 0})
+        redis_client.zadd(part.ready, {host: 0})
+    # a slot that is no host name is coordinated in each shard its requests are in
+    for part in (PARTS[1], PARTS[3]):
+        redis_client.zadd(part.queue, {make_entry("10.0.0.1", 0, 9, b"x"): 0})
+        redis_client.zadd(part.ready, {"10.0.0.1": 0})
+    redis_client.hset(PARTS[3].inflight, "10.0.0.1", 1)
+    argv = ["--redis-url", redis_url, "--json"]
+    assert main([*argv, "limit", "site", "host2.test", "--concurrency", "3"]) == 0
+    capsys.readouterr()
+
+    assert main([*argv, "domains", "site"]) == 0
+    rows = {r["slot"]: r for r in json.loads(capsys.readouterr().out)}
+    assert {s: (r["queued"], r["in_flight"], r["shards"]) for s, r in rows.items()} == {
+        "host0.test": (1, 0, [0]),
+        "host1.test": (2, 0, [1]),
+        "host2.test": (3, 0, [2]),
+        "host3.test": (4, 0, [3]),
+        "10.0.0.1": (2, 1, [1, 3]),
+    }
+    assert rows["host2.test"]["override"] == ":3"
+    assert main([*argv, "domains", "site", "--limit", "1"]) == 0
+    assert [r["slot"] for r in json.loads(capsys.readouterr().out)] == ["host3.test"]
+    from distcrawl.frontier import Frontier
+
+    assert Frontier(redis_client, FrontierKeys("site")).slot_count() == 7  # 6 ready, 1 inflight
+
+
+def test_doctor_examines_every_shard(redis_url, redis_client, capsys):
+    from distcrawl.cli import main
+    from distcrawl.frontier import make_entry
+
+    redis_client.hset(KEYS.meta, "shards", SHARDS)
+    redis_client.zadd(PARTS[0].queue, {make_entry("fine.test", 0, 1, b"x"): 0})
+    redis_client.zadd(PARTS[0].ready, {"fine.test": 0})
+    argv = ["--redis-url", redis_url, "--json", "doctor", "site"]
+    assert main(argv) == 0  # a sharded crawl in order has no problem
+    report = json.loads(capsys.readouterr().out)
+    assert report["clean"] and report["scanned"]["queue"] == 1
+
+    redis_client.zadd(PARTS[1].queue, {b"garbage": 0})
+    redis_client.zadd(PARTS[2].queue, {make_entry("lost.test", 0, 1, b"x"): 0})
+    assert main(argv) == 1
+    problems = json.loads(capsys.readouterr().out)["problems"]
+    assert problems["unparsable"]["found"] == 1
+    assert problems["unparsable"]["samples"][0]["shard"] == 1
+    assert problems["slot_not_ready"]["samples"] == [{"slot": "lost.test", "queued": 1, "shard": 2}]
+
+    assert main([*argv, "--repair"]) == 0
+    capsys.readouterr()
+    assert redis_client.zscore(PARTS[2].ready, "lost.test") is not None
+    assert redis_client.llen(PARTS[1].dead) == 1  # the shard's quarantine: moved on by workers
+    assert main(argv) == 0
+    capsys.readouterr()
+
+
+def test_import_of_a_scrapy_redis_queue_into_a_sharded_crawl(
+    redis_url, redis_client, capsys, monkeypatch
+):
+    pytest.importorskip("scrapy_redis")
+    from scrapy import Request
+    from scrapy.utils.request import fingerprint
+
+    from distcrawl.cli import main
+    from distcrawl.dupefilter import FINGERPRINT_BYTES
+    from tests.test_import import DUPEFILTER, PROJECT, SPIDER_NAME, seed
+
+    monkeypatch.setenv("SCRAPY_SETTINGS_MODULE", "distcrawl.settings")
+    urls = _urls(per_shard=1)
+    queued = [Request(urls[s][0]) for s in range(SHARDS)]
+    seed(redis_client, queued)
+    crawled = [Request(_url_in(s, {u for us in urls.values() for u in us})) for s in (0, 2)]
+    # a scrapy-redis patched to use Scrapy's fingerprints: the queued ones are in it too
+    redis_client.sadd(DUPEFILTER, *(fingerprint(r).hex() for r in queued + crawled))
+    keys = FrontierKeys("mig").sharded(SHARDS)
+    redis_client.hset(keys.meta, "shards", SHARDS)
+    argv = ["--redis-url", redis_url, "--json", "import", "scrapy-redis", SPIDER_NAME, *PROJECT]
+    argv += ["--namespace", "mig", "--trust-pickle"]
+
+    # the project's settings must say how many shards: they route the requests
+    assert main(argv) != 0
+    assert "DISTCRAWL_SHARDS" in capsys.readouterr().err
+    assert main([*argv, "-s", f"DISTCRAWL_SHARDS={SHARDS}"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["queued"] == SHARDS
+    for shard in range(SHARDS):
+        assert _queued_urls(redis_client, keys.of_shard(shard)) == urls[shard]
+    assert redis_client.zcard(keys.queue) == 0
+    # the dupefilter's fingerprints tell no URL: copied into every shard
+    assert report["fingerprints"] == "crawl" and report["converted"] == len(crawled)
+    assert any("DISTCRAWL_SHARDS" in note for note in report["notes"])
+    fps = [fingerprint(r)[:FINGERPRINT_BYTES] for r in crawled]
+    for shard in range(SHARDS):
+        assert all(redis_client.smismember(keys.of_shard(shard).seen, fps))

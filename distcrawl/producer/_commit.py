@@ -1,5 +1,6 @@
 """How a :class:`~distcrawl.producer.Producer` stores the requests it made: through the
-frontier's commit script, several batches per pipeline, packed by hand for a single server."""
+frontier's commit script, several batches per pipeline, packed by hand for a single server;
+with DISTCRAWL_SHARDS above 1, each request in the shard of its URL's site."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from distcrawl.entries import Made
 from distcrawl.frontier import Entry, Frontier, Politeness
 from distcrawl.politeness import politeness
 from distcrawl.producer._results import Outcome, PushResult
+from distcrawl.shards import shard_of_url
 
 #: how long a pending cap published by the workers (``<ns>:settings``) is trusted
 CAP_TTL = 5.0
@@ -27,11 +29,18 @@ class Committer:
     """A producer's commits: made entries stored in batches of DISTCRAWL_PUSH_BATCH_SIZE,
     several batches per pipeline, a long push's pipelines sent from a thread of its own
     while the caller makes the next entries. ``frontier`` gives the producer's frontier
-    (made on first use, made again after the producer is closed)."""
+    (made on first use, made again after the producer is closed), ``parts`` the Frontier of
+    each of the crawl's shards (``[frontier]`` with one shard)."""
 
-    def __init__(self, config: DistcrawlConfig, frontier: Callable[[], Frontier]) -> None:
+    def __init__(
+        self,
+        config: DistcrawlConfig,
+        frontier: Callable[[], Frontier],
+        parts: Callable[[], list[Frontier]] | None = None,
+    ) -> None:
         self.config = config
         self._frontier = frontier
+        self._parts = parts or (lambda: [self._frontier()])
         self._cap: tuple[float, int] | None = None
         self._sending: ThreadPoolExecutor | None = None
 
@@ -103,18 +112,37 @@ class Committer:
     def _commit(
         self, batches: Sequence[Sequence[tuple[int, str, Entry]]], results: list[PushResult | None]
     ) -> None:
-        frontier = self.frontier
-        frontier.politeness = self._politeness()
-        if frontier.bloom is not None:
+        """One commit per batch and shard: a batch's entries grouped by the shard of their
+        URL (all in one with one shard), every commit of the call in one pipeline; each
+        entry's outcome read at its position in its commit and reported at its own."""
+        parts = self._parts()
+        politeness = self._politeness()
+        for part in parts:
+            part.politeness = politeness
+        commits: list[tuple[Frontier, list[tuple[int, str, Entry]]]] = []
+        for batch in batches:
+            if len(parts) == 1:
+                commits.append((parts[0], list(batch)))
+                continue
+            by_shard: dict[int, list[tuple[int, str, Entry]]] = {}
+            for item in batch:
+                by_shard.setdefault(shard_of_url(item[1], len(parts)), []).append(item)
+            commits += [(parts[shard], group) for shard, group in sorted(by_shard.items())]
+        if parts[0].bloom is not None:
             # the Bloom filter may have to read or grow its state around each commit
-            replies = [frontier.commit([], [e for _, _, e in b], positions=True) for b in batches]
+            replies = [
+                part.commit([], [e for _, _, e in group], positions=True) for part, group in commits
+            ]
         else:
             replies = self._pipelined(
-                [frontier.commit_op([], [e for _, _, e in b], positions=True) for b in batches]
+                [
+                    part.commit_op([], [e for _, _, e in group], positions=True)
+                    for part, group in commits
+                ]
             )
-        for batch, reply in zip(batches, replies, strict=True):
+        for (_, group), reply in zip(commits, replies, strict=True):
             dropped = {p for p in reply.not_stored}
-            for i, (at, url, _) in enumerate(batch):
+            for i, (at, url, _) in enumerate(group):
                 if i in dropped:
                     results[at] = PushResult(Outcome.SEEN, url)
                 elif -i - 1 in dropped:

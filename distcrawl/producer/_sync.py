@@ -29,7 +29,7 @@ from distcrawl.entries import (
     push_key,
 )
 from distcrawl.frontier import Frontier
-from distcrawl.frontier_admin import recorded_shards
+from distcrawl.frontier_admin import shard_frontiers
 from distcrawl.keys import FrontierKeys
 from distcrawl.producer._commit import Committer
 from distcrawl.producer._results import (
@@ -41,6 +41,7 @@ from distcrawl.producer._results import (
     dead_record,
 )
 from distcrawl.serialize import RequestCodec
+from distcrawl.shards import Shards, shard_of_url
 from distcrawl.start_urls import validate_url
 
 if TYPE_CHECKING:
@@ -124,9 +125,11 @@ class Producer:
         self._connect = client if callable(client) else (lambda: client)
         self._client: redis.Redis | None = None
         self._frontier: Frontier | None = None
+        self._parts: list[Frontier] | None = None
+        self._watching: Shards | None = None
         self._maker: EntryMaker | None = None
         self._objects: EntryMaker | None = None
-        self._committer = Committer(self.config, lambda: self.frontier)
+        self._committer = Committer(self.config, lambda: self.frontier, lambda: self.parts)
         #: the room the pending cap left at the last push to start_urls (None: no cap)
         self.last_room: int | None = None
 
@@ -177,11 +180,32 @@ class Producer:
             )
         return self._frontier
 
+    @property
+    def parts(self) -> list[Frontier]:
+        """The Frontier of each shard requests are pushed to, by DISTCRAWL_SHARDS (checked
+        against the crawl's layout record before the first push): ``[frontier]`` with one
+        shard, whose keys are the crawl's own."""
+        if self._parts is None:
+            self._parts = shard_frontiers(self.frontier, self.config.shards)
+        return self._parts
+
+    def _watched(self) -> Shards:
+        """The crawl's keys and the shards its layout record names, for watching it: a
+        producer of start URLs need not be given DISTCRAWL_SHARDS. Kept once the record
+        names shards (their count never changes while the crawl lasts)."""
+        if self._watching is None:
+            parts = shard_frontiers(self.frontier)
+            if len(parts) == 1:
+                return Shards.single(self.frontier)
+            self._watching = Shards(self.frontier, parts)
+        return self._watching
+
     def close(self) -> None:
         self._committer.close()
         if self._client is not None:
             self._client.close()
         self._client = self._frontier = None
+        self._parts = self._watching = None
 
     def __enter__(self) -> Producer:
         return self
@@ -291,10 +315,15 @@ class Producer:
     def mark_seen(self, urls: Iterable[str]) -> int:
         """Add the fingerprints of GETs of ``urls`` to the seen-set without queueing them:
         pages crawled elsewhere (by the crawler this one replaces), which the workers must
-        then drop as duplicates when a link leads there again. Returns how many were new."""
-        fps = [self.fingerprint(Request(url)) for url in urls]
+        then drop as duplicates when a link leads there again. Returns how many were new.
+        Each goes to the seen-set of its URL's shard, where the workers check that URL."""
         self._entry_maker()  # the layout checked: these fingerprints are the crawl's
-        return sum(self.frontier.add_seen(fps))
+        parts = self.parts
+        by_shard: dict[int, list[bytes]] = {}
+        for url in urls:
+            fp = self.fingerprint(Request(url))
+            by_shard.setdefault(shard_of_url(url, len(parts)), []).append(fp)
+        return sum(sum(parts[shard].add_seen(fps)) for shard, fps in sorted(by_shard.items()))
 
     def _spider_objects(self) -> EntryMaker:
         """The spider, fingerprinter and codec, made once (nothing written to Redis)."""
@@ -367,8 +396,9 @@ class Producer:
     def idle(self) -> bool:
         """No start URL waiting or claimed, nothing queued, leased or waiting to be retried:
         every worker is idle (a worker holds the leases of what it works on until everything
-        it produced is stored). One transaction, so its reads agree."""
-        d = self.frontier.drained()
+        it produced is stored). One transaction, so its reads agree; in a sharded crawl one
+        per shard, read as the workers read them before they close (Shards.drained)."""
+        d = self._watched().drained()
         waiting = d.next_retry_ms is not None  # a retry waits in ``delayed``, due or not
         return not (d.start_urls or d.claimants or d.queued or d.leased or waiting)
 
@@ -384,7 +414,7 @@ class Producer:
             before = now
             left = deadline - time.monotonic()
             if left <= 0:
-                sizes = self.frontier.sizes()
+                sizes = self._watched().sizes()
                 raise TimeoutError(
                     f"crawl {self.keys.namespace!r} not idle after {timeout}s: {sizes}"
                 )
@@ -411,14 +441,10 @@ class Producer:
         """Put the matching dead letters back to work (deadletter.py); ``serializer``
         defaults to DISTCRAWL_SERIALIZER. A record holding only its URL becomes the
         request the spider makes of that URL (its ``make_request_from_data``, as for a start
-        URL) when this producer has the spider's code; else a plain GET of the URL."""
-        if recorded_shards(self.frontier.client, self.frontier.keys):
-            # redrive.lua queues in the crawl's own keys, where no worker of a sharded crawl
-            # leases: refused rather than parked out of reach
-            raise ProducerError(
-                f"the frontier {self.frontier.keys.namespace!r} has more than one shard "
-                "(DISTCRAWL_SHARDS): dead redrive does not support it yet"
-            )
+        URL) when this producer has the spider's code; else a plain GET of the URL.
+
+        In a sharded crawl (the shards its layout record names) each request goes back to
+        the shard of its URL, in two steps per page: see :func:`deadletter.redrive`."""
         serializer = serializer or self.config.serializer
         if self._spidercls is None:
             codec = RequestCodec(serializer)
@@ -435,6 +461,12 @@ class Producer:
                 return maker.request_of({**data, "url": validate_url(data["url"], schemes)})
 
         moved, unusable = deadletter.redrive(
-            self.frontier, codec, error=error, domain=domain, source=source, rebuild=rebuild
+            self.frontier,
+            codec,
+            error=error,
+            domain=domain,
+            source=source,
+            rebuild=rebuild,
+            shards=shard_frontiers(self.frontier),
         )
         return RedriveResult(moved, unusable)
