@@ -234,7 +234,14 @@ class Scheduler(BaseScheduler):
                 self.frontier.keys.namespace,
             )
         check_layout(self.frontier, self.config, self.crawler)
-        check_durability(self.io.client, self.frontier.keys, self.config.redis_url, self.spider)
+        assert self.shards is not None
+        check_durability(
+            self.io.client,
+            self.frontier.keys,
+            self.config.redis_url,
+            self.spider,
+            [f.keys for f in self.shards.parts],
+        )
         # alive before the first lease or claim, so that a worker dying at once is seen dead
         # (and its claims are not taken for orphans: requeue.lua)
         self._liveness.beat()

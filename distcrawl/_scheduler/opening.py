@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import redis
+from redis.cluster import RedisCluster
 from scrapy import Spider
 from scrapy.dupefilters import BaseDupeFilter
 from scrapy.settings import SETTINGS_PRIORITIES
@@ -81,17 +83,29 @@ def check_layout(frontier: Frontier, config: DistcrawlConfig, crawler: Crawler) 
 
 
 def check_durability(
-    client: redis.Redis, keys: FrontierKeys, redis_url: str, spider: Spider | None
+    client: redis.Redis,
+    keys: FrontierKeys,
+    redis_url: str,
+    spider: Spider | None,
+    shards: Sequence[FrontierKeys] = (),
 ) -> None:
     """Say at start when Redis keeps no append-only file: a restart then rolls the
     frontier back to its last snapshot (or empties it), which loses the requests queued
     since and brings back pages already acknowledged. Nothing else warns about it
-    until it happens."""
+    until it happens. On a cluster, every master that holds a shard of the crawl is asked."""
+    nodes: dict[str, FrontierKeys] = {}
+    for of in (keys, *shards):
+        name = client.get_node_from_key(of.queue).name if isinstance(client, RedisCluster) else ""
+        nodes.setdefault(name, of)
     try:
-        aof = node_info(client, "persistence", keys.queue).get("aof_enabled")
+        off = [
+            of
+            for of in nodes.values()
+            if node_info(client, "persistence", of.queue).get("aof_enabled") in (0, "0")
+        ]
     except redis.ResponseError:  # INFO not granted: nothing to say
         return
-    if aof in (0, "0"):
+    if off:
         logger.warning(
             "Redis at %s keeps no append-only file (appendonly no): if it restarts, the "
             "frontier goes back to its last snapshot, or is empty without one; requests "
