@@ -747,3 +747,21 @@ def test_import_of_a_scrapy_redis_queue_into_a_sharded_crawl(
     fps = [fingerprint(r)[:FINGERPRINT_BYTES] for r in crawled]
     for shard in range(SHARDS):
         assert all(redis_client.smismember(keys.of_shard(shard).seen, fps))
+
+
+def test_commit_lua_holds_a_shards_start_request_back_at_the_cap_and_says_where(redis_client):
+    """Kind 'S' at the pending cap: not stored, counted held, and reported at -p - 1, so that
+    the worker leaves its entry claimed (sharded_batch.stored_start_entries)."""
+    from distcrawl.frontier import Frontier, Politeness
+
+    part = Frontier(redis_client, PARTS[1], Politeness(max_pending=1))
+    first = Entry(EntryKind.REQUEST, b"f1", 0, b"p1", b"", "h")
+    assert part.commit([], [first]).enqueued == 1
+    held = Entry(EntryKind.SHARD_START, b"f2", 0, b"p2", b"raw", "h")
+    kept = Entry(EntryKind.SHARD_START, b"f3", 5, b"p3", b"raw3", "h")
+    result = Frontier(redis_client, PARTS[1], Politeness(max_pending=1, keep_priority=5)).commit(
+        [], [held, kept], positions=True
+    )
+    assert (result.held, result.enqueued, result.not_stored) == (1, 1, (-1,))
+    # no claim list of the shard was touched: the claim is the crawl's
+    assert redis_client.keys(f"{PARTS[1].prefix}claims*") == []
