@@ -593,3 +593,58 @@ def test_reshard_refused_unless_paused_no_worker_beats_and_no_lease(
     assert redis_client.exists(PLAIN.migration) == 0
     code, out, err = run(capsys, *argv, "--to", redis_url)
     assert code == 2 and "--shards re-shards on this Redis" in err
+
+
+@pytest.mark.parametrize("seen", ["set", "bloom"])
+def test_a_crawl_half_done_with_one_shard_finishes_with_four_every_page_once(
+    seen, redis_url, redis_client, demo_site, workers, capsys
+):
+    """Real workers crawl part of three sites (hosts of three shards of four) with one shard;
+    the crawl is paused, its worker stopped, re-sharded to four, and two workers with
+    DISTCRAWL_SHARDS=4 finish it: every page of every site fetched once, none missing."""
+    settings = {"DISTCRAWL_SEEN": seen, "DISTCRAWL_BLOOM_CAPACITY": 10_000}
+    sites = [demo_site(pages=80, delay=0.05, host=f"127.0.0.{h}") for h in (2, 4, 5)]
+    assert len({shard_of_url(s.url, 4) for s in sites}) == 3
+    for site in sites:
+        assert run(capsys, "--redis-url", redis_url, "push", "site", site.url + "/")[0] == 0
+    slow = {"DISTCRAWL_DOMAIN_CONCURRENCY": 1, "DISTCRAWL_HEARTBEAT_INTERVAL": 0.5}
+    first = workers(1, DISTCRAWL_IDLE_TIMEOUT=60, **slow, **settings)
+
+    def fetched() -> int:
+        return sum(len(page_fetches(s)) for s in sites)
+
+    assert wait_until(lambda: fetched() >= 60, timeout=60)
+    assert run(capsys, "--redis-url", redis_url, "pause", "site")[0] == 0
+    assert wait_until(lambda: redis_client.zcard(PLAIN.leases) == 0, timeout=30)
+    first.stop()
+    assert first.wait(5) == 0, first.log()[-3000:]
+    before = fetched()
+    expected = sum(len(s.expected_pages()) for s in sites)
+    with capsys.disabled():
+        print(f"reshard test ({seen}): {before} of {expected} pages before")
+    assert 60 <= before < expected
+    queued = redis_client.zcard(PLAIN.queue)
+    assert queued > 0
+
+    argv = ["--redis-url", redis_url, "migrate", "site", "--shards", "4"]
+    code, out, err = run(capsys, *argv)
+    assert code == 0, err
+    assert f"1 -> 4 shards: {queued} queued" in out and "0 to the dead letters" in out
+    assert old_layout_gone(redis_client)
+    assert redis_client.exists(*(f"site:bloom:0:{p}" for p in range(4))) == 0
+    assert redis_client.hget(PLAIN.meta, "shards") == b"4"
+    assert run(capsys, *argv)[1] == "'site' already has 4 shard(s)\n"
+
+    assert run(capsys, "--redis-url", redis_url, "resume", "site")[0] == 0
+    pool = [workers(i, DISTCRAWL_SHARDS=4, DISTCRAWL_IDLE_TIMEOUT=3, **settings) for i in (2, 3)]
+    for w in pool:
+        assert w.wait(120) == 0, w.log()[-3000:]
+        assert "] ERROR:" not in w.log(), w.log()[-3000:]
+    for site in sites:
+        pages = page_fetches(site)
+        assert set(pages) == site.expected_pages(), f"pages of {site.url} missing"
+        assert max(pages.values()) == 1, [p for p, n in pages.items() if n > 1]
+    for k in shards_of(4):
+        assert redis_client.zcard(k.queue) == redis_client.hlen(k.requests) == 0
+    assert redis_client.llen(PLAIN.dead) == 0
+    assert old_layout_gone(redis_client)
