@@ -154,9 +154,8 @@ class Resharding:
         if leased:
             out.append(
                 f"{leased} request(s) leased: a worker may still acknowledge them in the old "
-                "layout. Wait for the lease timeout (DISTCRAWL_LEASE_TIMEOUT), then start a "
-                "worker and pause the crawl again (its reaper requeues them), or run "
-                f"distcrawl doctor --repair {k.namespace}"
+                "layout. Wait for the lease timeout (DISTCRAWL_LEASE_TIMEOUT), then start one "
+                "worker (its reaper requeues them), pause the crawl again and stop the worker"
             )
         serializer = _str(client.hget(k.meta, "serializer") or b"")
         if serializer == "pickle" and not self.trust_pickle:

@@ -583,7 +583,7 @@ def test_reshard_refused_unless_paused_no_worker_beats_and_no_lease(
     redis_client.delete(PLAIN.alive)
     redis_client.zadd(PLAIN.leases, {b"000000000001": 1})
     code, out, err = run(capsys, *argv, "--force")  # --force never moves leases
-    assert (code, out) == (1, "") and "1 request(s) leased" in err and "doctor" in err
+    assert (code, out) == (1, "") and "1 request(s) leased" in err and "reaper" in err
     assert redis_client.hget(PLAIN.meta, "shards") == b"1"
     assert redis_client.exists(PLAIN.migration) == 0
     assert [k for k in redis_client.keys("*") if k.startswith(b"{")] == []
