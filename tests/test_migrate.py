@@ -648,3 +648,23 @@ def test_a_crawl_half_done_with_one_shard_finishes_with_four_every_page_once(
         assert redis_client.zcard(k.queue) == redis_client.hlen(k.requests) == 0
     assert redis_client.llen(PLAIN.dead) == 0
     assert old_layout_gone(redis_client)
+
+
+def test_moved_to_a_cluster_then_resharded_there(
+    redis_url, redis_client, cluster_url, cluster_client, capsys
+):
+    """One node to a cluster of one shard (--to), then 4 shards there (--shards): the shards'
+    keys spread over the masters, the switch is one transaction in the crawl's slot."""
+    seed = seed_sharded(redis_client, hosts=10, per_host=10)
+    argv = ["--redis-url", redis_url, "migrate", "site", "--to", cluster_url, "--delete-source"]
+    assert run(capsys, *argv)[0] == 0
+    code, out, err = run(capsys, "--redis-url", cluster_url, "migrate", "site", "--shards", "4")
+    assert code == 0, err
+    assert "1 -> 4 shards: 100 queued and 5 retries moved, 2 to the dead letters" in out
+    moved = resharded(cluster_client, 4)
+    assert moved["queued"] == seed["queued"] and moved["retries"] == seed["retries"]
+    assert cluster_client.hget(TAGGED.meta, "shards") == b"4"
+    assert cluster_client.llen(TAGGED.dead) == 2
+    assert cluster_client.exists(TAGGED.queue, TAGGED.seen, TAGGED.delayed) == 0
+    for k in shards_of(4):
+        assert cluster_client.scard(k.seen) == 2500

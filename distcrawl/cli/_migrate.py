@@ -109,6 +109,14 @@ def cmd_migrate(args: argparse.Namespace, ctx: Context) -> int:
         return cmd_reshard(args, ctx)
     if args.to is None:
         raise UsageError("say where to: --to URL (another Redis) or --shards N (re-shard here)")
+    unfinished = Resharding(ctx.client, args.spider.namespace, 1).record()
+    if unfinished:
+        print(
+            "distcrawl migrate: refused: an interrupted re-sharding: finish it first "
+            f"(--shards {unfinished.get('reshard:to')})",
+            file=sys.stderr,
+        )
+        return EXIT_PARTIAL
     target_url: str = args.to
     shown_target = redact_url(target_url)
 
