@@ -137,11 +137,26 @@ PYTHON_COMMANDS = (
 #: scripts' own)
 IMPORT_COMMANDS = ("renamenx", "sadd", "smismember", "sscan", "type")
 
-#: what ``distcrawl migrate`` (migrate.py) sends beyond PYTHON_COMMANDS: DUMP/RESTORE and
-#: PTTL copy each key with its TTL, TYPE and the size of each type verify the copy, MEMORY
-#: USAGE sizes the dry run. An administrator's tool on two servers, like the import: the
-#: worker user gets none of these
-MIGRATE_COMMANDS = ("dump", "memory|usage", "pttl", "restore", "strlen", "type")
+#: what ``distcrawl migrate`` (migrate.py, reshard.py) sends beyond PYTHON_COMMANDS:
+#: DUMP/RESTORE and PTTL copy each key with its TTL, TYPE and the size of each type verify
+#: the copy, MEMORY USAGE sizes the dry run; re-sharding (``--shards``) reads retries' records
+#: (HMGET) and the seen SET (SSCAN), writes queue entries and fingerprints into the new
+#: shards (ZADD, SADD) and copies Bloom bitmaps in pieces (GETRANGE, SETRANGE). An
+#: administrator's tool, like the import: the worker user gets none of these
+MIGRATE_COMMANDS = (
+    "dump",
+    "getrange",
+    "hmget",
+    "memory|usage",
+    "pttl",
+    "restore",
+    "sadd",
+    "setrange",
+    "sscan",
+    "strlen",
+    "type",
+    "zadd",
+)
 
 #: ``distcrawl push`` (HGET of the pending cap, ZCARD/LLEN for the room left, LPUSH inside
 #: MULTI/EXEC) and ``distcrawl status``/``watch`` (one pipeline of reads and TIME), plus RPUSH

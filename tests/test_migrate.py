@@ -15,12 +15,15 @@ from typing import Any
 import pytest
 import redis
 from redis.cluster import RedisCluster
+from scrapy import Request
 
-from distcrawl import migrate
+from distcrawl import migrate, reshard
 from distcrawl.cli import main
 from distcrawl.demo.redis_server import RedisServer
 from distcrawl.frontier import Frontier
 from distcrawl.keys import FrontierKeys
+from distcrawl.serialize import RequestCodec
+from distcrawl.shards import shard_keys, shard_of_url
 from tests.cluster import RedisClusterNodes
 from tests.support import page_fetches, wait_until
 
@@ -390,3 +393,278 @@ def test_copy_batches_are_bounded_in_keys_and_bytes(monkeypatch):
     assert batches[:3] == [["k0", "k1"], ["k2"], ["k3"]]
     assert [len(b) for b in batches[3:]] == [100, 100, 52]
     assert sum(len(b) for b in batches) == len(infos)
+
+
+# ---------------------------------------------------------------------- --shards N
+
+
+def shards_of(count: int) -> list[FrontierKeys]:
+    return shard_keys(PLAIN, count)
+
+
+def queue_entry(slot: str, seq: int, payload: bytes, priority: int = 0) -> bytes:
+    prio = (2**31 - priority).to_bytes(4, "big")
+    return slot.encode() + b"\0" + prio + seq.to_bytes(6, "big") + payload
+
+
+def seed_sharded(client: redis.Redis, *, hosts: int = 30, per_host: int = 40) -> dict[str, Any]:
+    """A paused frontier of one shard without processes: ``hosts`` x ``per_host`` queued
+    requests of two priorities, retries waiting, fingerprints, limits, a Crawl-delay being
+    read (dropped) and one known, a member that is no entry and one whose payload does not
+    decode. Returns what must come out of it."""
+    codec = RequestCodec()
+    Frontier(client, PLAIN).record_layout({"format": "1", "shards": "1", "seen": "set"})
+    entries, expected = {}, set()
+    seq = 0
+    for h in range(hosts):
+        for p in range(per_host):
+            seq += 1
+            url = f"http://h{h}.example/{p}"
+            payload = codec.encode(Request(url, priority=p % 2))
+            entries[queue_entry(f"h{h}.example", seq, payload, p % 2)] = 0
+            expected.add((f"h{h}.example", p % 2, payload))
+    entries[b"no nul in this member"] = 0
+    entries[queue_entry("bad.example", 999_999, b"mnot msgpack \xc1")] = 0
+    client.zadd(PLAIN.queue, entries)
+    retries = {}
+    for r in range(5):
+        seq += 1
+        payload = codec.encode(Request(f"http://h{r}.example/retry"))
+        ident = f"{seq:012x}"
+        client.hset(PLAIN.requests, ident, b"\0" * 8 + queue_entry(f"h{r}.example", seq, payload))
+        client.zadd(PLAIN.delayed, {ident: 1_000_000 + r})
+        retries[payload] = 1_000_000 + r
+    client.set(PLAIN.seq, seq)
+    client.sadd(PLAIN.seen, *(f"fp{i}".encode() for i in range(2500)))
+    client.hset(PLAIN.limits, mapping={"h1.example": "500:1"})
+    client.hset(PLAIN.robots, mapping={"h2.example": "2000", "h3.example": "-99"})
+    client.hset(PLAIN.stats, mapping={"pages": 7})
+    client.set(PLAIN.paused, b"1")
+    return {"queued": expected, "retries": retries, "seq": seq}
+
+
+def resharded(client: redis.Redis, count: int) -> dict[str, Any]:
+    """What the frontier of ``count`` shards holds, as seed_sharded describes it; checks
+    that each request is in its URL's shard, ids are unique and below every seq."""
+    codec = RequestCodec()
+    queued: list[tuple[str, int, bytes]] = []
+    retries: dict[bytes, float] = {}
+    ids: list[int] = []
+    for i, k in enumerate(shards_of(count)):
+        seq = int(client.get(k.seq) or 0)
+        members = client.zrange(k.queue, 0, -1)
+        slots = set()
+        for member in members:
+            cut = member.index(b"\0")
+            slot, payload = member[:cut].decode(), member[cut + 11 :]
+            ident = int.from_bytes(member[cut + 5 : cut + 11], "big")
+            assert ident <= seq
+            ids.append(ident)
+            priority = 2**31 - int.from_bytes(member[cut + 1 : cut + 5], "big")
+            assert shard_of_url(codec.decode_dict(payload)["u"], count) == i
+            queued.append((slot, priority, payload))
+            slots.add(slot.encode())
+        assert set(client.zrange(k.ready, 0, -1)) == slots  # every slot with requests ready
+        for ident, due in client.zrange(k.delayed, 0, -1, withscores=True):
+            record = client.hget(k.requests, ident)
+            assert record[:8] == b"\0" * 8
+            assert int(ident, 16) <= seq
+            ids.append(int(ident, 16))
+            payload = record[8:][record[8:].index(b"\0") + 11 :]
+            assert shard_of_url(codec.decode_dict(payload)["u"], count) == i
+            retries[payload] = due
+    assert len(ids) == len(set(ids)), "an id given twice"
+    assert len(queued) == len(set(queued)), "a request queued twice"
+    return {"queued": set(queued), "retries": retries}
+
+
+def old_layout_gone(client: redis.Redis) -> bool:
+    state = [PLAIN.queue, PLAIN.requests, PLAIN.delayed, PLAIN.seen, PLAIN.seq, PLAIN.ready]
+    return client.exists(*state) == 0
+
+
+def test_a_seeded_frontier_is_resharded_to_four_and_back_losing_nothing(
+    redis_url, redis_client, capsys
+):
+    seed = seed_sharded(redis_client)
+    argv = ["--redis-url", redis_url, "migrate", "site", "--shards", "4"]
+    code, out, err = run(capsys, *argv)
+    assert code == 0, err
+    assert "1 -> 4 shards: 1200 queued and 5 retries moved, 2 to the dead letters" in out
+    assert redis_client.hget(PLAIN.meta, "shards") == b"4"
+    moved = resharded(redis_client, 4)
+    assert moved["queued"] == seed["queued"]
+    assert moved["retries"] == seed["retries"]
+    for k in shards_of(4):
+        assert redis_client.scard(k.seen) == 2500  # every shard holds the whole seen-set
+        assert redis_client.hgetall(k.limits) == {b"h1.example": b"500:1"}
+        assert redis_client.hgetall(k.robots) == {b"h2.example": b"2000"}
+        assert redis_client.zcard(k.queue) > 0
+    dead = [json.loads(r) for r in redis_client.lrange(PLAIN.dead, 0, -1)]
+    reasons = sorted(d["reason"] for d in dead)
+    assert reasons[0] == "malformed queue entry", reasons
+    assert reasons[1].startswith("undecodable payload"), reasons
+    assert {d["source"] for d in dead} == {"queue"}
+    assert old_layout_gone(redis_client)
+    assert redis_client.hget(PLAIN.stats, "pages") == b"7"  # crawl-wide keys stay
+    assert redis_client.exists(PLAIN.paused)
+    assert not [f for f in redis_client.hkeys(PLAIN.migration) if f.startswith(b"reshard:")]
+
+    code, out, err = run(capsys, *argv)  # a run again: nothing to do
+    assert (code, out.strip()) == (0, "'site' already has 4 shard(s)"), err
+
+    # and back to one: the shards' keys go, their dead letters and counters are the crawl's
+    redis_client.lpush(shards_of(4)[1].dead, b'{"reason": "met in a shard"}')
+    redis_client.hset(shards_of(4)[1].stats, "quarantined", 1)
+    code, out, err = run(capsys, "--redis-url", redis_url, "migrate", "site", "--shards", "1")
+    assert code == 0, err
+    back = resharded(redis_client, 1)
+    assert back["queued"] == seed["queued"] and back["retries"] == seed["retries"]
+    assert redis_client.scard(PLAIN.seen) == 2500
+    assert redis_client.llen(PLAIN.dead) == 3
+    assert int(redis_client.hget(PLAIN.stats, "quarantined")) == 3
+    assert [k for k in redis_client.keys("*") if k.startswith(b"{")] == []
+
+
+def test_an_interrupted_reshard_finishes_when_run_again_nothing_lost_nor_twice(
+    redis_url, redis_client, capsys, monkeypatch
+):
+    seed = seed_sharded(redis_client)
+    monkeypatch.setattr(reshard, "BATCH", 100)
+    progress = reshard.Resharding._progress
+    calls = []
+
+    def fail_midway(self, *args, **kwargs):
+        calls.append(args[0])
+        if len(calls) == 7:  # the queue part way
+            progress(self, *args, **kwargs)
+            raise redis.ConnectionError("cut short")
+        return progress(self, *args, **kwargs)
+
+    monkeypatch.setattr(reshard.Resharding, "_progress", fail_midway)
+    argv = ["--redis-url", redis_url, "migrate", "site", "--shards", "4"]
+    assert run(capsys, *argv)[0] != 0
+    assert redis_client.hget(PLAIN.meta, "shards") == b"1"  # the old layout is still whole
+    assert redis_client.zcard(PLAIN.queue) == 1202
+    # a batch copied again after its progress was lost: the same ids, no second copy
+    redis_client.hset(PLAIN.migration, "reshard:queue:0", 300)
+
+    delete = reshard.Resharding.delete
+    monkeypatch.setattr(reshard.Resharding, "delete", lambda self, source: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        main(argv)
+    capsys.readouterr()
+    assert redis_client.hget(PLAIN.meta, "shards") == b"4"  # switched, not yet deleted
+    assert redis_client.zcard(PLAIN.queue) == 1202
+    monkeypatch.setattr(reshard.Resharding, "delete", delete)
+    code, _, err = run(capsys, *argv)
+    assert code == 0, err
+    moved = resharded(redis_client, 4)
+    assert moved["queued"] == seed["queued"]
+    assert moved["retries"] == seed["retries"]
+    assert redis_client.llen(PLAIN.dead) == 2
+    assert old_layout_gone(redis_client)
+    assert run(capsys, *argv)[:2] == (0, "'site' already has 4 shard(s)\n")
+
+
+def test_reshard_refused_unless_paused_no_worker_beats_and_no_lease(
+    redis_url, redis_client, capsys
+):
+    seed_sharded(redis_client, hosts=2, per_host=2)
+    argv = ["--redis-url", redis_url, "migrate", "site", "--shards", "4"]
+    redis_client.delete(PLAIN.paused)
+    code, out, err = run(capsys, *argv)
+    assert (code, out) == (1, "") and "not paused" in err
+    redis_client.set(PLAIN.paused, b"1")
+    seconds, micros = redis_client.time()
+    redis_client.zadd(PLAIN.alive, {b"01020304": seconds * 1000 + micros // 1000})
+    code, out, err = run(capsys, *argv)
+    assert (code, out) == (1, "") and "1 worker(s) beat within the last 10s (01020304)" in err
+    redis_client.delete(PLAIN.alive)
+    redis_client.zadd(PLAIN.leases, {b"000000000001": 1})
+    code, out, err = run(capsys, *argv, "--force")  # --force never moves leases
+    assert (code, out) == (1, "") and "1 request(s) leased" in err and "reaper" in err
+    assert redis_client.hget(PLAIN.meta, "shards") == b"1"
+    assert redis_client.exists(PLAIN.migration) == 0
+    assert [k for k in redis_client.keys("*") if k.startswith(b"{")] == []
+    redis_client.delete(PLAIN.leases)
+    code, out, err = run(capsys, *argv, "--dry-run")
+    assert code == 0 and "1 -> 4 shards, 6 queued requests" in out, err
+    assert redis_client.exists(PLAIN.migration) == 0
+    code, out, err = run(capsys, *argv, "--to", redis_url)
+    assert code == 2 and "--shards re-shards on this Redis" in err
+
+
+@pytest.mark.parametrize("seen", ["set", "bloom"])
+def test_a_crawl_half_done_with_one_shard_finishes_with_four_every_page_once(
+    seen, redis_url, redis_client, demo_site, workers, capsys
+):
+    """Real workers crawl part of three sites (hosts of three shards of four) with one shard;
+    the crawl is paused, its worker stopped, re-sharded to four, and two workers with
+    DISTCRAWL_SHARDS=4 finish it: every page of every site fetched once, none missing."""
+    settings = {"DISTCRAWL_SEEN": seen, "DISTCRAWL_BLOOM_CAPACITY": 10_000}
+    sites = [demo_site(pages=80, delay=0.05, host=f"127.0.0.{h}") for h in (2, 4, 5)]
+    assert len({shard_of_url(s.url, 4) for s in sites}) == 3
+    for site in sites:
+        assert run(capsys, "--redis-url", redis_url, "push", "site", site.url + "/")[0] == 0
+    slow = {"DISTCRAWL_DOMAIN_CONCURRENCY": 1, "DISTCRAWL_HEARTBEAT_INTERVAL": 0.5}
+    first = workers(1, DISTCRAWL_IDLE_TIMEOUT=60, **slow, **settings)
+
+    def fetched() -> int:
+        return sum(len(page_fetches(s)) for s in sites)
+
+    assert wait_until(lambda: fetched() >= 60, timeout=60)
+    assert run(capsys, "--redis-url", redis_url, "pause", "site")[0] == 0
+    assert wait_until(lambda: redis_client.zcard(PLAIN.leases) == 0, timeout=30)
+    first.stop()
+    assert first.wait(5) == 0, first.log()[-3000:]
+    before = fetched()
+    expected = sum(len(s.expected_pages()) for s in sites)
+    with capsys.disabled():
+        print(f"reshard test ({seen}): {before} of {expected} pages before")
+    assert 60 <= before < expected
+    queued = redis_client.zcard(PLAIN.queue)
+    assert queued > 0
+
+    argv = ["--redis-url", redis_url, "migrate", "site", "--shards", "4"]
+    code, out, err = run(capsys, *argv)
+    assert code == 0, err
+    assert f"1 -> 4 shards: {queued} queued" in out and "0 to the dead letters" in out
+    assert old_layout_gone(redis_client)
+    assert redis_client.exists(*(f"site:bloom:0:{p}" for p in range(4))) == 0
+    assert redis_client.hget(PLAIN.meta, "shards") == b"4"
+    assert run(capsys, *argv)[1] == "'site' already has 4 shard(s)\n"
+
+    assert run(capsys, "--redis-url", redis_url, "resume", "site")[0] == 0
+    pool = [workers(i, DISTCRAWL_SHARDS=4, DISTCRAWL_IDLE_TIMEOUT=3, **settings) for i in (2, 3)]
+    for w in pool:
+        assert w.wait(120) == 0, w.log()[-3000:]
+        assert "] ERROR:" not in w.log(), w.log()[-3000:]
+    for site in sites:
+        pages = page_fetches(site)
+        assert set(pages) == site.expected_pages(), f"pages of {site.url} missing"
+        assert max(pages.values()) == 1, [p for p, n in pages.items() if n > 1]
+    for k in shards_of(4):
+        assert redis_client.zcard(k.queue) == redis_client.hlen(k.requests) == 0
+    assert redis_client.llen(PLAIN.dead) == 0
+    assert old_layout_gone(redis_client)
+
+
+def test_moved_to_a_cluster_then_resharded_there(
+    redis_url, redis_client, cluster_url, cluster_client, capsys
+):
+    """One node to a cluster of one shard (--to), then 4 shards there (--shards): the shards'
+    keys spread over the masters, the switch is one transaction in the crawl's slot."""
+    seed = seed_sharded(redis_client, hosts=10, per_host=10)
+    argv = ["--redis-url", redis_url, "migrate", "site", "--to", cluster_url, "--delete-source"]
+    assert run(capsys, *argv)[0] == 0
+    code, out, err = run(capsys, "--redis-url", cluster_url, "migrate", "site", "--shards", "4")
+    assert code == 0, err
+    assert "1 -> 4 shards: 100 queued and 5 retries moved, 2 to the dead letters" in out
+    moved = resharded(cluster_client, 4)
+    assert moved["queued"] == seed["queued"] and moved["retries"] == seed["retries"]
+    assert cluster_client.hget(TAGGED.meta, "shards") == b"4"
+    assert cluster_client.llen(TAGGED.dead) == 2
+    assert cluster_client.exists(TAGGED.queue, TAGGED.seen, TAGGED.delayed) == 0
+    for k in shards_of(4):
+        assert cluster_client.scard(k.seen) == 2500

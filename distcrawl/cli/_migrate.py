@@ -1,5 +1,6 @@
-"""``distcrawl migrate SPIDER --to URL``: its arguments, and the command that runs a
-:class:`~distcrawl.migrate.Migration` and prints what it did.
+"""``distcrawl migrate SPIDER --to URL`` and ``distcrawl migrate SPIDER --shards N``: their
+arguments, and the command that runs a :class:`~distcrawl.migrate.Migration` (to another
+Redis) or a :class:`~distcrawl.reshard.Resharding` (on the same one) and prints what it did.
 
 Kept apart from :mod:`distcrawl.migrate` so that the move stays a plain API, whose steps
 Python code and the tests run one by one, while what only the command cares about (the
@@ -30,6 +31,7 @@ from distcrawl.cli._common import (
 from distcrawl.connection import make_redis
 from distcrawl.migrate import KeyInfo, Migration, MigrationRefused
 from distcrawl.redact import redact_text, redact_url, url_secrets
+from distcrawl.reshard import Resharding, ReshardRefused
 
 
 def _print_plan(infos: Sequence[KeyInfo], as_json: bool) -> None:
@@ -43,9 +45,78 @@ def _print_plan(infos: Sequence[KeyInfo], as_json: bool) -> None:
     print(f"{len(infos)} keys, {total} bytes (MEMORY USAGE); nothing written (--dry-run)")
 
 
+def cmd_reshard(args: argparse.Namespace, ctx: Context) -> int:
+    """Exit 0 when the crawl has ``--shards`` shards (moved and verified now, or before), 1
+    when refused (nothing written) or a count differs after the copy (nothing switched)."""
+    if args.to is not None or args.delete_source:
+        raise UsageError(
+            "--shards re-shards on this Redis: move the crawl with --to first, then run "
+            "--shards with --redis-url of the target"
+        )
+    ns = args.spider.namespace
+    try:
+        job = Resharding(
+            ctx.client,
+            ns,
+            args.shards,
+            worker_timeout=args.worker_timeout,
+            trust_pickle=args.trust_pickle,
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    problems = job.problems(force=args.force)
+    if args.dry_run and not problems:
+        source = job.recorded_shards()
+        sizes = [int(ctx.client.zcard(k.queue)) for k in job.old_keys(source)]
+        print(
+            f"{ns!r}: {source} -> {args.shards} shards, {sum(sizes)} queued requests; "
+            "nothing written (--dry-run)"
+        )
+    for problem in problems:
+        print(f"distcrawl migrate: refused: {problem}", file=sys.stderr)
+    if problems or args.dry_run:
+        return EXIT_PARTIAL if problems else EXIT_OK
+    try:
+        outcome = job.run()
+    except ReshardRefused as exc:
+        print(f"distcrawl migrate: refused: {exc}", file=sys.stderr)
+        return EXIT_PARTIAL
+    if ctx.as_json:
+        _emit_json(asdict(outcome))
+    elif outcome.already_done:
+        print(f"{ns!r} already has {args.shards} shard(s)")
+    else:
+        print(
+            f"{ns!r}: {outcome.from_shards} -> {outcome.to_shards} shards: {outcome.queued} "
+            f"queued and {outcome.retries} retries moved, {outcome.dead_lettered} to the dead "
+            f"letters, {outcome.seen} fingerprints copied, {outcome.deleted} old keys removed, "
+            f"in {outcome.seconds:.1f}s"
+        )
+    for line in outcome.mismatches:
+        print(f"differs: {line}", file=sys.stderr)
+    if outcome.mismatches:
+        print("not verified: the crawl keeps its old layout; run it again", file=sys.stderr)
+        return EXIT_PARTIAL
+    if not ctx.as_json and not outcome.already_done:
+        print(f"start the workers with DISTCRAWL_SHARDS={args.shards}, then: distcrawl resume {ns}")
+    return EXIT_OK
+
+
 def cmd_migrate(args: argparse.Namespace, ctx: Context) -> int:
     """Exit 0 when every key is on the target and verified (and, with --delete-source, gone
     from the source), 1 when refused (nothing written) or a key differs after the copy."""
+    if args.shards is not None:
+        return cmd_reshard(args, ctx)
+    if args.to is None:
+        raise UsageError("say where to: --to URL (another Redis) or --shards N (re-shard here)")
+    unfinished = Resharding(ctx.client, args.spider.namespace, 1).record()
+    if unfinished:
+        print(
+            "distcrawl migrate: refused: an interrupted re-sharding: finish it first "
+            f"(--shards {unfinished.get('reshard:to')})",
+            file=sys.stderr,
+        )
+        return EXIT_PARTIAL
     target_url: str = args.to
     shown_target = redact_url(target_url)
 
@@ -125,11 +196,24 @@ def add_parser(commands: Any, common: argparse.ArgumentParser) -> None:
     """``distcrawl migrate SPIDER --to URL``, registered by ``build_parser``."""
     text = (
         "copy a paused crawl (every worker stopped) to another Redis, e.g. one node to a "
-        "Redis Cluster, under the names keys take there; verify; optionally delete the source"
+        "Redis Cluster, under the names keys take there; verify; optionally delete the "
+        "source. Or, with --shards N, re-split its frontier into N shards on this Redis"
     )
     sub = command_maker(common)(commands, "migrate", cmd_migrate, text)
     # never %(default)s or an echo of the value: it may hold a password
-    sub.add_argument("--to", required=True, metavar="URL", help="the Redis to move the crawl to")
+    sub.add_argument("--to", metavar="URL", help="the Redis to move the crawl to")
+    sub.add_argument(
+        "--shards",
+        type=int,
+        metavar="N",
+        help="re-split the frontier into N shards (DISTCRAWL_SHARDS) on this Redis instead",
+    )
+    sub.add_argument(
+        "--trust-pickle",
+        action="store_true",
+        help="with --shards: unpickle pickled requests to read their URLs (runs code "
+        "anyone who could write to Redis wrote); without it they are refused",
+    )
     sub.add_argument(
         "--to-cluster",
         default="auto",

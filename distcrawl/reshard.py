@@ -1,0 +1,535 @@
+"""``distcrawl migrate SPIDER --shards N``: a paused crawl's frontier re-split from the M shards
+its layout record names into N, on the same Redis (a single server or a cluster).
+
+Every queued request moves to the shard of its URL (:func:`distcrawl.shards.shard_of_url`),
+read from its payload (msgpack, JSON; pickle only with ``trust_pickle``); it keeps its slot,
+priority and payload and gets a new id. A retry waiting in ``delayed`` moves with its due time
+and record. A member or record that cannot be read goes to the crawl's dead letters with the
+reason, never dropped. The seen-set cannot be routed (fingerprints are hashes), so every
+target shard gets all of it (the union of the M sources'): a set is copied member by member, a
+Bloom filter's layers are stacked (each source's layers, tested in turn, are the union). Of the
+per-slot state, ``limits``, the robots.txt Crawl-delays and the adaptive throttle go to every
+target shard; the slots' next turns, the in-flight counts, the hungry marks and the sweep's
+cursors rebuild (nothing is leased). The crawl-wide keys stay as they are.
+
+Safe to interrupt at any point, and a run again finishes the job:
+
+- the source is only read until the layout record ``<ns>:meta`` names N shards, so workers
+  started before that point find the old layout whole;
+- the new ids are fixed when the run starts (``base`` + the member's position among the
+  source's members), so copying a batch twice writes the same members twice, not twice as
+  many; the positions reached are recorded in the crawl's ``migration`` HASH (``reshard:*``
+  fields), and so are the dead letters to write, which are written only with the switch;
+- the switch is one transaction on the crawl's own keys: the dead letters, ``shards`` = N and
+  the record's state; only then are the old layout's keys deleted, the crawl's ``migration``
+  fields last, so that a run again after an interruption there deletes the rest.
+
+A crawl is moved only paused with its workers stopped and no lease held (a lease is a request
+some worker may still acknowledge in the old layout): see :meth:`Resharding.problems`.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from distcrawl.connection import is_cluster, node_info
+from distcrawl.deadrecord import dead_letter
+from distcrawl.keys import MAX_SHARDS, FrontierKeys
+from distcrawl.seen import BloomState, part_keys
+from distcrawl.serialize import DecodeError, RequestCodec
+from distcrawl.shards import shard_keys, shard_of_url
+
+#: members (queue entries, retries, fingerprints, HASH fields) per Redis call
+BATCH = 1000
+#: bytes of a Bloom filter's bitmap per GETRANGE/SETRANGE
+BLOOM_CHUNK = 1 << 20
+#: a lease's token, for a retry waiting in ``delayed`` (lib.lua's NO_TOKEN)
+NO_TOKEN = b"\0" * 8
+#: the frontier's keys of a shard: what moves (or rebuilds), and what the old layout loses
+SHARD_STATE = (
+    "queue", "requests", "leases", "delayed", "seen", "bloom", "seq", "ready", "slots",
+    "inflight", "placeless", "throttle", "throttle_raised", "throttle_state", "hungry",
+    "limits", "robots", "sweep",
+)  # fmt: skip
+#: per-slot HASHes copied into every target shard
+PER_SLOT_COPIED = ("limits", "robots", "throttle", "throttle_raised", "throttle_state")
+#: keys that must be empty in the target shards before a run starts
+MUST_BE_EMPTY = ("queue", "requests", "leases", "delayed", "seen", "bloom")
+#: the crawl's ``migration`` HASH fields of a re-sharding all start with this
+PREFIX = "reshard:"
+
+
+class ReshardRefused(Exception):
+    """The crawl may not be re-sharded now: nothing written."""
+
+
+@dataclass
+class ReshardOutcome:
+    """What a run did, printed (or as JSON) by the command."""
+
+    from_shards: int = 1
+    to_shards: int = 1
+    queued: int = 0
+    retries: int = 0
+    dead_lettered: int = 0
+    seen: int = 0
+    deleted: int = 0
+    mismatches: list[str] = field(default_factory=list)
+    already_done: bool = False
+    seconds: float = 0.0
+
+
+def _str(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _split(member: bytes) -> tuple[int, bytes] | None:
+    """Where the 10 bytes of priority and sequence number start, and the payload; None for a
+    member that is not a queue entry (lib.lua's entry_slot)."""
+    cut = member.find(b"\0")
+    if cut < 1 or len(member) < cut + 11:
+        return None
+    return cut + 1, member[cut + 11 :]
+
+
+class Resharding:
+    """The re-splitting of crawl ``namespace`` on ``client`` into ``shards`` shards."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        namespace: str,
+        shards: int,
+        *,
+        worker_timeout: float = 10.0,
+        trust_pickle: bool = False,
+    ) -> None:
+        if not 1 <= shards <= MAX_SHARDS:
+            raise ValueError(f"invalid shard count {shards}: 1 to {MAX_SHARDS}")
+        self.client = client
+        self.crawl = FrontierKeys(namespace).on_cluster(is_cluster(client))
+        self.to_shards = shards
+        self.worker_timeout = worker_timeout
+        self.codec = RequestCodec("pickle" if trust_pickle else "msgpack")
+        self.trust_pickle = trust_pickle
+
+    # ------------------------------------------------------------------ the layouts
+
+    def record(self) -> dict[str, str]:
+        raw = self.client.hgetall(self.crawl.migration)
+        return {_str(k): _str(v) for k, v in raw.items() if _str(k).startswith(PREFIX)}
+
+    def recorded_shards(self) -> int:
+        return int(self.client.hget(self.crawl.meta, "shards") or 1)
+
+    def _layout(self, count: int) -> list[FrontierKeys]:
+        return shard_keys(self.crawl, count)
+
+    def problems(self, *, force: bool = False) -> list[str]:
+        """Why the crawl may not be re-sharded now (empty: it may). ``force`` skips the checks
+        that it is paused and no worker beats, never the one about leases."""
+        k, client = self.crawl, self.client
+        if not client.exists(k.meta):
+            return [f"no crawl {k.namespace!r} here (no layout record {k.meta})"]
+        out = []
+        if not force and not client.exists(k.paused):
+            out.append(f"the crawl {k.namespace!r} is not paused (distcrawl pause {k.namespace})")
+        if not force:
+            now = int(node_info(client, "server", k.alive)["server_time_usec"]) // 1000
+            since = now - int(self.worker_timeout * 1000)
+            live: list[Any] = client.zrange(k.alive, since, "+inf", byscore=True)
+            if live:
+                tags = ", ".join(_str(t) for t in live)
+                out.append(
+                    f"{len(live)} worker(s) beat within the last {self.worker_timeout:g}s "
+                    f"({tags}): stop every worker first"
+                )
+        source = int(self.record().get(PREFIX + "from") or self.recorded_shards())
+        leased = sum(int(client.zcard(s.leases)) for s in self._layout(source))
+        if leased:
+            out.append(
+                f"{leased} request(s) leased: a worker may still acknowledge them in the old "
+                "layout. Wait for the lease timeout (DISTCRAWL_LEASE_TIMEOUT), then start one "
+                "worker (its reaper requeues them), pause the crawl again and stop the worker"
+            )
+        serializer = _str(client.hget(k.meta, "serializer") or b"")
+        if serializer == "pickle" and not self.trust_pickle:
+            out.append("the crawl's requests are pickled: add --trust-pickle to read their URLs")
+        if source != self.to_shards:
+            mine = {s.prefix for s in self._layout(source)}
+            clash = mine & {t.prefix for t in self._layout(self.to_shards)}
+            if clash:
+                out.append(
+                    f"shards of {source} and {self.to_shards} share the key prefixes "
+                    f"{', '.join(sorted(clash))}: re-shard through 1 (--shards 1, then "
+                    f"--shards {self.to_shards})"
+                )
+        return out
+
+    # ------------------------------------------------------------------ the run
+
+    def run(self) -> ReshardOutcome:
+        """Copy, verify, switch the layout record, delete the old layout; or go on from where
+        an interrupted run stopped. Call ``problems()`` first."""
+        started = time.monotonic()
+        rec = self.record()
+        if rec and int(rec[PREFIX + "to"]) != self.to_shards:
+            raise ReshardRefused(
+                f"an interrupted re-sharding to {rec[PREFIX + 'to']} shards: finish it first "
+                f"(--shards {rec[PREFIX + 'to']})"
+            )
+        source = int(rec.get(PREFIX + "from") or self.recorded_shards())
+        out = ReshardOutcome(source, self.to_shards)
+        if not rec and source == self.to_shards:
+            out.already_done = True
+            return out
+        if not rec:
+            rec = self._start(source)
+        if rec[PREFIX + "state"] == "copying":
+            self._copy(rec, out)
+            out.mismatches = self.verify(rec)
+            if out.mismatches:
+                out.seconds = time.monotonic() - started
+                return out
+            self._switch()
+        out.deleted = self.delete(source)
+        out.seconds = time.monotonic() - started
+        return out
+
+    def _start(self, source: int) -> dict[str, str]:
+        """The record of a new run: the counts and the ids' base, read once."""
+        if source < 1:
+            raise ReshardRefused(f"invalid recorded shard count {source}")
+        sources, targets = self._layout(source), self._layout(self.to_shards)
+        pipe = self.client.pipeline(transaction=False)
+        for t in targets:
+            for name in MUST_BE_EMPTY:
+                pipe.exists(getattr(t, name))
+        if any(pipe.execute()):
+            raise ReshardRefused(
+                f"the keys of {self.to_shards} shards already hold requests or a seen-set: "
+                f"not this run's (distcrawl reset {self.crawl.namespace}, or move them away)"
+            )
+        pipe = self.client.pipeline(transaction=False)
+        for s in sources:
+            pipe.zcard(s.queue)
+            pipe.zcard(s.delayed)
+        for k in {*sources, *targets, self.crawl}:
+            pipe.get(k.seq)
+        replies = pipe.execute()
+        base = max(int(v or 0) for v in replies[2 * source :])
+        now = int(node_info(self.client, "server", self.crawl.alive)["server_time_usec"]) // 1000
+        rec = {
+            "id": uuid.uuid4().hex,
+            "from": str(source),
+            "to": str(self.to_shards),
+            "state": "copying",
+            "base": str(base),
+            "now": str(now),
+        }
+        for j in range(source):
+            rec[f"queued:{j}"] = str(replies[2 * j])
+            rec[f"delayed:{j}"] = str(replies[2 * j + 1])
+        rec = {PREFIX + k: v for k, v in rec.items()}
+        mapping: dict[Any, Any] = rec
+        self.client.hset(self.crawl.migration, mapping=mapping)
+        return rec
+
+    # ------------------------------------------------------------------ the copy
+
+    def _copy(self, rec: dict[str, str], out: ReshardOutcome) -> None:
+        source = int(rec[PREFIX + "from"])
+        sources, targets = self._layout(source), self._layout(self.to_shards)
+        queued = [int(rec[f"{PREFIX}queued:{j}"]) for j in range(source)]
+        delayed = [int(rec[f"{PREFIX}delayed:{j}"]) for j in range(source)]
+        next_id = int(rec[PREFIX + "base"]) + 1
+        for j, s in enumerate(sources):
+            self._queue(rec, j, s, targets, next_id, queued[j], out)
+            next_id += queued[j]
+        for j, s in enumerate(sources):
+            self._delayed(rec, j, s, targets, next_id, delayed[j], out)
+            next_id += delayed[j]
+        layers = 0
+        for j, s in enumerate(sources):
+            out.seen += self._seen(rec, j, s, targets)
+            layers += self._bloom(j, s, targets, layers)
+        for s in sources:
+            for name in PER_SLOT_COPIED:
+                self._per_slot(getattr(s, name), [getattr(t, name) for t in targets])
+        pipe = self.client.pipeline(transaction=False)
+        for t in targets:  # above every id given: lib.lua numbers on from here
+            pipe.get(t.seq)
+        current = pipe.execute()
+        pipe = self.client.pipeline(transaction=False)
+        for t, value in zip(targets, current, strict=True):
+            pipe.set(t.seq, max(int(value or 0), next_id - 1))
+        pipe.execute()
+
+    def _progress(self, name: str, value: Any, dead: dict[Any, Any]) -> None:
+        """The position reached, and the dead letters met on the way (written at the switch)."""
+        self.client.hset(self.crawl.migration, mapping={PREFIX + name: str(value), **dead})
+
+    def _url_shard(self, payload: bytes) -> int | str:
+        """The target shard of a request's payload, or why it has none."""
+        try:
+            url = self.codec.decode_dict(payload)["u"]
+        except DecodeError as exc:
+            return str(exc)
+        return shard_of_url(url, self.to_shards)
+
+    def _entry(self, member: bytes) -> tuple[int | str, int, bytes]:
+        """(target shard or reason, where the sequence number starts, payload) of a member."""
+        split = _split(member)
+        if split is None:
+            return "malformed queue entry", 0, b""
+        at, payload = split
+        return self._url_shard(payload), at, payload
+
+    def _queue(
+        self,
+        rec: dict[str, str],
+        j: int,
+        s: FrontierKeys,
+        targets: list[FrontierKeys],
+        first_id: int,
+        count: int,
+        out: ReshardOutcome,
+    ) -> None:
+        now = int(rec[PREFIX + "now"])
+        at = int(rec.get(f"{PREFIX}queue:{j}", 0))
+        while at < count:
+            members: Any = self.client.zrange(s.queue, at, at + BATCH - 1)
+            pipe = self.client.pipeline(transaction=False)
+            dead: dict[Any, Any] = {}
+            for pos, member in enumerate(members, start=at):
+                shard, cut, _ = self._entry(member)
+                if isinstance(shard, str):
+                    dead[f"{PREFIX}dead:q:{j}:{pos}"] = dead_letter(
+                        shard, raw=member, source="queue", moved="reshard"
+                    )
+                    continue
+                entry = member[: cut + 4] + (first_id + pos).to_bytes(6, "big") + member[cut + 10 :]
+                t = targets[shard]
+                pipe.zadd(t.queue, {entry: 0})
+                pipe.zadd(t.ready, {member[: cut - 1]: now})
+                out.queued += 1
+            pipe.execute()
+            out.dead_lettered += len(dead)
+            at += len(members)
+            self._progress(f"queue:{j}", at, dead)
+            if not members:
+                break
+
+    def _delayed(
+        self,
+        rec: dict[str, str],
+        j: int,
+        s: FrontierKeys,
+        targets: list[FrontierKeys],
+        first_id: int,
+        count: int,
+        out: ReshardOutcome,
+    ) -> None:
+        at = int(rec.get(f"{PREFIX}delayed:{j}:at", 0))
+        while at < count:
+            due: Any = self.client.zrange(s.delayed, at, at + BATCH - 1, withscores=True)
+            records: Any = self.client.hmget(s.requests, [i for i, _ in due]) if due else []
+            pipe = self.client.pipeline(transaction=False)
+            dead: dict[Any, Any] = {}
+            for pos, ((old, when), record) in enumerate(zip(due, records, strict=True), start=at):
+                entry = record[len(NO_TOKEN) :] if record else b""
+                shard, cut, _ = self._entry(entry) if record else ("retry without record", 0, b"")
+                if isinstance(shard, str):
+                    dead[f"{PREFIX}dead:d:{j}:{pos}"] = dead_letter(
+                        shard, raw=entry or old, source="retry", moved="reshard", id=_str(old)
+                    )
+                    continue
+                new = first_id + pos
+                entry = entry[: cut + 4] + new.to_bytes(6, "big") + entry[cut + 10 :]
+                t = targets[shard]
+                pipe.hset(t.requests, f"{new:012x}", NO_TOKEN + entry)
+                pipe.zadd(t.delayed, {f"{new:012x}": when})
+                out.retries += 1
+            pipe.execute()
+            out.dead_lettered += len(dead)
+            at += len(due)
+            self._progress(f"delayed:{j}:at", at, dead)
+            if not due:
+                break
+
+    def _seen(
+        self, rec: dict[str, str], j: int, s: FrontierKeys, targets: list[FrontierKeys]
+    ) -> int:
+        """Every fingerprint of source ``s``'s seen SET into every target's; SSCAN's cursor
+        is recorded (a member returned twice is added twice: no change)."""
+        cursor = int(rec.get(f"{PREFIX}seen:{j}", 0))
+        if cursor < 0:
+            return 0
+        copied = 0
+        while True:
+            cursor, members = self.client.sscan(s.seen, cursor, count=BATCH)
+            if members:
+                pipe = self.client.pipeline(transaction=False)
+                for t in targets:
+                    pipe.sadd(t.seen, *members)
+                pipe.execute()
+                copied += len(members)
+            self._progress(f"seen:{j}", cursor or -1, {})
+            if not cursor:
+                return copied
+
+    def _bloom(self, j: int, s: FrontierKeys, targets: list[FrontierKeys], offset: int) -> int:
+        """Source ``s``'s Bloom layers into every target as layers ``offset``.. (a run again
+        copies them again: the same bits); returns how many layers it had."""
+        state = BloomState.parse(self.client.hgetall(s.bloom))
+        if not state.layers:
+            return 0
+        fields = {_str(k): _str(v) for k, v in self.client.hgetall(s.bloom).items()}
+        moved: dict[Any, Any] = {}
+        for name, value in fields.items():
+            layer, sep, what = name.partition(":")
+            if sep and layer.isdigit():
+                moved[f"{int(layer) + offset}:{what}"] = value
+            elif name != "layers" and (j == 0 or name not in ("capacity", "error_rate")):
+                moved[name] = value
+        sources = part_keys(s, state)
+        for t in targets:
+            names = [
+                t.bloom_part(i + offset, p)
+                for i in range(state.layers)
+                for p in range(state.parts[i])
+            ]
+            for src, dst in zip(sources, names, strict=True):
+                self._copy_string(src, dst)
+            self.client.hset(t.bloom, mapping={**moved, "layers": str(offset + state.layers)})
+        return state.layers
+
+    def _copy_string(self, src: str, dst: str) -> None:
+        size = int(self.client.strlen(src))
+        for at in range(0, size, BLOOM_CHUNK):
+            chunk = self.client.getrange(src, at, min(size, at + BLOOM_CHUNK) - 1)
+            self.client.setrange(dst, at, chunk)
+
+    def _per_slot(self, src: str, dsts: list[str]) -> None:
+        cursor = 0
+        while True:
+            fields: Any
+            cursor, fields = self.client.hscan(src, cursor, count=BATCH)
+            if src.endswith(":robots"):  # a negative Crawl-delay: a read under way, gone
+                fields = {k: v for k, v in fields.items() if not v.startswith(b"-")}
+            if fields:
+                pipe = self.client.pipeline(transaction=False)
+                for dst in dsts:
+                    pipe.hset(dst, mapping=fields)
+                pipe.execute()
+            if not cursor:
+                return
+
+    # ------------------------------------------------------------------ verify and switch
+
+    def _staged(self) -> dict[bytes, bytes]:
+        match = f"{PREFIX}dead:*"
+        return dict(self.client.hscan_iter(self.crawl.migration, match=match, count=BATCH))
+
+    def verify(self, rec: dict[str, str]) -> list[str]:
+        """Each count that differs: the source unchanged, every request in a target shard or
+        a dead letter, every target holding the whole seen-set."""
+        source = int(rec[PREFIX + "from"])
+        sources, targets = self._layout(source), self._layout(self.to_shards)
+        out = []
+        pipe = self.client.pipeline(transaction=False)
+        for k in (*sources, *targets):
+            pipe.zcard(k.queue)
+            pipe.zcard(k.delayed)
+            pipe.hlen(k.requests)
+            pipe.scard(k.seen)
+        replies = pipe.execute()
+        sizes = [replies[at : at + 4] for at in range(0, len(replies), 4)]
+        for j in range(source):
+            was = (int(rec[f"{PREFIX}queued:{j}"]), int(rec[f"{PREFIX}delayed:{j}"]))
+            if tuple(sizes[j][:2]) != was:
+                out.append(f"{sources[j].queue}: the source changed during the move {was}")
+        staged = self._staged()
+        dead_q = sum(1 for k in staged if k.startswith(f"{PREFIX}dead:q:".encode()))
+        dead_d = len(staged) - dead_q
+        queued = sum(s[0] for s in sizes[source:])
+        if queued + dead_q != sum(s[0] for s in sizes[:source]):
+            was = sum(s[0] for s in sizes[:source])
+            out.append(f"queue: {queued} moved + {dead_q} dead letters, the source {was}")
+        retries = sum(s[1] for s in sizes[source:])
+        if retries + dead_d != sum(s[1] for s in sizes[:source]):
+            out.append(f"delayed: {retries} moved + {dead_d} dead letters")
+        if sum(s[2] for s in sizes[source:]) != retries:
+            out.append("requests: records other than the retries' in the target shards")
+        seen = [s[3] for s in sizes[:source]]
+        for t, got in zip(targets, sizes[source:], strict=True):
+            if not max(seen) <= got[3] <= sum(seen):
+                out.append(f"{t.seen}: {got[3]} fingerprints, the source {seen}")
+        layers = sum(BloomState.parse(self.client.hgetall(s.bloom)).layers for s in sources)
+        for t in targets:
+            if BloomState.parse(self.client.hgetall(t.bloom)).layers != layers:
+                out.append(f"{t.bloom}: not the {layers} layers of the source")
+        return out
+
+    def _switch(self) -> None:
+        """One transaction on the crawl's own keys: the dead letters, the layout record's
+        shard count, the state. From here workers of N shards may start."""
+        staged = sorted(self._staged().items())
+        pipe = self.client.pipeline(transaction=True)
+        for at in range(0, len(staged), BATCH):
+            pipe.lpush(self.crawl.dead, *(v for _, v in staged[at : at + BATCH]))
+            pipe.hdel(self.crawl.migration, *(k for k, _ in staged[at : at + BATCH]))
+        if staged:
+            pipe.hincrby(self.crawl.stats, "quarantined", len(staged))
+        pipe.hset(self.crawl.meta, "shards", str(self.to_shards))
+        pipe.hset(self.crawl.migration, PREFIX + "state", "switched")
+        pipe.execute()
+
+    # ------------------------------------------------------------------ delete
+
+    def old_keys(self, source: int) -> list[FrontierKeys]:
+        return self._layout(source)
+
+    def delete(self, source: int) -> int:
+        """The old layout's keys: with one shard, the crawl's own frontier keys (not its
+        crawl-wide ones); with more, every key of each shard, once its dead letters are
+        copied to the crawl's and its counters added to the crawl's. The crawl's record of the
+        run goes last."""
+        removed = 0
+        for s in self._layout(source):
+            # the Bloom parts before their list (the bloom HASH): a run again finds the rest
+            names = part_keys(s, BloomState.parse(self.client.hgetall(s.bloom)))
+            names += [getattr(s, n) for n in SHARD_STATE]
+            if s.shard is not None:
+                self._fold(s)
+                names += [n for n in s.all() if n != s.start_urls]
+            for at in range(0, len(names), 500):
+                removed += int(self.client.unlink(*dict.fromkeys(names[at : at + 500])))
+        fields = list(self.record())
+        if fields:
+            self.client.hdel(self.crawl.migration, *fields)
+        return removed
+
+    def _fold(self, s: FrontierKeys) -> None:
+        """A shard's dead letters into the crawl's (copied, then trimmed: at least once) and
+        its counters into the crawl's (once: a field of the record says they were)."""
+        while True:
+            records = self.client.lrange(s.dead, -BATCH, -1)
+            if not records:
+                break
+            self.client.lpush(self.crawl.dead, *reversed(records))
+            self.client.ltrim(s.dead, 0, -len(records) - 1)
+        done = f"{PREFIX}stats:{s.shard}"
+        if self.client.hexists(self.crawl.migration, done):
+            return
+        counters = self.client.hgetall(s.stats)
+        pipe = self.client.pipeline(transaction=True)  # the crawl's own keys: one slot
+        for name, value in counters.items():
+            pipe.hincrby(self.crawl.stats, name, int(value))
+        pipe.hset(self.crawl.migration, done, "1")
+        pipe.execute()
