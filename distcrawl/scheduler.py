@@ -29,8 +29,8 @@ apart. The parts that keep state of their own: ``leases`` (the requests held und
 ``riders`` (other components' commands in its batches), ``report`` (stats and warnings about
 what Redis did) and ``opening`` (what a worker settles before joining a crawl). The bases of
 this class, one module per responsibility, working on the state ``state`` declares:
-``building`` (what goes in the next batch) and ``pump`` (running batches, taking in their
-results).
+``building`` (what goes in the next batch), ``pump`` (running batches, taking in their
+results) and ``handlers`` (the engine's signals).
 """
 
 from __future__ import annotations
@@ -44,11 +44,12 @@ import redis
 from scrapy import Request, Spider, signals
 from scrapy.core.scheduler import BaseScheduler
 from scrapy.dupefilters import BaseDupeFilter
-from scrapy.exceptions import DontCloseSpider
 from twisted.internet import defer, task
 
 from distcrawl import _engine
 from distcrawl._scheduler.building import BatchBuilding
+from distcrawl._scheduler.handlers import DRAIN_CHECK_MAX_AGE as DRAIN_CHECK_MAX_AGE
+from distcrawl._scheduler.handlers import SignalHandlers
 from distcrawl._scheduler.intake import RETRY_DELAY_META as RETRY_DELAY_META
 from distcrawl._scheduler.intake import Intake
 from distcrawl._scheduler.leases import Leases
@@ -76,8 +77,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: how old (s) the last look at the whole frontier may be for an idle worker to close
-DRAIN_CHECK_MAX_AGE = 0.5
 #: how long (s) a closing worker waits for a batch still running
 CLOSE_WAIT = 30.0
 
@@ -91,7 +90,7 @@ def scheduler_of(crawler: Crawler) -> Scheduler | None:
     return _SCHEDULERS.get(crawler)
 
 
-class Scheduler(BaseScheduler, Pump, BatchBuilding):
+class Scheduler(BaseScheduler, SignalHandlers, Pump, BatchBuilding):
     """Scrapy's scheduler for a frontier shared through Redis.
 
     Requests this worker discovers are pushed to the shared queue (deduplicated there),
@@ -422,68 +421,6 @@ class Scheduler(BaseScheduler, Pump, BatchBuilding):
                 await self.io.run(self._liveness.stop, clean=True)
             self.io.stop()
             self._dupefilter.close(reason)
-
-    # -- the engine's signals -------------------------------------------------------------
-
-    def _on_idle(self, spider: Spider) -> None:
-        timeout = self.config.idle_timeout
-        if (
-            timeout is None
-            or (self._busy and not self._waiting)
-            or self._outage.failing  # cannot tell whether the shared queue is empty
-            or self._paused
-            or self.has_pending_requests()
-            or self._leases.active
-        ):
-            raise DontCloseSpider
-        now = time.monotonic()
-        idle_for = now - self._last_work
-        if idle_for < timeout:
-            raise DontCloseSpider
-        # the whole crawl must be out of work, not only this worker: a start URL pushed a
-        # moment ago, a retry coming due, another worker's lease that may still produce
-        # requests or be given back
-        look = self._drained
-        if look is None or now - look[0] > DRAIN_CHECK_MAX_AGE or look[0] < self._last_work:
-            self._drain_wanted = True
-            self._kick()
-            raise DontCloseSpider
-        if not look[1].idle(int(timeout * 1000)):
-            self._drained = None
-            self._last_work = now  # there is work somewhere: wait a whole timeout again
-            raise DontCloseSpider
-        logger.info(
-            "No work for %.1fs (DISTCRAWL_IDLE_TIMEOUT=%s) and the shared frontier is empty: "
-            "closing",
-            idle_for,
-            timeout,
-            extra={"spider": spider},
-        )
-
-    def _on_downloading(self, request: Request, spider: Spider) -> None:
-        if self._leases.downloading(request):
-            self._kick()  # before the slot's next turn, which this lag pushes back
-
-    def _on_left(self, request: Request, spider: Spider) -> None:
-        swapped = self._leases.left(request)
-        if swapped is None:
-            return
-        if swapped:
-            _engine.wake(self.crawler)  # a reserve of its slot took its place
-            return
-        # off the site (answered or failed): its place in the slot is free for the next request
-        # now, while its lease waits for what the page yields to be stored (the ack); and this
-        # worker may take it in the same batch, not after the back-off of a lease that found
-        # the slot full
-        self._polling.place_freed()
-        self._kick()
-
-    def _on_response(self, response: Any, request: Request, spider: Spider) -> None:
-        if self._outbox.feedback(request, response):
-            self._inc("distcrawl/politeness/throttled")
-            self._inc(f"distcrawl/politeness/throttled/{response.status}")
-            # every worker must hold back from now on, not from this worker's next batch
-            self._kick()
 
     def _inc(self, key: str, count: int = 1) -> None:
         if count and self.stats is not None:

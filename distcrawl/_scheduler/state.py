@@ -1,8 +1,8 @@
 """The scheduler's state, as its parts see it.
 
 ``Scheduler`` (distcrawl/scheduler.py) is one object to Scrapy, but its methods are written in
-several modules, one per responsibility: ``building`` (what goes in the next batch) and
-``pump`` (running batches and taking in their results). Each of
+several modules, one per responsibility: ``building`` (what goes in the next batch), ``pump``
+(running batches and taking in their results) and ``handlers`` (the engine's signals). Each of
 those classes is a base of ``Scheduler`` and works on the scheduler's own attributes; this class
 declares them once, with the methods one part calls in another, so that each part type-checks
 on its own. It holds no value and runs no code: ``Scheduler.__init__`` sets every attribute.
@@ -66,9 +66,13 @@ class SchedulerState:
     if TYPE_CHECKING:
         # written in one part (or in scheduler.py) and called from another
 
+        def has_pending_requests(self) -> bool: ...
+
         def _reconnect(self) -> None: ...
 
         def _inc(self, key: str, count: int = 1) -> None: ...
+
+        def _kick(self) -> None: ...
 
         def _build_batch(self, now: float) -> Batch: ...
 
