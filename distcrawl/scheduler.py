@@ -21,13 +21,16 @@ loses nothing: its leases expire, or are given back as soon as its liveness beat
 another worker takes them. Each lease carries a token, so an acknowledgement that comes too
 late (the request was leased again) changes nothing.
 
-This class is Scrapy's interface and the pump; the parts that keep state of their own are
-in distcrawl/_scheduler/, each module with the reason it is apart: ``leases`` (the requests
-held under a lease), ``outbox`` (what waits for a commit), ``intake`` (entries made from
-requests and start URLs), ``polling`` (when each Redis step is next due), ``outage`` (the
-back-off while Redis fails), ``riders`` (other components' commands in its batches),
-``report`` (stats and warnings about what Redis did) and ``opening`` (what a worker settles
-before joining a crawl).
+This class is Scrapy's interface: opening and closing the frontier, and the calls that touch
+only local buffers. The rest is in distcrawl/_scheduler/, each module with the reason it is
+apart. The parts that keep state of their own: ``leases`` (the requests held under a lease),
+``outbox`` (what waits for a commit), ``intake`` (entries made from requests and start URLs),
+``polling`` (when each Redis step is next due), ``outage`` (the back-off while Redis fails),
+``riders`` (other components' commands in its batches), ``report`` (stats and warnings about
+what Redis did) and ``opening`` (what a worker settles before joining a crawl). The bases of
+this class, one module per responsibility, working on the state ``state`` declares:
+``building`` (what goes in the next batch), ``pump`` (running batches, taking in their
+results) and ``handlers`` (the engine's signals).
 """
 
 from __future__ import annotations
@@ -41,10 +44,12 @@ import redis
 from scrapy import Request, Spider, signals
 from scrapy.core.scheduler import BaseScheduler
 from scrapy.dupefilters import BaseDupeFilter
-from scrapy.exceptions import DontCloseSpider
 from twisted.internet import defer, task
 
 from distcrawl import _engine
+from distcrawl._scheduler.building import BatchBuilding
+from distcrawl._scheduler.handlers import DRAIN_CHECK_MAX_AGE as DRAIN_CHECK_MAX_AGE
+from distcrawl._scheduler.handlers import SignalHandlers
 from distcrawl._scheduler.intake import RETRY_DELAY_META as RETRY_DELAY_META
 from distcrawl._scheduler.intake import Intake
 from distcrawl._scheduler.leases import Leases
@@ -52,30 +57,14 @@ from distcrawl._scheduler.opening import check_durability, check_layout, connect
 from distcrawl._scheduler.outage import Outage
 from distcrawl._scheduler.outbox import Outbox
 from distcrawl._scheduler.polling import Polling
+from distcrawl._scheduler.pump import Pump
 from distcrawl._scheduler.report import Reporter
 from distcrawl._scheduler.riders import Riders
-from distcrawl.batch import (
-    SPLIT_AFTER,
-    Batch,
-    BatchResult,
-    Commit,
-    Rider,
-    Runner,
-    refused,
-)
+from distcrawl.batch import Batch, BatchResult, Rider, Runner
 from distcrawl.config import DistcrawlConfig
 from distcrawl.connection import RedisIO, redact_url, redis_io
 from distcrawl.dupefilter import RedisDupeFilter
-from distcrawl.frontier import (
-    CommitResult,
-    Drained,
-    Entry,
-    EntryKind,
-    Frontier,
-    LeaseRef,
-    dead_letter,
-    new_tag,
-)
+from distcrawl.frontier import Drained, EntryKind, Frontier, new_tag
 from distcrawl.keys import FrontierKeys
 from distcrawl.layout import LayoutMismatch
 from distcrawl.liveness import Liveness
@@ -88,8 +77,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: how old (s) the last look at the whole frontier may be for an idle worker to close
-DRAIN_CHECK_MAX_AGE = 0.5
 #: how long (s) a closing worker waits for a batch still running
 CLOSE_WAIT = 30.0
 
@@ -103,7 +90,7 @@ def scheduler_of(crawler: Crawler) -> Scheduler | None:
     return _SCHEDULERS.get(crawler)
 
 
-class Scheduler(BaseScheduler):
+class Scheduler(BaseScheduler, SignalHandlers, Pump, BatchBuilding):
     """Scrapy's scheduler for a frontier shared through Redis.
 
     Requests this worker discovers are pushed to the shared queue (deduplicated there),
@@ -434,318 +421,6 @@ class Scheduler(BaseScheduler):
                 await self.io.run(self._liveness.stop, clean=True)
             self.io.stop()
             self._dupefilter.close(reason)
-
-    # -- the pump ------------------------------------------------------------------------
-
-    def _kick(self) -> None:
-        if self._kick_pending or self._closing or self._loop is None:
-            return
-        from twisted.internet import reactor
-
-        self._kick_pending = True
-        reactor.callLater(0, self._kicked)  # type: ignore[attr-defined,arg-type,unused-ignore]
-
-    def _kicked(self) -> None:
-        self._kick_pending = False
-        self._pump()
-
-    def _pump(self) -> None:
-        if self.df is not None:
-            self.df.flush_stats_if_due()
-        if self._busy or self._closing:
-            return
-        now = time.monotonic()
-        if not self._outage.due(now):
-            return
-        if self._runner is None:
-            self._reconnect()
-            return
-        self._collect_finished()
-        batch = self._build_batch(now)
-        if batch.empty():
-            return
-        self._busy = True
-        self._waiting = batch.wait > 0
-        d = self.io.run(self._runner.run, batch)
-        d.addCallback(self._apply, batch)
-        d.addErrback(self._crashed, batch)
-
-    def _build_batch(self, now: float) -> Batch:
-        """The work due now, and what may ride with it: the reclaim of expired leases, other
-        components' commands, a liveness beat. Those run in a batch of their own only once
-        late (the beat never: its thread does), so an idle worker makes one round trip per
-        lease poll, about one a second (DISTCRAWL_IDLE_POLL_MAX)."""
-        batch = self._build_work(now)
-        work = not batch.empty()
-        if self._polling.reclaim_due(now, work=work):
-            batch.reclaim = True
-        if self._riders.due(now, work=not batch.empty()):
-            batch.riders = self._riders.take()
-        if not batch.empty() and self._liveness is not None and self._liveness.due(batch.wait):
-            batch.beat = True
-        return batch
-
-    def _build_work(self, now: float) -> Batch:
-        batch = Batch()
-        self._leases.report(batch)
-        commit = self._outbox.current()
-        if commit is not None:
-            batch.commits = [commit]
-        if self._polling.renew_due(now):
-            batch.renew = self._held_refs()
-        if self._drain_wanted:
-            batch.drain = True
-            self._drain_wanted = False
-        if self._paused:
-            if self._start_pending == 0 and not self._unclaimed:
-                # every start entry read is stored: what is still claimed goes back
-                batch.unclaim = self._unclaimed = True
-            batch.release = self._leases.release_waiting()
-            return batch
-        prefetch = self.config.prefetch
-        lease = self._leases.ready <= prefetch // 2 and self._polling.lease_due(now)
-        batch.release, held = self._leases.release_idle_reserves(lease)
-        self._inc("distcrawl/places/reserves_returned", len(batch.release))
-        if lease:
-            batch.wait = self._polling.take_wake_wait(lambda: self._idle() and not batch.drain)
-            batch.want = max(0, prefetch - self._leases.waiting)
-            batch.held = held
-            batch.reserve = prefetch // 2
-            batch.reserved = self._leases.reserved()
-        if self._start_pending == 0 and self._polling.peek_due(now) and not self._full():
-            batch.peek = self.config.start_urls_batch
-        return batch
-
-    def _idle(self) -> bool:
-        """Nothing here would need Redis soon: no request ready or downloading, nothing
-        to store or acknowledge, no start entry being stored, not pausing or closing. Only
-        then may a batch block the Redis thread in a wait for work."""
-        return not (
-            self._leases.busy()
-            or self._outbox.pending()
-            or self._start_pending
-            or self._paused
-            or self._closing
-        )
-
-    def _held_refs(self) -> list[LeaseRef]:
-        """Every lease this worker holds: waiting, in progress, and done but not yet
-        acknowledged (kept while a commit is being retried, so that they stay ours)."""
-        return self._leases.held_refs() + self._outbox.acked_refs()
-
-    def _apply(self, res: BatchResult, batch: Batch) -> None:
-        self._busy = False
-        now = time.monotonic()
-        self._apply_commits(res, batch.commits)
-        errors = [e for e in (res.commit_error, res.error) if e is not None]
-        if len(errors) == 2 and errors[0] is errors[1]:
-            # one lost pipeline, the commit's and the other steps' failure: counted once
-            del errors[1]
-        for error in errors:
-            self._outage.error(error, *self._outbox.counts())
-        if res.commit_error is None and res.error is None:
-            self._outage.answered()
-        self._inc("distcrawl/released", res.released)
-        self._inc("distcrawl/start_urls/given_back", res.unclaimed)
-        self._inc("distcrawl/places/freed", res.freed)
-        self._inc("distcrawl/places/taken", res.taken)
-        if res.error is not None and (batch.freed or batch.taken):
-            # the report is idempotent: sent again with the next batch rather than lost
-            self._leases.report_again(batch)
-        lease_now = bool(res.committed and res.committed.queue_size and not batch.want)
-        if lease_now:
-            # work just arrived (e.g. from a start URL): ask for it now, not at the next
-            # idle poll
-            self._polling.lease_now(now)
-        if batch.renew and res.error is None and res.renewed < len(batch.renew):
-            logger.debug(
-                "%d of %d leases had expired or been taken over before renewal",
-                len(batch.renew) - res.renewed,
-                len(batch.renew),
-            )
-        self._report.requeue(res)
-        self._report.shards(res)
-        got = self._handle_leased(res)
-        if batch.want and res.lease is not None:
-            if got:
-                self._polling.lease_now(now)
-            else:
-                self._polling.back_off(now, res.lease, idle=self._idle())
-        if res.woken:
-            self._inc("distcrawl/idle/woken")
-        self._riders.deliver(batch.riders, res.riders)
-        if batch.peek and res.error is None:
-            self._handle_peeked(res.peeked)
-            busy = bool(self._leases.ready or self._leases.active)
-            self._polling.peeked(now, len(res.peeked), batch.peek, busy=busy)
-        if res.drained is not None:
-            self._drained = (now, res.drained)
-            _engine.wake(self.crawler)  # the engine asks spider_idle again, which reads it
-        low = self._leases.ready <= self.config.prefetch // 2
-        if self._outbox.due or self._leases.unreported or ((got or lease_now) and low):
-            # the next batch now, not one reactor turn later: a turn can be a page's parsing
-            self._pump()
-
-    def _apply_commits(self, res: BatchResult, commits: list[Commit]) -> None:
-        """Forget the commits Redis confirmed; keep the first that failed, to send again."""
-        for commit in commits[: res.commits_done]:
-            self._start_pending -= commit.start_entries
-        if res.commits_done < len(commits):
-            failed = commits[res.commits_done]
-            failed.failures += 1
-            if (
-                res.commit_error is not None
-                and refused(res.commit_error)
-                and failed.failures >= SPLIT_AFTER
-                and not failed.split
-            ):
-                logger.error(
-                    "Redis refused a commit of %d entries %d times (%s): storing them "
-                    "one part at a time to find the entry it refuses",
-                    len(failed.entries),
-                    failed.failures,
-                    redact_error(res.commit_error, self.config.redis_url),
-                    extra={"spider": self.spider},
-                )
-                failed.split = True
-            self._outbox.commit = failed
-        elif commits:
-            self._outbox.commit = None
-        if res.committed is not None:
-            self._apply_commit(res.committed, commits[0] if len(commits) == 1 else None)
-        if res.split_dead:
-            self._inc("distcrawl/dead/refused", res.split_dead)
-
-    def _apply_commit(self, c: CommitResult, commit: Commit | None) -> None:
-        self._remote_queue = c.queue_size
-        self._report.commit(c, commit)
-        if c.dropped or c.held:
-            self._polling.queue_full()
-
-    def _handle_leased(self, res: BatchResult) -> int:
-        lease = res.lease
-        if lease is None:
-            return 0
-        got = 0
-        for item in res.leased:
-            if item.request is None:
-                logger.error(
-                    "Queue entry %s cannot be crawled: %s; dead-lettered",
-                    item.ref.id,
-                    item.error,
-                    extra={"spider": self.spider},
-                )
-                record = dead_letter(item.error, raw=item.payload, source="queue")
-                self._outbox.push(Entry(EntryKind.DEAD_LETTER, b"", 0, record))
-                self._outbox.ack(item.ref)
-                self._inc("distcrawl/quarantined")
-                continue
-            self._leases.add(item, lease.leased_at)
-            got += 1
-        self._remote_queue = lease.queue_size
-        self._report.lease(lease)
-        if got:
-            self._inc("distcrawl/leased", got)
-            self._last_work = time.monotonic()
-            _engine.wake(self.crawler)
-        return got
-
-    def _handle_peeked(self, raws: list[bytes]) -> None:
-        """Entries claimed for this worker (Frontier.claim_start_urls): each becomes a
-        request or a dead letter, whose commit takes it out of the claim list."""
-        assert self._intake is not None
-        for raw in raws:
-            self._outbox.push(self._intake.start_entry(raw))
-            self._start_pending += 1
-        if raws:
-            self._inc("distcrawl/start_urls/read", len(raws))
-            self._kick()
-
-    def _crashed(self, failure: Any, batch: Batch) -> None:
-        """A bug, not an outage: keep the work and log it loudly."""
-        self._busy = False
-        self._riders.drop(batch.riders)
-        logger.error(
-            "distcrawl scheduler error",
-            exc_info=redacted_exc_info(
-                failure.value, self.config.redis_url, tb=failure.getTracebackObject()
-            ),
-            extra={"spider": self.spider},
-        )
-        self._outage.crashed()
-
-    # -- lease tracking ------------------------------------------------------------------
-
-    def _collect_finished(self) -> None:
-        if not self._leases.active:
-            return
-        for ref in self._leases.finished(_engine.in_progress(self.crawler)):
-            # everything it produced is pushed by now: acknowledged once that is stored
-            self._outbox.ack(ref)
-
-    def _on_idle(self, spider: Spider) -> None:
-        timeout = self.config.idle_timeout
-        if (
-            timeout is None
-            or (self._busy and not self._waiting)
-            or self._outage.failing  # cannot tell whether the shared queue is empty
-            or self._paused
-            or self.has_pending_requests()
-            or self._leases.active
-        ):
-            raise DontCloseSpider
-        now = time.monotonic()
-        idle_for = now - self._last_work
-        if idle_for < timeout:
-            raise DontCloseSpider
-        # the whole crawl must be out of work, not only this worker: a start URL pushed a
-        # moment ago, a retry coming due, another worker's lease that may still produce
-        # requests or be given back
-        look = self._drained
-        if look is None or now - look[0] > DRAIN_CHECK_MAX_AGE or look[0] < self._last_work:
-            self._drain_wanted = True
-            self._kick()
-            raise DontCloseSpider
-        if not look[1].idle(int(timeout * 1000)):
-            self._drained = None
-            self._last_work = now  # there is work somewhere: wait a whole timeout again
-            raise DontCloseSpider
-        logger.info(
-            "No work for %.1fs (DISTCRAWL_IDLE_TIMEOUT=%s) and the shared frontier is empty: "
-            "closing",
-            idle_for,
-            timeout,
-            extra={"spider": spider},
-        )
-
-    def _full(self) -> bool:
-        cap = self.config.max_pending
-        return cap is not None and self._remote_queue >= cap
-
-    def _on_downloading(self, request: Request, spider: Spider) -> None:
-        if self._leases.downloading(request):
-            self._kick()  # before the slot's next turn, which this lag pushes back
-
-    def _on_left(self, request: Request, spider: Spider) -> None:
-        swapped = self._leases.left(request)
-        if swapped is None:
-            return
-        if swapped:
-            _engine.wake(self.crawler)  # a reserve of its slot took its place
-            return
-        # off the site (answered or failed): its place in the slot is free for the next request
-        # now, while its lease waits for what the page yields to be stored (the ack); and this
-        # worker may take it in the same batch, not after the back-off of a lease that found
-        # the slot full
-        self._polling.place_freed()
-        self._kick()
-
-    def _on_response(self, response: Any, request: Request, spider: Spider) -> None:
-        if self._outbox.feedback(request, response):
-            self._inc("distcrawl/politeness/throttled")
-            self._inc(f"distcrawl/politeness/throttled/{response.status}")
-            # every worker must hold back from now on, not from this worker's next batch
-            self._kick()
 
     def _inc(self, key: str, count: int = 1) -> None:
         if count and self.stats is not None:
