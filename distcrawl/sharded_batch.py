@@ -234,6 +234,14 @@ class ShardedRunner(Runner):
             lengths = Fan([Op("", [], ["LLEN", f.keys.dead], int) for f in sh.parts], list)
             after += fanned(lengths, waiting.extend)
         if batch.want:
+            if batch.wait > 0:
+                # an idle poll: its wait may end with a token for work in any shard
+                self.arrived()
+            for commit in batch.commits:
+                # the lease follows the commit in Redis: it finds what the commit stores
+                self.arrived(
+                    [p.shard for phase in self._phases(commit) for p in phase if p.entries]
+                )
             lease_fan, _ = self._lease_fan(batch)
             after += fanned(lease_fan, self._leased(res))
         if batch.peek and not batch.wait > 0:
@@ -386,6 +394,8 @@ class ShardedRunner(Runner):
         work are asked at the next lease."""
         parts = [p for phase in commit.phases or [] for p in phase]
         results = [commit.parts_done[p.id] for p in parts]
+        for part, result in zip(parts, results, strict=True):
+            self._queued[part.shard] = result.queue_size
         self.arrived(sorted({p.shard for p, r in zip(parts, results, strict=True) if r.enqueued}))
         committed = merge_commits(parts, results)
         raws = stored_start_entries(commit, committed)

@@ -107,6 +107,46 @@ def test_two_workers_crawl_every_page_once_through_a_node_without_the_slot(
     assert_one_slot(redis_cluster)
 
 
+def test_a_crawl_of_three_shards_spreads_over_the_three_masters(
+    redis_cluster, demo_site, workers, cluster_client
+):
+    """DISTCRAWL_SHARDS=3: each shard's hash tag on its own master, each shard's keys in its
+    one slot, the crawl's own keys in the slot of ``site:start_urls``; every page once.
+    Before any test moves a slot: the module's tests share one cluster."""
+    # 2,000 pages over 8 hosts (127.0.0.2-9)
+    sites = [demo_site(pages=249, links=5, host=f"127.0.0.{i}") for i in range(2, 10)]
+    for site in sites:
+        lpush_with_redis_cli(redis_cluster, site.url + "/")
+    pool = [workers(i, DISTCRAWL_SHARDS=3, DISTCRAWL_IDLE_TIMEOUT=3) for i in (1, 2)]
+    for w in pool:
+        assert w.wait(180) == 0, w.log()[-3000:]
+        assert "CROSSSLOT" not in w.log() and "ERROR" not in w.log(), w.log()[-3000:]
+    for site in sites:
+        fetched = page_fetches(site)
+        assert set(fetched) == site.expected_pages() and max(fetched.values()) == 1, site.url
+    parts = [SITE.sharded(3).of_shard(i) for i in range(3)]
+    owners = {redis_cluster.owner(redis_cluster.keyslot(p.seen)) for p in parts}
+    assert len(owners) == 3  # one shard per master
+    for port in redis_cluster.ports:
+        for key in redis_cluster.keys_of(port):
+            name = key.decode()
+            home = [p for p in parts if name.startswith(p.prefix)]
+            if home:
+                assert redis_cluster.keyslot(key) == redis_cluster.keyslot(home[0].seen), name
+            else:
+                assert redis_cluster.keyslot(key) == redis_cluster.keyslot(SITE.start_urls), name
+    assert sum(cluster_client.scard(p.seen) for p in parts) >= 8 * 250
+    # the scripts were routed by distcrawl from the slot map, not by asking a node for their
+    # keys (COMMAND GETKEYS, a round trip per script call)
+    stats = [redis_cluster.node(port).info("commandstats") for port in redis_cluster.ports]
+    calls = [
+        sum(s.get(name, {}).get("calls", 0) for s in stats)
+        for name in ("cmdstat_evalsha", "cmdstat_command|getkeys")
+    ]
+    assert calls[0] > 100 and calls[1] < calls[0] / 20, calls
+    assert sum(cluster_client.zcard(p.queue) + cluster_client.zcard(p.leases) for p in parts) == 0
+
+
 def test_sigkill_of_a_worker_on_a_cluster_loses_no_page(
     redis_cluster, demo_site, workers, cluster_client
 ):
@@ -311,45 +351,6 @@ def test_a_worker_started_before_redis_connects_once_it_answers(tmp_path, demo_s
     finally:
         worker.stop(timeout=10)
         server.stop()
-
-
-def test_a_crawl_of_three_shards_spreads_over_the_three_masters(
-    redis_cluster, demo_site, workers, cluster_client
-):
-    """DISTCRAWL_SHARDS=3: each shard's hash tag on its own master, each shard's keys in its
-    one slot, the crawl's own keys in the slot of ``site:start_urls``; every page once."""
-    # 2,000 pages over 8 hosts (127.0.0.2-9)
-    sites = [demo_site(pages=249, links=5, host=f"127.0.0.{i}") for i in range(2, 10)]
-    for site in sites:
-        lpush_with_redis_cli(redis_cluster, site.url + "/")
-    pool = [workers(i, DISTCRAWL_SHARDS=3, DISTCRAWL_IDLE_TIMEOUT=3) for i in (1, 2)]
-    for w in pool:
-        assert w.wait(180) == 0, w.log()[-3000:]
-        assert "CROSSSLOT" not in w.log() and "ERROR" not in w.log(), w.log()[-3000:]
-    for site in sites:
-        fetched = page_fetches(site)
-        assert set(fetched) == site.expected_pages() and max(fetched.values()) == 1, site.url
-    parts = [SITE.sharded(3).of_shard(i) for i in range(3)]
-    owners = {redis_cluster.owner(redis_cluster.keyslot(p.seen)) for p in parts}
-    assert len(owners) == 3  # one shard per master
-    for port in redis_cluster.ports:
-        for key in redis_cluster.keys_of(port):
-            name = key.decode()
-            home = [p for p in parts if name.startswith(p.prefix)]
-            if home:
-                assert redis_cluster.keyslot(key) == redis_cluster.keyslot(home[0].seen), name
-            else:
-                assert redis_cluster.keyslot(key) == redis_cluster.keyslot(SITE.start_urls), name
-    assert sum(cluster_client.scard(p.seen) for p in parts) >= 8 * 250
-    # the scripts were routed by distcrawl from the slot map, not by asking a node for their
-    # keys (COMMAND GETKEYS, a round trip per script call)
-    stats = [redis_cluster.node(port).info("commandstats") for port in redis_cluster.ports]
-    calls = [
-        sum(s.get(name, {}).get("calls", 0) for s in stats)
-        for name in ("cmdstat_evalsha", "cmdstat_command|getkeys")
-    ]
-    assert calls[0] > 100 and calls[1] < calls[0] / 20, calls
-    assert sum(cluster_client.zcard(p.queue) + cluster_client.zcard(p.leases) for p in parts) == 0
 
 
 def test_a_failover_of_the_crawls_master_loses_no_page(
