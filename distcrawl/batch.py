@@ -197,27 +197,9 @@ class Runner:
             after.append(_Step(frontier.claim_op(batch.peek), _setter(res, "peeked")))
         if batch.beat and self.liveness is not None:
             after.append(_Step(frontier.alive_op(), self._beaten(res)))
-        for rider in batch.riders:
-            replies: list[Any] = [redis.ConnectionError("not sent: Redis unreachable")] * len(
-                rider.ops
-            )
-            res.riders.append(replies)
-            for i, op in enumerate(rider.ops):
-                after.append(_Step(op, _filler(replies, i), rider=True))
+        after += self._rider_steps(batch, res)
         if alone and batch.commits:
-            down = self._send(before, res)
-            if not down:
-                for commit in batch.commits:
-                    try:
-                        done = self.commit(commit, res)
-                    except redis.RedisError as exc:
-                        res.commit_error = exc
-                        down = not isinstance(exc, redis.ResponseError)
-                        break
-                    res.committed = done if res.committed is None else res.committed + done
-                    res.commits_done += 1
-            if not down:
-                down = self._send(after, res)
+            down = self._commit_alone(batch, before, after, res)
         else:
             down = self._send(before + after, res)
         if res.requeue is not None and res.requeue.orphan_claims and not down:
@@ -237,6 +219,38 @@ class Runner:
                 if res.error is None:
                     res.error = exc
         return res
+
+    @staticmethod
+    def _rider_steps(batch: Batch, res: BatchResult) -> list[_Step]:
+        """The riders' ops, each reply filled in ``res.riders`` (a connection error until
+        it comes)."""
+        steps: list[_Step] = []
+        for rider in batch.riders:
+            replies: list[Any] = [redis.ConnectionError("not sent: Redis unreachable")] * len(
+                rider.ops
+            )
+            res.riders.append(replies)
+            for i, op in enumerate(rider.ops):
+                steps.append(_Step(op, _filler(replies, i), rider=True))
+        return steps
+
+    def _commit_alone(
+        self, batch: Batch, before: list[_Step], after: list[_Step], res: BatchResult
+    ) -> bool:
+        """The steps before the commits, the commits one at a time (each only if the one
+        before succeeded), then the steps after; returns whether Redis is unreachable."""
+        down = self._send(before, res)
+        if not down:
+            for commit in batch.commits:
+                try:
+                    done = self.commit(commit, res)
+                except redis.RedisError as exc:
+                    res.commit_error = exc
+                    down = not isinstance(exc, redis.ResponseError)
+                    break
+                res.committed = done if res.committed is None else res.committed + done
+                res.commits_done += 1
+        return down or self._send(after, res)
 
     def _send(
         self,

@@ -248,13 +248,7 @@ class ShardedRunner(Runner):
             after.append(_Step(crawl.claim_op(batch.peek), _setter(res, "peeked")))
         if batch.beat and self.liveness is not None:
             after += fanned(sh.every_fan(Frontier.alive_op, _sum_ints), self._beaten(res))
-        for rider in batch.riders:
-            replies: list[Any] = [redis.ConnectionError("not sent: Redis unreachable")] * len(
-                rider.ops
-            )
-            res.riders.append(replies)
-            for i, op in enumerate(rider.ops):
-                after.append(_Step(op, _filler(replies, i), rider=True))
+        after += self._rider_steps(batch, res)
 
         down = self._commit_and_send(batch, before, after, res)
         for fan, values, done in fans:
@@ -315,18 +309,7 @@ class ShardedRunner(Runner):
         if not batch.commits:
             return self._send(before + after, res)
         if alone:
-            down = self._send(before, res)
-            if not down:
-                for commit in batch.commits:
-                    try:
-                        done = self.commit(commit, res)
-                    except redis.RedisError as exc:
-                        res.commit_error = exc
-                        down = not isinstance(exc, redis.ResponseError)
-                        break
-                    res.committed = done if res.committed is None else res.committed + done
-                    res.commits_done += 1
-            return down or self._send(after, res)
+            return self._commit_alone(batch, before, after, res)
         (commit,) = batch.commits
         phases = self._phases(commit)
         pending = before
