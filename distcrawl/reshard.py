@@ -37,6 +37,7 @@ from typing import Any
 
 import redis
 
+from distcrawl._reshard_copy import BATCH, copy_bloom, copy_per_slot
 from distcrawl.connection import is_cluster, node_info
 from distcrawl.deadrecord import dead_letter
 from distcrawl.keys import MAX_SHARDS, FrontierKeys
@@ -44,10 +45,6 @@ from distcrawl.seen import BloomState, part_keys
 from distcrawl.serialize import DecodeError, RequestCodec
 from distcrawl.shards import shard_keys, shard_of_url
 
-#: members (queue entries, retries, fingerprints, HASH fields) per Redis call
-BATCH = 1000
-#: bytes of a Bloom filter's bitmap per GETRANGE/SETRANGE
-BLOOM_CHUNK = 1 << 20
 #: a lease's token, for a retry waiting in ``delayed`` (lib.lua's NO_TOKEN)
 NO_TOKEN = b"\0" * 8
 #: the frontier's keys of a shard: what moves (or rebuilds), and what the old layout loses
@@ -257,10 +254,10 @@ class Resharding:
         layers = 0
         for j, s in enumerate(sources):
             out.seen += self._seen(rec, j, s, targets)
-            layers += self._bloom(j, s, targets, layers)
+            layers += copy_bloom(self.client, j, s, targets, layers)
         for s in sources:
             for name in PER_SLOT_COPIED:
-                self._per_slot(getattr(s, name), [getattr(t, name) for t in targets])
+                copy_per_slot(self.client, getattr(s, name), [getattr(t, name) for t in targets])
         pipe = self.client.pipeline(transaction=False)
         for t in targets:  # above every id given: lib.lua numbers on from here
             pipe.get(t.seq)
@@ -382,53 +379,6 @@ class Resharding:
             self._progress(f"seen:{j}", cursor or -1, {})
             if not cursor:
                 return copied
-
-    def _bloom(self, j: int, s: FrontierKeys, targets: list[FrontierKeys], offset: int) -> int:
-        """Source ``s``'s Bloom layers into every target as layers ``offset``.. (a run again
-        copies them again: the same bits); returns how many layers it had."""
-        state = BloomState.parse(self.client.hgetall(s.bloom))
-        if not state.layers:
-            return 0
-        fields = {_str(k): _str(v) for k, v in self.client.hgetall(s.bloom).items()}
-        moved: dict[Any, Any] = {}
-        for name, value in fields.items():
-            layer, sep, what = name.partition(":")
-            if sep and layer.isdigit():
-                moved[f"{int(layer) + offset}:{what}"] = value
-            elif name != "layers" and (j == 0 or name not in ("capacity", "error_rate")):
-                moved[name] = value
-        sources = part_keys(s, state)
-        for t in targets:
-            names = [
-                t.bloom_part(i + offset, p)
-                for i in range(state.layers)
-                for p in range(state.parts[i])
-            ]
-            for src, dst in zip(sources, names, strict=True):
-                self._copy_string(src, dst)
-            self.client.hset(t.bloom, mapping={**moved, "layers": str(offset + state.layers)})
-        return state.layers
-
-    def _copy_string(self, src: str, dst: str) -> None:
-        size = int(self.client.strlen(src))
-        for at in range(0, size, BLOOM_CHUNK):
-            chunk = self.client.getrange(src, at, min(size, at + BLOOM_CHUNK) - 1)
-            self.client.setrange(dst, at, chunk)
-
-    def _per_slot(self, src: str, dsts: list[str]) -> None:
-        cursor = 0
-        while True:
-            fields: Any
-            cursor, fields = self.client.hscan(src, cursor, count=BATCH)
-            if src.endswith(":robots"):  # a negative Crawl-delay: a read under way, gone
-                fields = {k: v for k, v in fields.items() if not v.startswith(b"-")}
-            if fields:
-                pipe = self.client.pipeline(transaction=False)
-                for dst in dsts:
-                    pipe.hset(dst, mapping=fields)
-                pipe.execute()
-            if not cursor:
-                return
 
     # ------------------------------------------------------------------ verify and switch
 

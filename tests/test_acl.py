@@ -67,6 +67,7 @@ ADMIN_MODULES = {
     "importer.py": acl.IMPORT_COMMANDS,
     "migrate.py": acl.MIGRATE_COMMANDS,
     "reshard.py": acl.MIGRATE_COMMANDS,
+    "_reshard_copy.py": acl.MIGRATE_COMMANDS,
 }
 
 
