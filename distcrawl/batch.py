@@ -146,14 +146,7 @@ class Runner:
         them share one pipeline and those after another."""
         res = BatchResult()
         frontier = self.frontier
-        before: list[_Step] = []
-        if batch.wait > 0:
-            # the claim first, so that start URLs pushed during the last wait are taken now
-            # (a claim ends the wait); then the wait, after which Redis runs the rest
-            if batch.peek:
-                claim = frontier.claim_op(batch.peek, then_wait=True)
-                before.append(_Step(claim, _setter(res, "peeked")))
-            before.append(_Step(frontier.wait_op(batch.wait), _setter(res, "woken")))
+        before = self._wait_steps(batch, res)
         if batch.sent:
             before.append(_Step(frontier.sent_op(batch.sent), _ignore))
         if batch.freed or batch.taken:
@@ -219,6 +212,19 @@ class Runner:
                 if res.error is None:
                     res.error = exc
         return res
+
+    def _wait_steps(self, batch: Batch, res: BatchResult) -> list[_Step]:
+        """An idle poll's first steps, on the crawl's own keys: the claim first, so that start
+        URLs pushed during the last wait are taken now (a claim ends the wait); then the wait,
+        after which Redis runs the rest."""
+        if not batch.wait > 0:
+            return []
+        steps: list[_Step] = []
+        if batch.peek:
+            claim = self.frontier.claim_op(batch.peek, then_wait=True)
+            steps.append(_Step(claim, _setter(res, "peeked")))
+        steps.append(_Step(self.frontier.wait_op(batch.wait), _setter(res, "woken")))
+        return steps
 
     @staticmethod
     def _rider_steps(batch: Batch, res: BatchResult) -> list[_Step]:

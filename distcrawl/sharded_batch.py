@@ -201,12 +201,7 @@ class ShardedRunner(Runner):
             fans.append((fan, values, done))
             return [_Step(op, _filler(values, i)) for i, op in enumerate(fan.ops)]
 
-        before: list[_Step] = []
-        if batch.wait > 0:
-            if batch.peek:
-                claim = crawl.claim_op(batch.peek, then_wait=True)
-                before.append(_Step(claim, _setter(res, "peeked")))
-            before.append(_Step(crawl.wait_op(batch.wait), _setter(res, "woken")))
+        before = self._wait_steps(batch, res)
         if batch.sent:
             before += fanned(sh.sent_fan(batch.sent), _ignore)
         if batch.freed or batch.taken:
