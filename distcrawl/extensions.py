@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import redis
+from redis.cluster import RedisCluster
 from scrapy import signals
 from scrapy.exceptions import NotConfigured
 from twisted.internet import task
@@ -268,11 +269,30 @@ class WorkerMonitor:
         the heartbeat, the counters and pause with it."""
         try:
             assert self.keys is not None
-            info = node_info(self.io.client, "memory", self.keys.queue)
+            infos = [node_info(self.io.client, "memory", key) for key in self._memory_keys()]
         except redis.exceptions.NoPermissionError as exc:
             self._refuse_info(exc)
             return
-        self._check_memory(info)
+        for info in infos:
+            self._check_memory(info)
+
+    def _memory_keys(self) -> list[str]:
+        """A key on each master that holds some of the crawl: the crawl's own, and on a
+        cluster one per master holding a shard (DISTCRAWL_SHARDS)."""
+        assert self.keys is not None
+        keys = [self.keys.queue]
+        client = self.io.client
+        if not isinstance(client, RedisCluster) or self.config.shards == 1:
+            return keys
+        seen = {client.get_node_from_key(keys[0]).name}
+        crawl = self.keys.sharded(self.config.shards)
+        for i in range(self.config.shards):
+            key = crawl.of_shard(i).queue
+            node = client.get_node_from_key(key).name
+            if node not in seen:
+                seen.add(node)
+                keys.append(key)
+        return keys
 
     def _refuse_info(self, exc: BaseException) -> None:
         self._next_memory_check = float("inf")

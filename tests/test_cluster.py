@@ -147,6 +147,28 @@ def test_a_crawl_of_three_shards_spreads_over_the_three_masters(
     assert sum(cluster_client.zcard(p.queue) + cluster_client.zcard(p.leases) for p in parts) == 0
 
 
+def test_memory_of_every_master_holding_a_shard_is_watched(redis_cluster, workers):
+    """A master that holds only a shard (not the crawl's own keys) near its maxmemory is
+    reported as loudly as the crawl's own master would be."""
+    crawl_master = redis_cluster.owner(redis_cluster.keyslot(SITE.start_urls))
+    parts = [SITE.sharded(3).of_shard(i) for i in range(3)]
+    shard_only = next(
+        port
+        for port in (redis_cluster.owner(redis_cluster.keyslot(p.queue)) for p in parts)
+        if port != crawl_master
+    )
+    node = redis_cluster.node(shard_only)
+    try:
+        used = int(node.info("memory")["used_memory"])
+        node.config_set("maxmemory", used * 2)
+        worker = workers(1, DISTCRAWL_SHARDS=3, DISTCRAWL_MAXMEMORY_WARN=0.4)
+        assert wait_until(lambda: "of maxmemory" in worker.log(), timeout=30), worker.log()
+        assert "ERROR: Redis memory at" in worker.log()
+    finally:
+        node.config_set("maxmemory", 0)
+        node.close()
+
+
 def test_sigkill_of_a_worker_on_a_cluster_loses_no_page(
     redis_cluster, demo_site, workers, cluster_client
 ):
