@@ -253,20 +253,24 @@ class Shards:
         if not self.sharded:
             return self.crawl.drained()
         head = self.crawl.drained()
-        leased = sum(self._leased())
+        before = self._leased()
         waits = [f.drained() for f in self.parts]
-        leased += sum(self._leased())
+        after = self._leased()
         retries = [d.next_retry_ms for d in waits if d.next_retry_ms is not None]
         return Drained(
             head.start_urls,
             sum(d.queued for d in waits) + head.queued,
-            leased + sum(d.leased for d in waits) + head.leased,
+            max(before, sum(d.leased for d in waits), after) + head.leased,
             min(retries) if retries else head.next_retry_ms,
             head.claimants,
         )
 
-    def _leased(self) -> list[int]:
-        return [int(f.client.zcard(f.keys.leases)) for f in self.parts]
+    def _leased(self) -> int:
+        """Leases held in all shards, read in one pipeline."""
+        pipe = self.crawl.client.pipeline(transaction=False)
+        for f in self.parts:
+            pipe.zcard(f.keys.leases)
+        return sum(int(n) for n in pipe.execute())
 
     def sizes(self) -> dict[str, int]:
         out: dict[str, int] = {}
