@@ -209,9 +209,11 @@ def wait_for_pages(site: DemoSite, count: int, timeout: float = 60) -> None:
     assert wait_until(lambda: len(page_fetches(site)) >= count, timeout=timeout)
 
 
-def test_redis_restart_mid_crawl_loses_nothing(demo_site, tmp_path):
+@pytest.mark.parametrize("shards", [1, 4])
+def test_redis_restart_mid_crawl_loses_nothing(shards, demo_site, tmp_path):
     from distcrawl.demo.redis_server import RedisServer
     from distcrawl.demo.workers import Worker
+    from distcrawl.keys import FrontierKeys
 
     site = demo_site(pages=500, delay=0.05)
     with RedisServer(directory=tmp_path / "aof", appendonly=True) as server:
@@ -221,7 +223,7 @@ def test_redis_restart_mid_crawl_loses_nothing(demo_site, tmp_path):
                 i,
                 redis_url=server.url,
                 log_path=tmp_path / f"w{i}.log",
-                settings={"DISTCRAWL_IDLE_TIMEOUT": 5},
+                settings={"DISTCRAWL_IDLE_TIMEOUT": 5, "DISTCRAWL_SHARDS": shards},
             ).start()
             for i in (1, 2)
         ]
@@ -240,7 +242,9 @@ def test_redis_restart_mid_crawl_loses_nothing(demo_site, tmp_path):
             assert set(page_fetches(site)) == site.expected_pages()
             assert any(line.time > restarted_at for line in site.read_log())
             client = server.client()
-            assert client.zcard("site:queue") == client.zcard("site:leases") == 0
+            crawl = FrontierKeys("site").sharded(shards)
+            for keys in [crawl.of_shard(i) for i in range(shards)]:
+                assert client.zcard(keys.queue) == client.zcard(keys.leases) == 0
         finally:
             for w in pool:
                 w.stop()
