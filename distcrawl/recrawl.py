@@ -1,0 +1,104 @@
+"""When a fetched page is due again: an adaptive revisit schedule (issue #15, first part).
+
+A crawl that keeps pages fresh cannot fetch every page at one fixed rate: a price page that
+changes hourly would be stale most of the day at a daily interval, and a legal notice that
+never changes would waste most of the fetches at an hourly one. Like Nutch's
+AdaptiveFetchSchedule, each page's interval grows while the page stays the same and shrinks
+when it changes, within bounds, so fetches go where the changes are. Errors and pages that
+are gone (404/410) get intervals of their own; gone may mean never.
+
+This module is pure: the state of one URL in, its next state out, on whatever clock the
+caller passes. The frontier keeps the state (its revisit queue) and the worker says what a
+fetch found; neither is needed to test the rules, which ``tests/test_recrawl.py`` checks on a
+virtual clock and ``benchmarks/recrawl.py`` measures against a fixed interval.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from enum import Enum
+
+#: one day, in seconds
+DAY = 86_400.0
+
+
+class Outcome(str, Enum):
+    """What a revisit found."""
+
+    #: the content differs from the last fetch (its signature changed)
+    CHANGED = "changed"
+    #: the same content, or a 304 to a conditional request
+    UNCHANGED = "unchanged"
+    #: the fetch failed (a network error, a 5xx after its retries)
+    ERROR = "error"
+    #: 404 or 410: the page is gone
+    GONE = "gone"
+
+
+@dataclass(frozen=True)
+class RecrawlPolicy:
+    """The rules, with Nutch's defaults (``db.fetch.schedule.adaptive.*``): an unchanged page's
+    interval grows by 40%, a changed one's shrinks by 20%, between 1 minute and 365 days."""
+
+    #: the first interval of a page fetched once
+    interval: float = DAY
+    min_interval: float = 60.0
+    max_interval: float = 365 * DAY
+    #: unchanged: interval *= 1 + inc_rate
+    inc_rate: float = 0.4
+    #: changed: interval *= 1 - dec_rate
+    dec_rate: float = 0.2
+    #: after an error, the page is tried again this much later (its interval kept)
+    error_interval: float = DAY
+    #: a gone page is tried again this much later; None: never
+    gone_interval: float | None = 30 * DAY
+
+    def __post_init__(self) -> None:
+        if not 0 < self.min_interval <= self.interval <= self.max_interval:
+            raise ValueError(
+                f"recrawl intervals must satisfy 0 < min ({self.min_interval}) <= interval "
+                f"({self.interval}) <= max ({self.max_interval})"
+            )
+        if self.inc_rate < 0 or not 0 <= self.dec_rate < 1:
+            raise ValueError(f"inc_rate {self.inc_rate} must be >= 0, dec_rate in [0, 1)")
+        if self.error_interval <= 0 or (self.gone_interval is not None and self.gone_interval <= 0):
+            raise ValueError("error_interval and gone_interval must be positive")
+
+
+@dataclass(frozen=True)
+class PageState:
+    """What the schedule keeps of one URL (the fields the page's document gains too)."""
+
+    interval: float
+    #: when it is due again; math.inf: never
+    due: float
+    first_seen: float
+    last_fetched: float
+    #: when a change was last seen (the first fetch counts as one)
+    last_changed: float
+    fetch_count: int = 1
+    change_count: int = 0
+
+
+def first_fetch(policy: RecrawlPolicy, now: float) -> PageState:
+    """The state after a page's first fetch: due one initial interval later."""
+    return PageState(policy.interval, now + policy.interval, now, now, now)
+
+
+def revisit(policy: RecrawlPolicy, state: PageState, outcome: Outcome, now: float) -> PageState:
+    """The state after a revisit at ``now`` found ``outcome``."""
+    fetched = replace(state, last_fetched=now, fetch_count=state.fetch_count + 1)
+    if outcome is Outcome.ERROR:
+        # says nothing about how often the page changes: keep its interval
+        return replace(fetched, due=now + policy.error_interval)
+    if outcome is Outcome.GONE:
+        due = math.inf if policy.gone_interval is None else now + policy.gone_interval
+        return replace(fetched, due=due)
+    if outcome is Outcome.CHANGED:
+        interval = state.interval * (1 - policy.dec_rate)
+        fetched = replace(fetched, last_changed=now, change_count=state.change_count + 1)
+    else:
+        interval = state.interval * (1 + policy.inc_rate)
+    interval = min(max(interval, policy.min_interval), policy.max_interval)
+    return replace(fetched, interval=interval, due=now + interval)
