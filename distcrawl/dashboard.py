@@ -15,8 +15,7 @@ from typing import Any
 
 from distcrawl.connection import execute_timed
 from distcrawl.frontier import Frontier
-from distcrawl.frontier_admin import SIZE_REPLIES, read_sizes, sizes_of
-from distcrawl.shards import recorded_shards
+from distcrawl.frontier_admin import SIZE_REPLIES, read_sizes, recorded_shards, sizes_of
 
 #: a worker whose last liveness beat is older than this is reported as stale (dead or stuck);
 #: the workers' own default timeout, after which they reap each other

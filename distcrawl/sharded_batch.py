@@ -137,7 +137,7 @@ class ShardedRunner(Runner):
         plan = [(s, base + (1 if k < extra else 0)) for k, s in enumerate(due)]
         return [(s, c) for s, c in plan if c > 0]
 
-    def _lease_fan(self, batch: Batch) -> tuple[Fan[LeaseResult], list[tuple[int, int]]]:
+    def _lease_fan(self, batch: Batch) -> Fan[LeaseResult]:
         now = time.monotonic()
         plan = self._lease_plan(batch.want, now)
         ops: list[Op[Any]] = []
@@ -182,7 +182,7 @@ class ShardedRunner(Runner):
                 [bad for lease in values for bad in lease.bad],
             )
 
-        return Fan(ops, merge), plan
+        return Fan(ops, merge)
 
     def arrived(self, shards: Sequence[int] | None = None) -> None:
         """Work arrived in these shards (every shard: None): ask them at the next lease."""
@@ -237,8 +237,7 @@ class ShardedRunner(Runner):
                 self.arrived(
                     [p.shard for phase in self._phases(commit) for p in phase if p.entries]
                 )
-            lease_fan, _ = self._lease_fan(batch)
-            after += fanned(lease_fan, self._leased(res))
+            after += fanned(self._lease_fan(batch), self._leased(res))
         if batch.peek and not batch.wait > 0:
             after.append(_Step(crawl.claim_op(batch.peek), _setter(res, "peeked")))
         if batch.beat and self.liveness is not None:

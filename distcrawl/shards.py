@@ -38,7 +38,6 @@ import redis
 import tldextract
 
 from distcrawl.frontier import CommitResult, Drained, Entry, Feedback, Frontier, LeaseRef, Op
-from distcrawl.frontier_admin import recorded_shards
 from distcrawl.keys import FrontierKeys
 from distcrawl.records import EntryKind
 
@@ -349,6 +348,3 @@ def shard_keys(keys: FrontierKeys, shards: int) -> list[FrontierKeys]:
     """The keys of every shard of a crawl of ``shards`` shards."""
     crawl = keys.sharded(shards)
     return [crawl.of_shard(i) for i in range(shards)]
-
-
-__all__ = ["recorded_shards"]
