@@ -8,143 +8,44 @@ happened to read it first.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from scrapy.settings import BaseSettings
 
+from distcrawl._convert import (
+    ConfigError as ConfigError,
+)
+from distcrawl._convert import (
+    _at_least,
+    _bool,
+    _fraction,
+    _get,
+    _integer,
+    _optional_float,
+    _optional_names,
+    _positive,
+    _probability,
+)
+from distcrawl._convert import (
+    cluster_mode as cluster_mode,
+)
 from distcrawl.keys import MAX_SHARDS
 from distcrawl.lua import SEEN_MODES
+from distcrawl.recrawl import RecrawlSettings, recrawl_settings
 from distcrawl.seen import DEFAULT_CAPACITY, DEFAULT_ERROR_RATE
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 SERIALIZERS = ("msgpack", "json", "pickle")
 
-T = TypeVar("T")
-
-
 #: where a frozen settings object keeps the config parsed from it
 _CACHE_ATTRIBUTE = "_distcrawl_config"
-
-
-class ConfigError(ValueError):
-    """A setting has a value distcrawl cannot use; the message names the setting."""
-
-
-def _get(settings: BaseSettings, name: str, default: T, convert: Callable[[Any], T]) -> T:
-    raw = settings.get(name, default)
-    if raw is None:
-        return default
-    try:
-        return convert(raw)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{name}={raw!r}: {exc}") from None
-
-
-def _optional_float(settings: BaseSettings, name: str) -> float | None:
-    """A number where ``None`` (unset) means "never"; 0 is a real value, not "unset"."""
-    raw = settings.get(name)
-    if raw is None or raw == "":
-        return None
-    try:
-        value = float(raw)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{name}={raw!r}: expected a number of seconds or None") from None
-    if value < 0:
-        raise ConfigError(f"{name}={raw!r}: must be >= 0")
-    return value
-
-
-def _optional_names(settings: BaseSettings, name: str) -> tuple[str, ...] | None:
-    """A list of names where None (unset) means "no list"; an empty list is a real value."""
-    if settings.get(name) is None:
-        return None
-    names = settings.getlist(name)
-    if not all(isinstance(n, str) for n in names):
-        raise ConfigError(f"{name}={settings.get(name)!r}: expected a list of names")
-    # "-s NAME=a, b" arrives as "a" and " b": spaces are never part of a name
-    names = [n.strip() for n in names if n.strip()]
-    if any(not n.replace("_", "").replace(".", "").isalnum() for n in names):
-        raise ConfigError(f"{name}={settings.get(name)!r}: expected names such as parse, proxy")
-    return tuple(names)
-
-
-def _bool(raw: Any) -> bool:
-    if isinstance(raw, bool):
-        return raw
-    if isinstance(raw, int | float):
-        return bool(raw)
-    text = str(raw).strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off", ""):
-        return False
-    raise ValueError("expected a boolean")
-
-
-def cluster_mode(raw: Any) -> bool | None:
-    """``DISTCRAWL_REDIS_CLUSTER`` (or the CLI's ``--cluster``): True or False, or None for
-    "auto" (ask the server whether it is a cluster node, at connect time)."""
-    if raw is None or (isinstance(raw, str) and raw.strip().lower() == "auto"):
-        return None
-    try:
-        return _bool(raw)
-    except ValueError:
-        raise ValueError("expected auto, true or false") from None
-
-
-def _positive(kind: Callable[[Any], T]) -> Callable[[Any], T]:
-    def convert(raw: Any) -> T:
-        value = kind(raw)
-        if value <= 0:  # type: ignore[operator]
-            raise ValueError("must be > 0")
-        return value
-
-    return convert
 
 
 def _shard_count(raw: Any) -> int:
     value = int(raw)
     if not 1 <= value <= MAX_SHARDS:
         raise ValueError(f"must be 1 to {MAX_SHARDS}")
-    return value
-
-
-def _at_least(low: float, kind: Callable[[Any], T]) -> Callable[[Any], T]:
-    def convert(raw: Any) -> T:
-        value = kind(raw)
-        if value < low:  # type: ignore[operator]
-            raise ValueError(f"must be >= {low}")
-        return value
-
-    return convert
-
-
-def _probability(raw: Any) -> float:
-    value = float(raw)
-    if not 0.0 < value < 1.0:
-        raise ValueError("must be between 0 and 1, both excluded")
-    return value
-
-
-def _integer(raw: Any) -> int:
-    """An int, also from a float-like value such as ``1e8`` (a float only if whole)."""
-    if isinstance(raw, str):
-        raw = raw.strip().replace("_", "")
-        try:
-            return int(raw)
-        except ValueError:
-            raw = float(raw)
-    if isinstance(raw, float) and not raw.is_integer():
-        raise ValueError("expected a whole number")
-    return int(raw)
-
-
-def _fraction(raw: Any) -> float:
-    value = float(raw)
-    if not 0.0 <= value <= 1.0:
-        raise ValueError("must be between 0 and 1")
     return value
 
 
@@ -229,6 +130,8 @@ class DistcrawlConfig:
     max_pending_per_slot: int | None = None
     max_pending_keep_priority: int | None = None
     maxmemory_warn: float = 0.8
+    #: DISTCRAWL_RECRAWL_*: None when pages are not revisited (recrawl.py)
+    recrawl: RecrawlSettings | None = None
 
     @classmethod
     def from_settings(cls, settings: BaseSettings) -> DistcrawlConfig:
@@ -359,6 +262,7 @@ class DistcrawlConfig:
             metrics_port=_get(
                 settings, "DISTCRAWL_METRICS_PORT", cls.metrics_port, _at_least(0, int)
             ),
+            recrawl=recrawl_settings(settings),
             **_politeness(settings),
         )
 

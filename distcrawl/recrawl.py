@@ -18,6 +18,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from enum import Enum
+from typing import Any
+
+from scrapy.settings import BaseSettings
+
+from distcrawl._convert import ConfigError, _at_least, _fraction, _get, _positive
 
 #: one day, in seconds
 DAY = 86_400.0
@@ -102,3 +107,112 @@ def revisit(policy: RecrawlPolicy, state: PageState, outcome: Outcome, now: floa
         interval = state.interval * (1 + policy.inc_rate)
     interval = min(max(interval, policy.min_interval), policy.max_interval)
     return replace(fetched, interval=interval, due=now + interval)
+
+
+@dataclass(frozen=True)
+class RecrawlSettings:
+    """The ``DISTCRAWL_RECRAWL_*`` settings; the crawl revisits pages only when
+    ``DISTCRAWL_RECRAWL_INTERVAL`` is set (:func:`recrawl_settings` returns None otherwise)."""
+
+    policy: RecrawlPolicy
+    #: the share of a slot's turns that due revisits may take while new URLs wait too
+    share: float = 0.5
+    #: domain -> its first interval (s), or None: its pages are never revisited; a domain
+    #: covers its subdomains, the longest match wins
+    domains: tuple[tuple[str, float | None], ...] = ()
+    #: XPath expressions whose text the content signature leaves out (ads, timestamps)
+    signature_exclude: tuple[str, ...] = ()
+
+    def first_interval(self, host: str) -> float | None:
+        """The first interval of a page on ``host``: its domain's override, else the
+        policy's; None when the domain is never revisited."""
+        host = host.lower().rstrip(".")
+        best: tuple[int, float | None] | None = None
+        for domain, interval in self.domains:
+            if (host == domain or host.endswith("." + domain)) and (
+                best is None or len(domain) > best[0]
+            ):
+                best = (len(domain), interval)
+        if best is None:
+            return self.policy.interval
+        if best[1] is None:
+            return None
+        return min(max(best[1], self.policy.min_interval), self.policy.max_interval)
+
+
+def _seconds_or_never(name: str, raw: Any) -> float | None:
+    """A positive number of seconds, or None / "never"."""
+    if raw is None or (isinstance(raw, str) and raw.strip().lower() in ("", "never", "none")):
+        return None
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name}={raw!r}: expected seconds or 'never'") from None
+    if not value > 0 or math.isinf(value):
+        raise ConfigError(f"{name}={raw!r}: must be > 0 (or 'never')")
+    return value
+
+
+def recrawl_settings(settings: BaseSettings) -> RecrawlSettings | None:
+    """The parsed ``DISTCRAWL_RECRAWL_*`` settings, or None when revisits are off."""
+    interval = _seconds_or_never(
+        "DISTCRAWL_RECRAWL_INTERVAL", settings.get("DISTCRAWL_RECRAWL_INTERVAL")
+    )
+    if interval is None:
+        return None
+    defaults = RecrawlPolicy()
+    # the bounds follow a short first interval down (a test, a live price page), so that
+    # setting only DISTCRAWL_RECRAWL_INTERVAL is always valid
+    min_interval = _get(
+        settings,
+        "DISTCRAWL_RECRAWL_MIN_INTERVAL",
+        min(defaults.min_interval, interval),
+        _positive(float),
+    )
+    max_interval = _get(
+        settings,
+        "DISTCRAWL_RECRAWL_MAX_INTERVAL",
+        max(defaults.max_interval, interval),
+        _positive(float),
+    )
+    gone_raw = settings.get("DISTCRAWL_RECRAWL_GONE_INTERVAL", defaults.gone_interval)
+    try:
+        policy = RecrawlPolicy(
+            interval=interval,
+            min_interval=min_interval,
+            max_interval=max_interval,
+            inc_rate=_get(
+                settings, "DISTCRAWL_RECRAWL_INC_RATE", defaults.inc_rate, _at_least(0.0, float)
+            ),
+            dec_rate=_get(settings, "DISTCRAWL_RECRAWL_DEC_RATE", defaults.dec_rate, _fraction),
+            error_interval=_get(
+                settings,
+                "DISTCRAWL_RECRAWL_ERROR_INTERVAL",
+                min(defaults.error_interval, max_interval),
+                _positive(float),
+            ),
+            gone_interval=_seconds_or_never("DISTCRAWL_RECRAWL_GONE_INTERVAL", gone_raw),
+        )
+    except ValueError as exc:
+        raise ConfigError(f"DISTCRAWL_RECRAWL_*: {exc}") from None
+    domains = []
+    for domain, value in settings.getdict("DISTCRAWL_RECRAWL_DOMAINS").items():
+        if not isinstance(domain, str) or not domain.strip(".").strip():
+            raise ConfigError(f"DISTCRAWL_RECRAWL_DOMAINS: {domain!r} is not a domain")
+        domains.append(
+            (
+                domain.strip().strip(".").lower(),
+                _seconds_or_never(f"DISTCRAWL_RECRAWL_DOMAINS[{domain!r}]", value),
+            )
+        )
+    exclude = settings.getlist("DISTCRAWL_RECRAWL_SIGNATURE_EXCLUDE")
+    if not all(isinstance(x, str) and x.strip() for x in exclude):
+        raise ConfigError(
+            f"DISTCRAWL_RECRAWL_SIGNATURE_EXCLUDE={exclude!r}: expected XPath expressions"
+        )
+    return RecrawlSettings(
+        policy=policy,
+        share=_get(settings, "DISTCRAWL_RECRAWL_SHARE", RecrawlSettings.share, _fraction),
+        domains=tuple(domains),
+        signature_exclude=tuple(x.strip() for x in exclude),
+    )

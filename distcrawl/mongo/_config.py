@@ -14,7 +14,7 @@ from urllib.parse import unquote_plus
 
 from scrapy.settings import BaseSettings
 
-from distcrawl.config import ConfigError, _get, _positive
+from distcrawl._convert import ConfigError, _get, _positive
 from distcrawl.redact import redact_url
 
 T = TypeVar("T")
