@@ -12,6 +12,10 @@ from scrapy.settings import BaseSettings
 #: engine side of every default spider middleware but StartSpiderMiddleware (25), so that a
 #: retried request does not pass through DepthMiddleware and friends a second time
 CALLBACK_RETRY_ORDER = 30
+#: DOWNLOADER_MIDDLEWARES: below RetryMiddleware (550) and RedirectMiddleware (600)
+RECRAWL_ORDER = 520
+#: SPIDER_MIDDLEWARES: above HttpErrorMiddleware (50)
+RECRAWL_SPIDER_ORDER = 55
 MONGO_PIPELINE = "distcrawl.pipelines.MongoPipeline"
 #: late in the chain: pipelines that clean or drop items run before storage
 MONGO_PIPELINE_ORDER = 800
@@ -49,6 +53,17 @@ class Addon:
         settings.set_in_component_priority_dict("DOWNLOADER_MIDDLEWARES", RobotsTxtMiddleware, 100)
         settings.set_in_component_priority_dict(
             "SPIDER_MIDDLEWARES", CallbackRetryMiddleware, CALLBACK_RETRY_ORDER
+        )
+        # revisits (off unless DISTCRAWL_RECRAWL_INTERVAL is set): engine side of the retry
+        # and redirect middlewares, to judge the answer a fetch ended with; and spider side of
+        # HttpErrorMiddleware, to take a 304 before it is logged as an ignored response
+        from distcrawl.revisit import RecrawlMiddleware, RecrawlSpiderMiddleware
+
+        settings.set_in_component_priority_dict(
+            "DOWNLOADER_MIDDLEWARES", RecrawlMiddleware, RECRAWL_ORDER
+        )
+        settings.set_in_component_priority_dict(
+            "SPIDER_MIDDLEWARES", RecrawlSpiderMiddleware, RECRAWL_SPIDER_ORDER
         )
         from distcrawl.extensions import WorkerMonitor
 

@@ -449,7 +449,7 @@ def refused_entry(entry: Entry, reason: str) -> Entry:
     if entry.kind in START_KINDS:
         record = dead_letter(text, raw=entry.raw, source="start_urls")
         return Entry(EntryKind.BAD_START, b"", 0, record, entry.raw)
-    carries_request = entry.kind in (EntryKind.REQUEST, EntryKind.RETRY)
+    carries_request = entry.kind in (EntryKind.REQUEST, EntryKind.RETRY, EntryKind.REVISIT)
     payload = base64.b64encode(entry.payload).decode("ascii") if carries_request else None
     url = getattr(entry.request, "url", None)
     record = dead_letter(text, url=url, source="commit", payload=payload, priority=entry.priority)

@@ -51,7 +51,7 @@ def snapshot(frontier: Frontier, stale_after: float = STALE_AFTER) -> dict[str, 
         step = SIZE_REPLIES + 2
         for at in range(0, len(more), step):
             part_sizes = sizes_of(more[at : at + step])
-            for name in ("queue", "leased", "delayed", "seen", "dead"):
+            for name in ("queue", "leased", "delayed", "revisits", "seen", "dead"):
                 sizes[name] += part_sizes[name]
             slots += int(more[at + SIZE_REPLIES])
             quarantined += int(more[at + SIZE_REPLIES + 1] or 0)
@@ -62,6 +62,7 @@ def snapshot(frontier: Frontier, stale_after: float = STALE_AFTER) -> dict[str, 
         "queue_slots": slots,
         "leased": sizes["leased"],
         "delayed": sizes["delayed"],
+        "revisits": sizes["revisits"],
         "seen": sizes["seen"],
         "start_urls": sizes["start_urls"],
         "dead": sizes["dead"],
@@ -114,6 +115,7 @@ def render_status(snap: dict[str, Any]) -> str:
         "see distcrawl domains)",
         f"  in flight   {snap['leased']:>10}",
         f"  retrying    {snap['delayed']:>10}",
+        f"  revisits    {snap.get('revisits', 0):>10}   (pages to fetch again, not due yet)",
         f"  dead        {snap['dead']:>10}",
         f"  quarantined {snap.get('quarantined', 0):>10}   (unparsable queue entries "
         "dead-lettered; see distcrawl doctor)",

@@ -291,7 +291,8 @@ class Doctor:
                 finding.repaired += int(removed)
 
     def _records(self, report: Report) -> None:
-        """Records not leased, not delayed, whose entry is not queued either."""
+        """Records not leased, not waiting (a retry, a revisit), whose entry is not queued
+        either."""
         k = self.keys
         finding = report.findings["orphan_record"]
         found: set[bytes] = set()
@@ -302,12 +303,15 @@ class Doctor:
                 pipe.hget(k.requests, rid)
                 pipe.zscore(k.leases, rid)
                 pipe.zscore(k.delayed, rid)
+                pipe.zscore(k.revisits, rid)
                 pipe.zscore(k.queue, record[TOKEN_BYTES:])
             replies = pipe.execute()
             args: list[bytes] = []
             for i, (rid, record) in enumerate(items):
-                now, leased, delayed, queued = replies[4 * i : 4 * i + 4]
+                now, leased, delayed, revisit, queued = replies[5 * i : 5 * i + 5]
                 if now != record or leased is not None or delayed is not None:
+                    continue
+                if revisit is not None:
                     continue
                 if queued is not None:
                     continue

@@ -238,7 +238,7 @@ class Frontier(FrontierAdmin):
         args = [
             *(count, lease_ms, promote, p.scan, p.delay_ms, p.concurrency),
             *(p.overrides, p.robots, mine, self._tag_bytes, nonce, worker_timeout_ms),
-            *(reserve, ahead),
+            *(reserve, ahead, f"{p.revisit_share:.4f}"),
         ]
         return Op("lease", keys, args, parse_lease)
 
@@ -367,18 +367,23 @@ class Frontier(FrontierAdmin):
         k = self.keys
         pipe = self.client.pipeline(transaction=True)
         pipe.zcard(k.queue)
+        pipe.zcard(k.revisit_queue)
         pipe.zcard(k.leases)
         pipe.zrange(k.delayed, 0, 0, withscores=True)
+        pipe.zrange(k.revisits, 0, 0, withscores=True)
         pipe.scard(k.claimants)
         if k.shard is None:  # a shard's transaction may touch its own slot only
             pipe.llen(k.start_urls)
         values = execute_timed(self.client, pipe, k.queue)
-        queued, leased, first, claimants, *rest, (seconds, micros) = values
+        queued, due, leased, retry, revisit, claimants, *rest, (seconds, micros) = values
         start_urls = rest[0] if rest else 0
+        # the next retry or revisit: either brings work back
+        firsts = [int(first[0][1]) for first in (retry, revisit) if first]
         next_retry = None
-        if first:
-            next_retry = max(0, int(first[0][1]) - (seconds * 1000 + micros // 1000))
-        return Drained(int(start_urls), int(queued), int(leased), next_retry, int(claimants))
+        if firsts:
+            next_retry = max(0, min(firsts) - (seconds * 1000 + micros // 1000))
+        queued = int(queued) + int(due)
+        return Drained(int(start_urls), queued, int(leased), next_retry, int(claimants))
 
     def robots_txt(self, netloc: str) -> RobotsTxt | None:
         """(age in seconds, HTTP status, body) of a netloc's shared robots.txt; status 0 means

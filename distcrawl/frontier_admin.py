@@ -209,15 +209,17 @@ def _merged_states(found: Sequence[tuple[int, dict[str, Any]]]) -> list[dict[str
 
 
 #: how many replies :func:`read_sizes` adds to a pipeline
-SIZE_REPLIES = 7
+SIZE_REPLIES = 9
 
 
 def read_sizes(pipe: Any, keys: FrontierKeys) -> None:
     """Queue the reads of the frontier's sizes on ``pipe`` (SIZE_REPLIES replies, which
     :func:`sizes_of` reads), so that ``status`` can send them with its other reads."""
     pipe.zcard(keys.queue)
+    pipe.zcard(keys.revisit_queue)
     pipe.zcard(keys.leases)
     pipe.zcard(keys.delayed)
+    pipe.zcard(keys.revisits)
     pipe.scard(keys.seen)
     pipe.hgetall(keys.bloom)
     pipe.llen(keys.start_urls)
@@ -227,11 +229,13 @@ def read_sizes(pipe: Any, keys: FrontierKeys) -> None:
 def sizes_of(replies: list[Any]) -> dict[str, int]:
     """The sizes from the first SIZE_REPLIES replies of a pipeline :func:`read_sizes` filled:
     the seen-set counts the Bloom filter's URLs when there is one."""
-    queue, leases, delayed, seen, bloom, start_urls, dead = replies[:SIZE_REPLIES]
+    queue, due, leases, delayed, revisits, seen, bloom, start_urls, dead = replies[:SIZE_REPLIES]
     return {
-        "queue": int(queue),
+        # due revisits wait in a queue of their own (lease.lua), queued all the same
+        "queue": int(queue) + int(due),
         "leased": int(leases),
         "delayed": int(delayed),
+        "revisits": int(revisits),
         "seen": int(seen) + BloomState.parse(bloom).count,
         "start_urls": int(start_urls),
         "dead": int(dead),

@@ -16,3 +16,13 @@ class PageItem:
     depth: int = 0
     fetched_at: float = 0.0
     download_latency: float | None = None
+
+
+@dataclass
+class PageFetch:
+    url: str
+    fetched_at: float
+    status: int
+    changed: bool
+    first: bool
+    signature: str | None = None

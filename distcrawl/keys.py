@@ -164,6 +164,25 @@ class FrontierKeys:
         return self._key("delayed")
 
     @property
+    def revisits(self) -> str:
+        """ZSET of request ids of pages to fetch again (DISTCRAWL_RECRAWL_INTERVAL), score =
+        due time (Redis server time, ms); their records wait in ``requests``, as retries'."""
+        return self._key("revisits")
+
+    @property
+    def revisit_queue(self) -> str:
+        """ZSET of due revisits' queue entries, all scores 0, laid out as ``queue``: a slot's
+        turns are taken from both, DISTCRAWL_RECRAWL_SHARE of them from this one, so that
+        neither revisits nor new URLs starve the other (lua/lease.lua)."""
+        return self._key("revisit_queue")
+
+    @property
+    def revisit_of(self) -> str:
+        """HASH binary fingerprint -> id of the page's scheduled revisit: a page fetched
+        again however (``distcrawl recrawl now``, a link found again) keeps one revisit."""
+        return self._key("revisit_of")
+
+    @property
     def seen(self) -> str:
         """SET of binary request fingerprints."""
         return self._key("seen")
@@ -365,6 +384,9 @@ class FrontierKeys:
             self.requests,
             self.leases,
             self.delayed,
+            self.revisits,
+            self.revisit_queue,
+            self.revisit_of,
             self.seen,
             self.bloom,
             self.seq,

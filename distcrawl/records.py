@@ -26,6 +26,9 @@ class EntryKind(str, Enum):
     #: a request made from a start_urls entry claimed in the crawl's keys while a shard
     #: stores it (DISTCRAWL_SHARDS): the worker takes the entry out of its claim list after
     SHARD_START = "S"
+    #: a page to fetch again (its delay in ms in ``raw``, -1: never again): never filtered
+    #: or dropped, and it replaces the page's revisit still waiting, found by ``fingerprint``
+    REVISIT = "v"
 
 
 #: the kinds of entry made from a claimed start_urls entry: stored, it leaves the claim list
@@ -94,6 +97,8 @@ class Politeness:
     max_pending_per_slot: int = 0
     keep_priority: int = 2**31
     scan: int = 64
+    #: the share of a slot's turns due revisits take while new requests wait too
+    revisit_share: float = 0.0
 
 
 def slot_overrides(text: str) -> dict[str, list[int]]:

@@ -91,22 +91,38 @@ def first_fetch(policy: RecrawlPolicy, now: float) -> PageState:
     return PageState(policy.interval, now + policy.interval, now, now, now)
 
 
-def revisit(policy: RecrawlPolicy, state: PageState, outcome: Outcome, now: float) -> PageState:
-    """The state after a revisit at ``now`` found ``outcome``."""
-    fetched = replace(state, last_fetched=now, fetch_count=state.fetch_count + 1)
+@dataclass(frozen=True)
+class NextFetch:
+    """A page's interval after a fetch, and how long until it is due again."""
+
+    interval: float
+    #: seconds from the fetch; None: never again
+    delay: float | None
+
+
+def next_fetch(policy: RecrawlPolicy, interval: float, outcome: Outcome) -> NextFetch:
+    """The rule itself: what a fetch that found ``outcome`` does to a page's interval."""
     if outcome is Outcome.ERROR:
         # says nothing about how often the page changes: keep its interval
-        return replace(fetched, due=now + policy.error_interval)
+        return NextFetch(interval, policy.error_interval)
     if outcome is Outcome.GONE:
-        due = math.inf if policy.gone_interval is None else now + policy.gone_interval
-        return replace(fetched, due=due)
+        return NextFetch(interval, policy.gone_interval)
     if outcome is Outcome.CHANGED:
-        interval = state.interval * (1 - policy.dec_rate)
-        fetched = replace(fetched, last_changed=now, change_count=state.change_count + 1)
+        interval = interval * (1 - policy.dec_rate)
     else:
-        interval = state.interval * (1 + policy.inc_rate)
+        interval = interval * (1 + policy.inc_rate)
     interval = min(max(interval, policy.min_interval), policy.max_interval)
-    return replace(fetched, interval=interval, due=now + interval)
+    return NextFetch(interval, interval)
+
+
+def revisit(policy: RecrawlPolicy, state: PageState, outcome: Outcome, now: float) -> PageState:
+    """The state after a revisit at ``now`` found ``outcome``."""
+    step = next_fetch(policy, state.interval, outcome)
+    fetched = replace(state, last_fetched=now, fetch_count=state.fetch_count + 1)
+    if outcome is Outcome.CHANGED:
+        fetched = replace(fetched, last_changed=now, change_count=state.change_count + 1)
+    due = math.inf if step.delay is None else now + step.delay
+    return replace(fetched, interval=step.interval, due=due)
 
 
 @dataclass(frozen=True)

@@ -95,7 +95,7 @@ class Drained(NamedTuple):
     start_urls: int
     queued: int
     leased: int
-    #: ms until the next retry is due (None: none waits)
+    #: ms until the next retry or revisit is due (None: none waits)
     next_retry_ms: int | None
     #: workers holding claimed start_urls entries not stored yet (their requests are coming)
     claimants: int = 0

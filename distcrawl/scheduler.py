@@ -322,6 +322,22 @@ class Scheduler(BaseScheduler, SignalHandlers, Pump, BatchBuilding):
         self._outbox.push(self._intake.dead_letter(request, reason, source=source, **extra))
         self._inc(f"distcrawl/dead/{source}")
 
+    def leased(self, request: Request) -> bool:
+        """Whether the engine has ``request`` from this worker's leases: only such a request
+        is the frontier's, to be acknowledged (and revisited)."""
+        return self._leases.holds(request)
+
+    def revisit(self, request: Request, delay: float | None) -> None:
+        """Have the page ``request`` fetched again in ``delay`` seconds (None: never again).
+
+        Stored no later than the acknowledgement of the request that fetched it, like any
+        push, so a worker killed in between loses neither: the page is fetched again and
+        its revisit stored then.
+        """
+        assert self._intake is not None
+        self._outbox.push(self._intake.revisit(request, delay))
+        self._inc("distcrawl/recrawl/scheduled" if delay is not None else "distcrawl/recrawl/never")
+
     def pause(self) -> None:
         """Stop handing out requests; unstarted leased ones go back to the shared queue."""
         if not self._paused:

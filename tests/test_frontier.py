@@ -114,6 +114,7 @@ def test_release_gives_back_unstarted_requests(frontier):
         "queue": 2,
         "leased": 0,
         "delayed": 0,
+        "revisits": 0,
         "seen": 2,
         "start_urls": 0,
         "dead": 0,

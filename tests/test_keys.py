@@ -18,6 +18,9 @@ def test_key_names_are_pinned():
     assert k.seq == "site:seq"
     assert k.dead == "site:dead"
     assert k.delayed == "site:delayed"
+    assert k.revisits == "site:revisits"
+    assert k.revisit_queue == "site:revisit_queue"
+    assert k.revisit_of == "site:revisit_of"
     assert k.workers == "site:workers"
     assert k.alive == "site:alive"
     assert k.commits == "site:commits"
@@ -53,6 +56,9 @@ def test_key_names_are_pinned():
         "site:requests",
         "site:leases",
         "site:delayed",
+        "site:revisits",
+        "site:revisit_queue",
+        "site:revisit_of",
         "site:seen",
         "site:bloom",
         "site:seq",

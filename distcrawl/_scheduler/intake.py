@@ -21,7 +21,7 @@ from distcrawl import entries
 from distcrawl._scheduler.report import Reporter
 from distcrawl.batch import refused_scheme
 from distcrawl.config import DistcrawlConfig
-from distcrawl.dupefilter import RedisDupeFilter
+from distcrawl.dupefilter import FINGERPRINT_BYTES, RedisDupeFilter
 from distcrawl.frontier import Entry, EntryKind, bad_slot, dead_letter
 from distcrawl.politeness import slot_of
 from distcrawl.serialize import RequestCodec, SerializationError
@@ -94,6 +94,34 @@ class Intake:
             self._inc("distcrawl/retry/scheduled")
             return Entry(EntryKind.RETRY, b"", request.priority, payload, delay_ms, slot, request)
         return Entry(EntryKind.REQUEST, fp, request.priority, payload, b"", slot, request)
+
+    def revisit(self, request: Request, delay: float | None) -> Entry:
+        """The entry that has a fetched page fetched again in ``delay`` seconds (None: never
+        again, which forgets the revisit the page may still have waiting). Never filtered:
+        the page was seen, that is the point; keyed by its fingerprint, so that it has one
+        revisit however often it is fetched. A dead letter when it cannot be stored."""
+        if self.df is not None:
+            fp = self.df.fingerprint(request)
+        else:
+            fingerprinter = self.spider.crawler.request_fingerprinter
+            fp = fingerprinter.fingerprint(request)[:FINGERPRINT_BYTES]
+        slot = slot_of(request, by_ip=self.config.slots_by_ip)
+        why = bad_slot(slot)
+        try:
+            payload = self.codec.encode(request) if why is None else b""
+        except SerializationError as exc:
+            why = str(exc)
+        if why is not None:
+            logger.error(
+                "%s: cannot be stored for a revisit (%s); dead-lettered",
+                request,
+                why,
+                extra={"spider": self.spider},
+            )
+            return self.dead_letter(request, f"revisit not stored: {why}", source="recrawl")
+        delay_ms = -1 if delay is None else max(0, int(delay * 1000))
+        raw = str(delay_ms).encode()
+        return Entry(EntryKind.REVISIT, fp, request.priority, payload, raw, slot, request)
 
     def dead_letter(self, request: Request, reason: str, *, source: str, **extra: Any) -> Entry:
         """The dead letter of a request that will not be crawled, with what is needed to

@@ -128,6 +128,11 @@ class Leases:
             self._slots.pop(ref.id, None)
         return done
 
+    def holds(self, request: Request) -> bool:
+        """Whether ``request`` is one this worker leased and the engine still has (not a
+        robots.txt fetch, nor a download some component made itself)."""
+        return any(held is request for held in self._active.values())
+
     def downloading(self, request: Request) -> bool:
         """``request`` reached the downloader; True when Redis must hear it soon (its
         slot has a delay, whose next turn this lag pushes back)."""

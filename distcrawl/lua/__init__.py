@@ -57,19 +57,20 @@ KEYS: dict[str, tuple[str, ...]] = {
     "commit": (
         *("queue", "requests", "seen", "seq", "leases", "claims", "dead", "delayed", "ready"),
         *("slots", "inflight", "throttle", "robots", "throttle_raised", "commits"),
-        *("throttle_state", "placeless", "claimants", "wake"),
+        *("throttle_state", "placeless", "claimants", "wake", "revisits", "revisit_of"),
     ),
     "doctor_inflight": ("leases", "requests", "inflight", "placeless"),
     "doctor_quarantine": ("queue", "dead", "stats"),
     "doctor_ready": ("queue", "ready", "slots"),
     "doctor_records": (
         *("requests", "leases", "delayed", "queue", "ready", "slots", "dead", "stats"),
+        "revisits",
     ),
     "doctor_unrecorded": ("ids", "requests"),
     "lease": (
         *("queue", "requests", "leases", "delayed", "ready", "slots", "inflight", "throttle"),
         *("limits", "robots", "hungry", "seq", "dead", "stats", "throttle_state", "alive"),
-        "placeless",
+        *("placeless", "revisits", "revisit_queue"),
     ),
     "places": ("requests", "leases", "inflight", "robots", "ready", "slots", "placeless"),
     "redrive": ("dead", "queue", "seq", "start_urls", "ready", "slots"),

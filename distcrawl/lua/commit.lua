@@ -27,7 +27,9 @@
 -- KEYS[19] wake            LIST   wake-up tokens: idle workers wait on it (BLPOP, batch.py); a
 --                                 commit that queues requests pushes up to WAKE_MAX, kept
 --                                 WAKE_TTL_MS, so a token nobody takes soon is gone
--- KEYS[20 ..]         the Bloom filter's keys with DISTCRAWL_SEEN = "bloom" (seen_bloom.lua)
+-- KEYS[20] revisits       ZSET   request id -> when the page is due again (ms)
+-- KEYS[21] revisit_of     HASH   binary fingerprint -> id of the page's revisit in KEYS[20]
+-- KEYS[22 ..]         the Bloom filter's keys with DISTCRAWL_SEEN = "bloom" (seen_bloom.lua)
 --
 -- distcrawl/lua/__init__.py prepends the seen-set snippet (seen_set.lua or seen_bloom.lua),
 -- which defines seen_add(fp) and may end the script before anything is written.
@@ -60,7 +62,10 @@
 --            request made from a start_urls entry claimed in the crawl's keys, not this
 --            shard's (DISTCRAWL_SHARDS): as 's', but no claim list is touched, and one held
 --            back at the pending cap is reported at -p - 1 among the positions, so that the
---            caller leaves its entry claimed
+--            caller leaves its entry claimed; 'v' a page to fetch again (DISTCRAWL_RECRAWL_*)
+--            after the delay in 'raw' (ms): never filtered or dropped, it replaces the page's
+--            revisit still waiting (by fingerprint, KEYS[21]), so that a page has one; a
+--            delay of -1 stores nothing and forgets the page's revisit (never again)
 --   fp       fingerprint ('' = do not filter)
 --   slot     politeness slot (host name, IP address or the request's download_slot)
 --   priority integer
@@ -68,7 +73,8 @@
 --   raw      the start_urls entry for 's' and 'x', removed from the claim list with LREM
 --            (O(claim list), at most a claim batch; start_urls is not touched); if it is no
 --            longer there (the worker was found dead and its claims went back to
---            start_urls, for another worker) the entry is skipped; the delay in ms for 'l';
+--            start_urls, for another worker) the entry is skipped; the delay in ms for 'l'
+--            and 'v';
 --            '' otherwise
 -- then                 number of feedback records (F), then 5 arguments per record:
 --   slot, responses, summed latency (ms), throttled answers (429/503), Retry-After (ms);
@@ -92,7 +98,7 @@ local function invalid(what)
   return redis.error_reply('distcrawl: invalid commit: ' .. what)
 end
 
-local KINDS = {r = true, s = true, x = true, d = true, l = true, S = true}
+local KINDS = {r = true, s = true, x = true, d = true, l = true, S = true, v = true}
 local cap, slot_cap = string.match(ARGV[1], '^(%d+):(%d+)$')
 cap, slot_cap = tonumber(cap), tonumber(slot_cap)
 local keep_prio = tonumber(ARGV[2])
@@ -120,11 +126,14 @@ for i = 0, n - 1 do
   local kind, slot = ARGV[at], ARGV[at + 2]
   if not KINDS[kind] then return invalid('entry ' .. i .. ': kind') end
   if not tonumber(ARGV[at + 3]) then return invalid('entry ' .. i .. ': priority') end
-  if kind == 'r' or kind == 's' or kind == 'l' or kind == 'S' then
+  if kind == 'r' or kind == 's' or kind == 'l' or kind == 'S' or kind == 'v' then
     local why = bad_slot(slot)
     if why then return invalid('entry ' .. i .. ': ' .. why) end
   end
-  if kind == 'l' and not tonumber(ARGV[at + 5]) then return invalid('entry ' .. i .. ': delay') end
+  if (kind == 'l' or kind == 'v') and not tonumber(ARGV[at + 5]) then
+    return invalid('entry ' .. i .. ': delay')
+  end
+  if kind == 'v' and ARGV[at + 1] == '' then return invalid('entry ' .. i .. ': fingerprint') end
 end
 local fb = base + 1 + n * 6
 local records = tonumber(ARGV[fb])
@@ -170,6 +179,19 @@ local function new_entry(slot, prio, payload)
   return make_entry(slot, prio, redis.call('INCR', KEYS[4]), payload)
 end
 
+-- a request stored for later (a retry, a revisit) in ``waiting``, due at ``due``; its id
+local function stored_later(slot, prio, payload, waiting, due)
+  local entry = new_entry(slot, prio, payload)
+  -- ids are unique among records even after Redis lost data and 'seq' went back
+  while redis.call('HEXISTS', KEYS[2], entry_id(entry)) == 1 do
+    entry = new_entry(slot, prio, payload)
+  end
+  local id = entry_id(entry)
+  redis.call('ZADD', waiting, due, id)
+  redis.call('HSET', KEYS[2], id, NO_TOKEN .. entry)
+  return id
+end
+
 local pending = redis.call('ZCARD', KEYS[1])
 -- requests this commit put in the queue (not retries waiting in ``delayed``)
 local queued = 0
@@ -210,15 +232,20 @@ for i = 0, n - 1 do
       if kind == 'x' or kind == 'd' then
         redis.call('LPUSH', KEYS[7], payload)
         dead = dead + 1
-      elseif kind == 'l' then
-        local entry = new_entry(slot, prio, payload)
-        -- ids are unique among records even after Redis lost data and 'seq' went back
-        while redis.call('HEXISTS', KEYS[2], entry_id(entry)) == 1 do
-          entry = new_entry(slot, prio, payload)
+      elseif kind == 'v' then
+        -- the page's revisit still waiting is replaced; one leased or queued is not
+        -- touched (it is this fetch, or one under way): it only stops being the page's
+        local old = redis.call('HGET', KEYS[21], fp)
+        if old and redis.call('ZREM', KEYS[20], old) == 1 then redis.call('HDEL', KEYS[2], old) end
+        if tonumber(raw) < 0 then
+          redis.call('HDEL', KEYS[21], fp)
+        else
+          local id = stored_later(slot, prio, payload, KEYS[20], now + tonumber(raw))
+          redis.call('HSET', KEYS[21], fp, id)
+          enqueued = enqueued + 1
         end
-        local id = entry_id(entry)
-        redis.call('ZADD', KEYS[8], now + tonumber(raw), id)
-        redis.call('HSET', KEYS[2], id, NO_TOKEN .. entry)
+      elseif kind == 'l' then
+        stored_later(slot, prio, payload, KEYS[8], now + tonumber(raw))
         enqueued = enqueued + 1
       elseif fp == '' or seen_add(fp) == 1 then
         redis.call('ZADD', KEYS[1], 0, new_entry(slot, prio, payload))

@@ -1,5 +1,6 @@
 -- doctor_records.lua: repair request records that nothing refers to (distcrawl doctor
--- --repair): not leased, not waiting in 'delayed', and their entry is not in the queue.
+-- --repair): not leased, not waiting in 'delayed' nor 'revisits', and their entry is not in
+-- the queue.
 -- Such a request would never run again; it goes back to the queue (its slot to 'ready'),
 -- or, when its entry cannot be parsed, to the dead letters, and the record is deleted.
 --
@@ -11,6 +12,7 @@
 -- KEYS[6] slots     HASH  slot -> earliest time of its next request (ms)
 -- KEYS[7] dead      LIST  dead-letter records (JSON), newest first
 -- KEYS[8] stats     HASH  crawl-wide counters ('quarantined')
+-- KEYS[9] revisits  ZSET  request id -> when the page is due again (ms)
 --
 -- ARGV: 3 arguments per record:
 --   id      the request id
@@ -28,6 +30,7 @@ for i = 1, #ARGV, 3 do
   if redis.call('HGET', KEYS[1], id) == record
     and not redis.call('ZSCORE', KEYS[2], id)
     and not redis.call('ZSCORE', KEYS[3], id)
+    and not redis.call('ZSCORE', KEYS[9], id)
     and not redis.call('ZSCORE', KEYS[4], entry) then
     redis.call('HDEL', KEYS[1], id)
     if letter == '' then

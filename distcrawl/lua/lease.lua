@@ -25,6 +25,8 @@
 --                                lowers the slot's concurrency to it
 -- KEYS[16] alive          ZSET   worker tag -> time of its last liveness beat (ms)
 -- KEYS[17] placeless      SET    ids of leased requests that hold no place (places.lua)
+-- KEYS[18] revisits       ZSET   request id -> when the page is due again (ms)
+-- KEYS[19] revisit_queue  ZSET   due revisits' queue entries, all scores 0, laid out as KEYS[1]
 --
 -- ARGV[1] how many requests to take at most
 -- ARGV[2] lease duration (ms)
@@ -42,6 +44,14 @@
 -- ARGV[12] a worker is alive while its last beat is younger than this (ms)
 -- ARGV[13] how many reserves the caller may hold per slot, at most (0: none)
 -- ARGV[14] JSON {slot: reserves the caller holds}, or ''
+-- ARGV[15] the share of a slot's requests taken from the due revisits (KEYS[19]) while new
+--          ones (KEYS[1]) wait too, 0 to 1 (DISTCRAWL_RECRAWL_SHARE)
+--
+-- Revisits: due ones move (up to ARGV[3], like retries) into their own queue, KEYS[19], and a
+-- slot's turn takes its requests from both queues, ARGV[15] of them from the revisits
+-- (rounded at random, so that a slot with a delay, one request a turn, gets revisits at
+-- that share of its turns); when one queue of the slot is empty the other has every turn.
+-- The slot's delay and concurrency count both alike.
 --
 -- A slot's delay is the longest of its configured delay, its Crawl-delay and its adaptive
 -- delay (commit.lua); the adaptive one is jittered, 0.5 to 1.5 times its value, so that a
@@ -106,6 +116,7 @@ if ARGV[8] ~= '' then
 end
 
 local tag, nonce = ARGV[10], tonumber(ARGV[11])
+local revisit_share = tonumber(ARGV[15]) or 0
 local jitter = 0.5 + (nonce % 1024) / 1024
 local alive_ms = tonumber(ARGV[12])
 local reserve_max = tonumber(ARGV[13]) or 0
@@ -121,43 +132,71 @@ local function share_of(conc)
   return math.max(1, math.ceil(conc / math.max(2, live_workers())))
 end
 local out = {0, 0, 0, -1, now, 0, 0, 0}
-local function quarantined(raw, reason)
-  redis.call('ZREM', KEYS[1], raw)
+local function quarantined(raw, reason, queue)
+  redis.call('ZREM', queue or KEYS[1], raw)
   quarantine(KEYS[13], KEYS[14], raw, reason, now)
   out[6] = out[6] + 1
 end
 
-local due = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now, 'LIMIT', 0, tonumber(ARGV[3]))
-for _, id in ipairs(due) do
-  redis.call('ZREM', KEYS[4], id)
-  local record = redis.call('HGET', KEYS[2], id)
-  if record then
-    redis.call('HDEL', KEYS[2], id)
-    local entry = string.sub(record, TOKEN_BYTES + 1)
-    local slot = entry_slot(entry)
-    if slot then
-      redis.call('ZADD', KEYS[1], 0, entry)
-      arm(KEYS[5], KEYS[6], slot, now, true)
-      out[3] = out[3] + 1
+-- due requests waiting in ``waiting`` (retries, revisits) move into ``queue``
+local function promote(waiting, queue, what)
+  local due = redis.call('ZRANGEBYSCORE', waiting, '-inf', now, 'LIMIT', 0, tonumber(ARGV[3]))
+  for _, id in ipairs(due) do
+    redis.call('ZREM', waiting, id)
+    local record = redis.call('HGET', KEYS[2], id)
+    if record then
+      redis.call('HDEL', KEYS[2], id)
+      local entry = string.sub(record, TOKEN_BYTES + 1)
+      local slot = entry_slot(entry)
+      if slot then
+        redis.call('ZADD', queue, 0, entry)
+        arm(KEYS[5], KEYS[6], slot, now, true)
+        out[3] = out[3] + 1
+      else
+        quarantine(KEYS[13], KEYS[14], entry, 'malformed ' .. what .. ' record', now)
+        out[6] = out[6] + 1
+      end
     else
-      quarantine(KEYS[13], KEYS[14], entry, 'malformed retry record', now)
-      out[6] = out[6] + 1
+      out[7] = out[7] + 1
     end
-  else
-    out[7] = out[7] + 1
+  end
+end
+promote(KEYS[4], KEYS[1], 'retry')
+promote(KEYS[18], KEYS[19], 'revisit')
+local revisits_queued = redis.call('ZCARD', KEYS[19]) > 0
+
+if redis.call('ZCARD', KEYS[5]) == 0 then
+  for _, queue in ipairs({KEYS[1], KEYS[19]}) do
+    for _, member in ipairs(redis.call('ZRANGE', queue, 0, 15)) do
+      local slot = entry_slot(member)
+      if slot then
+        redis.call('ZADD', KEYS[5], 'NX', now, slot)
+        out[8] = out[8] + 1
+      else
+        quarantined(member, 'malformed queue entry', queue)
+      end
+    end
   end
 end
 
-if redis.call('ZCARD', KEYS[5]) == 0 then
-  for _, member in ipairs(redis.call('ZRANGE', KEYS[1], 0, 15)) do
-    local slot = entry_slot(member)
-    if slot then
-      redis.call('ZADD', KEYS[5], 'NX', now, slot)
-      out[8] = out[8] + 1
-    else
-      quarantined(member, 'malformed queue entry')
-    end
-  end
+-- a slot's next ``count`` entries of ``queue`` (one more, to know whether any is left)
+local function slot_entries(queue, slot, count)
+  local lo, hi = slot_range(slot)
+  return redis.call('ZRANGEBYLEX', queue, lo, hi, 'LIMIT', 0, count + 1)
+end
+
+-- how many of ``count`` requests a slot takes from its due revisits, having ``revisits`` of
+-- them and ``fresh`` new ones: the share, rounded at random, and what the other lacks
+local turns = 0
+local function revisits_of(count, revisits, fresh)
+  local quota = count * revisit_share
+  -- uniform in [0, 1): the call's random nonce, mixed with the turn (an odd multiplier
+  -- permutes 16-bit values; every product stays exact in a double)
+  turns = turns + 1
+  local u = ((((nonce % 65536) + turns * 7919) % 65536) * 40503 % 65536) / 65536
+  quota = math.floor(quota) + ((u < quota - math.floor(quota)) and 1 or 0)
+  quota = math.max(quota, count - #fresh)
+  return math.min(#revisits, quota)
 end
 
 local function limits(slot)
@@ -240,15 +279,28 @@ for _, slot in ipairs(candidates) do
     -- this worker has its share of a contended slot: the free places are for the others
   else
     take = math.max(take, 0)
-    local lo, hi = slot_range(slot)
-    local entries = redis.call('ZRANGEBYLEX', KEYS[1], lo, hi, 'LIMIT', 0, take + extra + 1)
-    local taken, reserves = 0, 0
-    for _, entry in ipairs(entries) do
+    local fresh = slot_entries(KEYS[1], slot, take + extra)
+    local revisits, from_revisits = {}, 0
+    if revisits_queued then
+      revisits = slot_entries(KEYS[19], slot, take + extra)
+      from_revisits = revisits_of(take + extra, revisits, fresh)
+    end
+    -- the revisits this turn takes first, then new requests
+    local entries, queues = {}, {}
+    for i = 1, from_revisits do
+      entries[#entries + 1], queues[#queues + 1] = revisits[i], KEYS[19]
+    end
+    for _, entry in ipairs(fresh) do
+      entries[#entries + 1], queues[#queues + 1] = entry, KEYS[1]
+    end
+    local taken, reserves, used = 0, 0, 0
+    for i, entry in ipairs(entries) do
       if taken + reserves >= take + extra then break end
+      used = i
       if entry_slot(entry) ~= slot then
-        quarantined(entry, 'malformed queue entry')
+        quarantined(entry, 'malformed queue entry', queues[i])
       else
-        redis.call('ZREM', KEYS[1], entry)
+        redis.call('ZREM', queues[i], entry)
         local id = entry_id(entry)
         local record = redis.call('HGET', KEYS[2], id)
         -- a record under this id that is not this request's: 'seq' went back after Redis
@@ -291,7 +343,8 @@ for _, slot in ipairs(candidates) do
       redis.call('HSET', KEYS[10], slot, -(now + probe_ms))
       next_at = now + probe_ms
     end
-    if #entries <= take + extra then
+    -- whether the slot has anything left in either queue after this turn
+    if used == #entries and #fresh <= take + extra and #revisits <= from_revisits then
       redis.call('ZREM', KEYS[5], slot)
       redis.call('HDEL', KEYS[11], slot)
     elseif inflight >= conc then
@@ -313,11 +366,11 @@ if want > 0 then
     if (tonumber(redis.call('HGET', KEYS[7], slot)) or 0) >= conc then hungry(slot, conc) end
   end
 end
-out[1] = redis.call('ZCARD', KEYS[1])
+out[1] = redis.call('ZCARD', KEYS[1]) + redis.call('ZCARD', KEYS[19])
 out[2] = redis.call('ZCARD', KEYS[4])
--- the next slot's turn, or the next retry coming due, whichever is sooner: an idle worker
--- asks again then, instead of leaving every due retry to a busy one
-for _, key in ipairs({KEYS[5], KEYS[4]}) do
+-- the next slot's turn, or the next retry or revisit coming due, whichever is sooner: an
+-- idle worker asks again then, instead of leaving every due retry to a busy one
+for _, key in ipairs({KEYS[5], KEYS[4], KEYS[18]}) do
   local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
   if #first > 0 then
     local wait = math.max(0, tonumber(first[2]) - now)

@@ -1,0 +1,209 @@
+"""Revisits: the frontier's side (commit.lua's kind 'v', lease.lua's revisit queue and share)
+against a real redis-server, and the middlewares' rules without a crawl."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from scrapy import Request
+from scrapy.http import HtmlResponse
+
+from distcrawl.frontier import Entry, EntryKind, Frontier, LeaseRef
+from distcrawl.keys import FrontierKeys
+from distcrawl.records import Politeness
+from distcrawl.recrawl import Outcome
+from distcrawl.revisit import RevisitState, content_signature, judge
+
+SLOT = "t.test"
+
+
+def frontier_with(redis_client, share: float = 0.5, **kwargs) -> Frontier:
+    return Frontier(redis_client, FrontierKeys("t"), Politeness(revisit_share=share), **kwargs)
+
+
+def revisit(fp: bytes, payload: bytes, delay_ms: int, slot: str = SLOT) -> Entry:
+    return Entry(EntryKind.REVISIT, fp, 0, payload, str(delay_ms).encode(), slot)
+
+
+def new(fp: bytes, payload: bytes, slot: str = SLOT) -> Entry:
+    return Entry(EntryKind.REQUEST, fp, 0, payload, b"", slot)
+
+
+def ack_all(frontier: Frontier, leased) -> None:
+    frontier.commit([LeaseRef(x.id, x.token) for x in leased], [])
+
+
+def test_a_revisit_waits_for_its_due_time_and_bypasses_the_seen_set(redis_client):
+    frontier = frontier_with(redis_client)
+    k = frontier.keys
+    # the page was crawled: its fingerprint is seen
+    assert frontier.commit([], [new(b"page", b"first")]).enqueued == 1
+    ack_all(frontier, frontier.lease(10, 10_000).items)
+    assert frontier.commit([], [revisit(b"page", b"again", 60_000)]).enqueued == 1
+    assert redis_client.zcard(k.revisits) == 1
+    assert frontier.lease(10, 10_000).items == []  # not due for a minute
+    assert frontier.sizes()["revisits"] == 1
+    # due now: leased although its fingerprint is in the seen-set
+    frontier.commit([], [revisit(b"page", b"now", 0)])
+    leased = frontier.lease(10, 10_000).items
+    assert [x.payload for x in leased] == [b"now"]
+    assert redis_client.zcard(k.revisits) == 0
+    assert redis_client.zcard(k.revisit_queue) == 0
+
+
+def test_a_page_keeps_one_revisit_however_often_it_is_stored(redis_client):
+    frontier = frontier_with(redis_client)
+    k = frontier.keys
+    for i in range(5):
+        frontier.commit([], [revisit(b"page", b"v%d" % i, 60_000)])
+    frontier.commit([], [revisit(b"other", b"o", 60_000)])
+    assert redis_client.zcard(k.revisits) == 2
+    assert redis_client.hlen(k.requests) == 2  # the replaced ones' records are gone
+    (rid,) = [
+        r
+        for r in redis_client.zrange(k.revisits, 0, -1)
+        if r != redis_client.hget(k.revisit_of, b"other")
+    ]
+    assert redis_client.hget(k.requests, rid).endswith(b"v4")
+
+
+def test_a_negative_delay_forgets_the_page(redis_client):
+    frontier = frontier_with(redis_client)
+    k = frontier.keys
+    frontier.commit([], [revisit(b"page", b"v", 60_000)])
+    frontier.commit([], [revisit(b"page", b"", -1)])
+    assert redis_client.zcard(k.revisits) == 0
+    assert redis_client.hlen(k.requests) == 0
+    assert redis_client.hlen(k.revisit_of) == 0
+
+
+def test_a_revisit_needs_a_fingerprint(redis_client):
+    frontier = frontier_with(redis_client)
+    with pytest.raises(Exception, match="fingerprint"):
+        frontier.commit([], [revisit(b"", b"v", 0)])
+
+
+@pytest.mark.parametrize(("share", "expected"), [(0.25, 10), (0.5, 20), (0.0, 0), (1.0, 40)])
+def test_a_turn_takes_the_share_of_revisits_while_new_urls_wait(redis_client, share, expected):
+    frontier = frontier_with(redis_client, share)
+    frontier.commit([], [new(b"n%d" % i, b"new") for i in range(100)])
+    frontier.commit([], [revisit(b"r%d" % i, b"old", 0) for i in range(100)])
+    leased = frontier.lease(40, 10_000).items
+    assert len(leased) == 40
+    assert sum(x.payload == b"old" for x in leased) == expected
+
+
+def test_either_kind_takes_every_turn_when_the_other_is_empty(redis_client):
+    frontier = frontier_with(redis_client, 0.0)
+    frontier.commit([], [revisit(b"r%d" % i, b"old", 0) for i in range(5)])
+    assert [x.payload for x in frontier.lease(10, 10_000).items] == [b"old"] * 5
+    frontier = frontier_with(redis_client, 1.0)
+    frontier.commit([], [new(b"n%d" % i, b"new") for i in range(5)])
+    assert [x.payload for x in frontier.lease(10, 10_000).items] == [b"new"] * 5
+
+
+def test_a_slot_of_one_request_a_turn_gives_revisits_their_share_of_turns(redis_client):
+    frontier = Frontier(
+        redis_client, FrontierKeys("t"), Politeness(concurrency=1, revisit_share=0.5)
+    )
+    frontier.commit([], [new(b"n%d" % i, b"new") for i in range(300)])
+    frontier.commit([], [revisit(b"r%d" % i, b"old", 0) for i in range(300)])
+    kinds = []
+    for _ in range(200):
+        leased = frontier.lease(5, 10_000).items
+        assert len(leased) == 1  # concurrency 1: revisits take turns, never add to them
+        kinds.append(leased[0].payload)
+        ack_all(frontier, leased)
+    assert 70 <= kinds.count(b"old") <= 130
+
+
+def test_revisits_work_with_the_bloom_filter(redis_client):
+    frontier = frontier_with(redis_client, seen="bloom", bloom_capacity=1000)
+    frontier.commit([], [new(b"page", b"first")])
+    ack_all(frontier, frontier.lease(10, 10_000).items)
+    assert frontier.commit([], [new(b"page", b"dup")]).duplicates == 1
+    frontier.commit([], [revisit(b"page", b"again", 0)])
+    assert [x.payload for x in frontier.lease(10, 10_000).items] == [b"again"]
+
+
+def test_a_waiting_revisit_is_work_to_come_for_idle_close(redis_client):
+    frontier = frontier_with(redis_client)
+    frontier.commit([], [revisit(b"page", b"v", 5_000)])
+    drained = frontier.drained()
+    assert drained.queued == 0 and drained.next_retry_ms is not None
+    assert 0 < drained.next_retry_ms <= 5_000
+    assert not drained.idle(within_ms=10_000)
+
+
+def test_an_expired_revisit_lease_comes_back(redis_client):
+    frontier = frontier_with(redis_client)
+    frontier.commit([], [revisit(b"page", b"v", 0)])
+    assert len(frontier.lease(10, 1).items) == 1
+    time.sleep(0.02)
+    assert frontier.requeue_expired().requeued == 1
+    assert [x.payload for x in frontier.lease(10, 10_000).items] == [b"v"]
+
+
+# -- the middlewares' rules --------------------------------------------------------------
+
+
+def html(body: str, status: int = 200) -> HtmlResponse:
+    return HtmlResponse(
+        "http://t.test/p",
+        status=status,
+        body=body.encode(),
+        encoding="utf-8",
+        request=Request("http://t.test/p"),
+    )
+
+
+def test_the_signature_reads_the_text_not_the_markup_scripts_or_excluded_parts():
+    a = html("<html><body><p>Hello <b>world</b></p><script>x=1</script></body></html>")
+    b = html("<html><body><div><p>Hello</p> <i>world</i></div><script>x=2</script></body></html>")
+    assert content_signature(a) == content_signature(b)
+    c = html("<html><body><p>Hello</p><span class='ad'>buy 1</span> tail</body></html>")
+    d = html("<html><body><p>Hello</p><span class='ad'>buy 2</span> tail</body></html>")
+    assert content_signature(c) != content_signature(d)
+    exclude = ("//*[@class='ad']",)
+    assert content_signature(c, exclude) == content_signature(d, exclude)
+    # the text after an excluded element still counts
+    e = html("<html><body><p>Hello</p><span class='ad'>buy 2</span> other</body></html>")
+    assert content_signature(c, exclude) != content_signature(e, exclude)
+    # and the response itself is left as it came, for the callback
+    assert c.xpath("//span[@class='ad']/text()").get() == "buy 1"
+
+
+def test_judge():
+    state = RevisitState("http://t.test/p", 60.0, etag='"1"', signature="a" * 32)
+    assert judge(304, state, None) is Outcome.UNCHANGED
+    assert judge(200, state, "a" * 32) is Outcome.UNCHANGED
+    assert judge(200, state, "b" * 32) is Outcome.CHANGED
+    assert judge(200, None, "a" * 32) is Outcome.CHANGED
+    assert judge(404, state, None) is Outcome.GONE
+    assert judge(410, None, None) is Outcome.GONE
+    assert judge(500, state, None) is Outcome.ERROR
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "x",
+        {"url": "http://t.test/p"},
+        {"url": "http://t.test/p", "interval": -1},
+        {"url": "http://t.test/p", "interval": float("inf")},
+        {"url": "http://t.test/p", "interval": True},
+        {"url": "http://t.test/p", "interval": 5, "etag": "x" * 600},
+        {"url": "http://t.test/p", "interval": 5, "etag": "a\r\nSet-Cookie: x"},
+        {"url": "http://t.test/p", "interval": 5, "signature": "zz"},
+        {"url": "http://t.test/p", "interval": 5, "callback": "evil"},
+    ],
+)
+def test_a_state_read_from_redis_is_checked(bad):
+    with pytest.raises(ValueError):
+        RevisitState.from_meta(bad)
+
+
+def test_a_state_round_trips():
+    state = RevisitState("http://t.test/p", 90.0, '"e"', "Tue, 01 Dec 2026 10:00:00 GMT", "f" * 32)
+    assert RevisitState.from_meta(state.to_meta()) == state
