@@ -154,6 +154,16 @@ class Resharding:
                 "layout. Wait for the lease timeout (DISTCRAWL_LEASE_TIMEOUT), then start one "
                 "worker (its reaper requeues them), pause the crawl again and stop the worker"
             )
+        revisits = sum(
+            int(client.zcard(s.revisits)) + int(client.zcard(s.revisit_queue))
+            for s in self._layout(source)
+        )
+        if revisits:
+            # not moved yet: left in the old layout, they would never be fetched again
+            out.append(
+                f"{revisits} page revisit(s) scheduled (DISTCRAWL_RECRAWL_INTERVAL): "
+                "re-sharding does not move revisits yet"
+            )
         serializer = _str(client.hget(k.meta, "serializer") or b"")
         if serializer == "pickle" and not self.trust_pickle:
             out.append("the crawl's requests are pickled: add --trust-pickle to read their URLs")

@@ -3,6 +3,7 @@ against a real redis-server, and the middlewares' rules without a crawl."""
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import pytest
@@ -14,6 +15,7 @@ from distcrawl.keys import FrontierKeys
 from distcrawl.records import Politeness
 from distcrawl.recrawl import Outcome
 from distcrawl.revisit import RevisitState, content_signature, judge
+from tests.support import stat
 
 SLOT = "t.test"
 
@@ -207,3 +209,41 @@ def test_a_state_read_from_redis_is_checked(bad):
 def test_a_state_round_trips():
     state = RevisitState("http://t.test/p", 90.0, '"e"', "Tue, 01 Dec 2026 10:00:00 GMT", "f" * 32)
     assert RevisitState.from_meta(state.to_meta()) == state
+
+
+# -- real crawls ---------------------------------------------------------------------------
+
+RECRAWL = {
+    "DISTCRAWL_RECRAWL_INTERVAL": 1.0,
+    "DISTCRAWL_RECRAWL_MIN_INTERVAL": 0.5,
+    "DISTCRAWL_RECRAWL_MAX_INTERVAL": 4.0,
+    "ROBOTSTXT_OBEY": False,
+}
+
+
+@pytest.mark.integration
+def test_a_worker_revisits_static_pages_less_and_less_often(demo_site, workers, redis_client):
+    """The demo's pages never change: each is fetched again, with a growing interval."""
+    site = demo_site(pages=5, links=2)
+    redis_client.lpush("site:start_urls", site.url + "/")
+    worker = workers(1, **RECRAWL)
+    time.sleep(9)
+    worker.stop()
+    log = worker.log()
+    assert "ERROR" not in log, log[-3000:]
+    times: dict[str, list[float]] = {}
+    for line in site.read_log():
+        if line.path in site.expected_pages() and line.status == 200:
+            times.setdefault(line.path, []).append(line.arrived)
+    assert set(times) == site.expected_pages()
+    for path, seen in times.items():
+        gaps = [b - a for a, b in itertools.pairwise(seen)]
+        # 1 s, then 1.4 s, 1.96 s...: 4 or 5 fetches in 9 s, never two within half a second
+        assert 3 <= len(seen) <= 6, (path, seen)
+        assert min(gaps) > 0.6, (path, gaps)
+        assert gaps[-1] > gaps[0], (path, gaps)
+    # one revisit a page, however often it was fetched and linked again
+    assert redis_client.zcard("site:revisits") + redis_client.zcard("site:revisit_queue") <= len(
+        times
+    )
+    assert stat(worker, "distcrawl/recrawl/unchanged") >= 2 * len(times)
