@@ -4,6 +4,7 @@ against a real redis-server, and the middlewares' rules without a crawl."""
 from __future__ import annotations
 
 import itertools
+import json
 import time
 
 import pytest
@@ -15,7 +16,7 @@ from distcrawl.keys import FrontierKeys
 from distcrawl.records import Politeness
 from distcrawl.recrawl import Outcome
 from distcrawl.revisit import RevisitState, content_signature, judge
-from tests.support import stat
+from tests.support import page_fetches, stat, wait_until
 
 SLOT = "t.test"
 
@@ -247,3 +248,43 @@ def test_a_worker_revisits_static_pages_less_and_less_often(demo_site, workers, 
         times
     )
     assert stat(worker, "distcrawl/recrawl/unchanged") >= 2 * len(times)
+
+
+@pytest.mark.integration
+def test_revisits_and_new_urls_of_a_slot_share_its_delay_and_concurrency(
+    demo_site, workers, redis_client
+):
+    """Pages come due for revisits within half a second while most of the site is still
+    new: the slot's delay holds across both kinds and two workers, and new URLs keep being
+    crawled (DISTCRAWL_RECRAWL_SHARE: half the turns each while both wait)."""
+    site = demo_site(pages=40, links=3, host="127.0.0.2")
+    settings = {
+        **RECRAWL,
+        "DISTCRAWL_RECRAWL_INTERVAL": 0.5,
+        "DOWNLOAD_SLOTS": json.dumps({"127.0.0.2": {"delay": 0.2, "concurrency": 1}}),
+    }
+    redis_client.lpush("site:start_urls", site.url + "/")
+    pool = [workers(i, **settings) for i in (1, 2)]
+    expected = site.expected_pages()
+    assert wait_until(lambda: set(page_fetches(site)) >= expected, timeout=60)
+    for w in pool:
+        w.stop()
+    log = sorted(
+        (line for line in site.read_log() if line.path in expected), key=lambda x: x.arrived
+    )
+    smallest = min(b.arrived - a.arrived for a, b in itertools.pairwise(log))
+    print(f"{len(log)} requests, smallest gap {smallest:.3f}s")
+    assert smallest >= 0.19  # the delay, revisits and new URLs alike
+    assert max(line.in_flight for line in log) == 1
+    assert len({line.user_agent for line in log}) == 2
+    # revisits ran while new URLs were still being found, and did not stop them
+    first_fetch: dict[str, float] = {}
+    for line in log:
+        first_fetch.setdefault(line.path, line.arrived)
+    last_new = max(first_fetch.values())
+    revisits = [x for x in log if x.arrived > first_fetch[x.path] and x.arrived < last_new]
+    news = len(expected)
+    print(f"{len(revisits)} revisits while {news} new pages were crawled")
+    assert len(revisits) >= 10
+    # with half the turns each, new pages took at most about twice as long as alone
+    assert len(revisits) <= 2 * news
