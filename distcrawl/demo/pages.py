@@ -169,9 +169,12 @@ def _parse_index(text: str) -> int | None:
 
 class _Route(NamedTuple):
     status: int
+    #: empty: no Content-Type (a 304)
     content_type: bytes
     body: bytes
     location: bytes | None = None
+    #: more headers: (lower-case name, value) pairs
+    headers: tuple[tuple[bytes, bytes], ...] = ()
 
 
 class SiteConfig(NamedTuple):
@@ -190,6 +193,10 @@ class SiteConfig(NamedTuple):
     leaves: int = 0
     #: URLs listed on HOSTILE_PAGE, which the home page links to when there are some
     hostile_links: tuple[str, ...] = ()
+    #: the fresh pages (fresh.py): pages per kind, seconds per version of fast and slow ones
+    fresh_pages: int = 10
+    fresh_fast: float = 2.0
+    fresh_slow: float = 10.0
 
 
 def fails_first(path: str, cfg: SiteConfig) -> bool:

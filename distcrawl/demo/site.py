@@ -10,8 +10,9 @@ function of ``(seed, n)`` so tests can compute the expected crawl without fetchi
 (:func:`page_links`, :func:`expected_pages`), and the request log (:func:`read_log`) lets them
 check what a crawler really fetched, how often and with which User-Agent.
 
-The pages and their routes are pages.py's (re-exported here); this module serves them over
-HTTP, writes and reads the request log, and runs the site as a process (:class:`DemoSite`).
+The pages and their routes are pages.py's (re-exported here), the pages that change with time
+fresh.py's; this module serves them over HTTP, writes and reads the request log, and runs the
+site as a process (:class:`DemoSite`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import time
 from pathlib import Path
 from typing import IO, Any, NamedTuple
 
+from distcrawl.demo.fresh import FreshPages, FreshStats, add_arguments, read_stats
 from distcrawl.demo.pages import (
     HOME_LINKS,
     HOSTILE_PAGE,
@@ -151,6 +153,7 @@ def _build_site(cfg: SiteConfig, request_log: RequestLog) -> Any:
 
     reactor = _reactor()
     attempts: dict[str, int] = {}  # failures served so far, per path
+    fresh = FreshPages(cfg.fresh_pages, cfg.fresh_fast, cfg.fresh_slow)
     counters = {"in_flight": 0, "pages": 0}
 
     def arrive(request: Any) -> None:
@@ -198,13 +201,17 @@ def _build_site(cfg: SiteConfig, request_log: RequestLog) -> Any:
                     return server.NOT_DONE_YET
                 request.setResponseCode(503)
                 return b"<html><body>try again</body></html>"
-            answer = route(path, cfg)
+            answer = fresh.answer_request(request) or route(path, cfg)
             request.setResponseCode(answer.status)
-            request.setHeader(b"content-type", answer.content_type)
+            if answer.content_type:
+                request.setHeader(b"content-type", answer.content_type)
             if answer.location is not None:
                 request.setHeader(b"location", answer.location)
+            for name, value in answer.headers:
+                request.setHeader(name, value)
             if cfg.delay <= 0 or request.path == b"/robots.txt":
-                return answer.body
+                _finish(request, answer.body)  # not by Twisted, which gives a 304 a length
+                return server.NOT_DONE_YET
             call = reactor.callLater(cfg.delay, _finish, request, answer.body)
             request.notifyFinish().addErrback(_disconnected, request, call)
             return server.NOT_DONE_YET
@@ -212,7 +219,8 @@ def _build_site(cfg: SiteConfig, request_log: RequestLog) -> Any:
     def _finish(request: server.Request, body: bytes) -> None:
         if request._disconnected:  # connection lost but errback not yet run
             return
-        request.setHeader(b"content-length", b"%d" % len(body))
+        if request.code not in http.NO_BODY_CODES:  # a 304 has no Content-Length of its own
+            request.setHeader(b"content-length", b"%d" % len(body))
         if request.method != b"HEAD":
             request.write(body)
         request.finish()
@@ -227,6 +235,7 @@ def _build_site(cfg: SiteConfig, request_log: RequestLog) -> Any:
         def log(self, request: http.Request) -> None:
             method, uri, ua = describe(request)
             request_log.write(method, uri, request.code, ua, *leave(request))
+            fresh.count(uri, request.code)
 
     site = DemoSite(DemoResource())
     site.displayTracebacks = False
@@ -291,6 +300,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         help=f"a URL (any scheme) that {HOSTILE_PAGE}, linked from the home page, links to "
         f"and that {HOSTILE_REDIRECT}<i> redirects to (repeatable)",
     )
+    add_arguments(p)
     return p.parse_args(argv)
 
 
@@ -309,6 +319,9 @@ def main(argv: list[str] | None = None) -> int:
         args.retry_after,
         args.leaves,
         tuple(args.hostile_link),
+        args.fresh_pages,
+        args.fresh_fast,
+        args.fresh_slow,
     )
     serve(args.host, args.port, cfg, args.log)
     return 0
@@ -371,8 +384,12 @@ class DemoSite(ManagedProcess):
         retry_after: float = 3.0,
         leaves: int = 0,
         hostile_links: tuple[str, ...] | list[str] = (),
+        fresh_pages: int = 10,
+        fresh_fast: float = 2.0,
+        fresh_slow: float = 10.0,
     ) -> None:
         super().__init__()
+        self.fresh = (fresh_pages, fresh_fast, fresh_slow)
         self.hostile_links = tuple(hostile_links)
         self.fail_rate, self.fail_times, self.fail_mode = fail_rate, fail_times, fail_mode
         self.throttle_at, self.retry_after = throttle_at, retry_after
@@ -404,6 +421,8 @@ class DemoSite(ManagedProcess):
             cmd += ["--leaves", str(self.leaves)]
         for url in self.hostile_links:
             cmd += ["--hostile-link", url]
+        for option, value in zip(("pages", "fast", "slow"), self.fresh, strict=True):
+            cmd += [f"--fresh-{option}", str(value)]
         return cmd
 
     def start(self) -> DemoSite:
@@ -431,6 +450,10 @@ class DemoSite(ManagedProcess):
 
     def expected_pages(self) -> set[str]:
         return expected_pages(self.pages, self.leaves)
+
+    def fresh_stats(self) -> FreshStats:
+        """The fresh pages' clock origin and the 200s and 304s the site sent, per target."""
+        return read_stats(self.url)
 
     def expected_urls(self) -> set[str]:
         return {self.url + p for p in self.expected_pages()}
