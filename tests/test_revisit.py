@@ -11,6 +11,7 @@ import pytest
 from scrapy import Request
 from scrapy.http import HtmlResponse
 
+from distcrawl.demo.fresh import FRESH_INDEX, fresh_paths
 from distcrawl.frontier import Entry, EntryKind, Frontier, LeaseRef
 from distcrawl.keys import FrontierKeys
 from distcrawl.records import Politeness
@@ -288,3 +289,45 @@ def test_revisits_and_new_urls_of_a_slot_share_its_delay_and_concurrency(
     assert len(revisits) >= 10
     # with half the turns each, new pages took at most about twice as long as alone
     assert len(revisits) <= 2 * news
+
+
+FAST = {
+    **RECRAWL,
+    "DISTCRAWL_RECRAWL_INTERVAL": 1.5,
+    "DISTCRAWL_RECRAWL_MIN_INTERVAL": 1.0,
+    "DISTCRAWL_RECRAWL_MAX_INTERVAL": 8.0,
+}
+
+
+def fetch_times(site, paths) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {p: [] for p in paths}
+    for line in site.read_log():
+        if line.path in out and line.status in (200, 304):
+            out[line.path].append(line.arrived)
+    return out
+
+
+@pytest.mark.integration
+def test_no_revisit_is_lost_when_a_worker_is_killed(demo_site, workers, redis_client):
+    """SIGKILL a worker while pages are being revisited: the revisits it held leased come
+    back like any lease, and every page goes on being revisited by the other worker."""
+    site = demo_site(pages=3, fresh_pages=4, fresh_fast=1.0)
+    pages = [p for p in fresh_paths(4) if "/slow/" not in p]
+    settings = {
+        **FAST,
+        "DISTCRAWL_LEASE_TIMEOUT": 3,
+        "DISTCRAWL_HEARTBEAT_INTERVAL": 0.5,
+        "DISTCRAWL_WORKER_TIMEOUT": 2,
+    }
+    redis_client.lpush("site:start_urls", site.url + FRESH_INDEX)
+    victim, survivor = (workers(i, **settings) for i in (1, 2))
+    assert wait_until(lambda: all(len(t) >= 2 for t in fetch_times(site, pages).values()), 30)
+    victim.kill()
+    killed = time.time()
+    time.sleep(12)
+    survivor.stop()
+    after = {p: [t for t in ts if t > killed + 4] for p, ts in fetch_times(site, pages).items()}
+    print({p: len(ts) for p, ts in after.items()})
+    assert all(after.values()), after  # every page still revisited
+    # one revisit chain per page: none lost, none doubled
+    assert redis_client.hlen("site:revisit_of") == len(fresh_paths(4)) + 1  # and the index
