@@ -25,6 +25,7 @@ from __future__ import annotations
 import base64
 import re
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import redis
@@ -116,28 +117,20 @@ def _setter(res: BatchResult, name: str) -> Callable[[Any], None]:
     return done
 
 
+@dataclass(eq=False)
 class Runner:
     """Runs batches for one worker: ``Runner.run`` is called on the Redis thread only."""
 
-    def __init__(
-        self,
-        frontier: Frontier,
-        codec: RequestCodec,
-        *,
-        lease_ms: int,
-        worker_timeout_ms: int,
-        schemes: tuple[str, ...] = ("http", "https"),
-        liveness: Liveness | None = None,
-    ) -> None:
-        self.frontier = frontier
-        #: told of the beats that ride with batches (Batch.beat), so that its own thread
-        #: beats only when no batch did lately
-        self.liveness = liveness
-        self.codec = codec
-        #: DISTCRAWL_ALLOWED_SCHEMES: anyone who can write to Redis can queue any URL
-        self.schemes = schemes
-        self.lease_ms = lease_ms
-        self.worker_timeout_ms = worker_timeout_ms
+    frontier: Frontier
+    codec: RequestCodec
+    _: KW_ONLY
+    lease_ms: int
+    worker_timeout_ms: int
+    #: DISTCRAWL_ALLOWED_SCHEMES: anyone who can write to Redis can queue any URL
+    schemes: tuple[str, ...] = ("http", "https")
+    #: told of the beats that ride with batches (Batch.beat), so that its own thread
+    #: beats only when no batch did lately
+    liveness: Liveness | None = None
 
     def run(self, batch: Batch) -> BatchResult:
         """Run ``batch``: its steps go in one pipeline of EVALSHA calls, one round trip,

@@ -148,28 +148,13 @@ class Frontier(FrontierAdmin):
 
     def run(self, op: Op[T]) -> T:
         """Send one Op on its own (a script falls back to EVAL after a script cache flush)."""
+        if op.script == "commit" and self.bloom is not None:
+            # the Bloom filter may need its state read (or grown) around the script
+            return op.parse(self.bloom.run(self.scripts.commit, list(op.keys), list(op.args)))
         if op.script:
             script = getattr(self.scripts, op.script)
             return op.parse(script(keys=op.keys, args=op.args))
         return op.parse(self.client.execute_command(*op.args))
-
-    def commit(
-        self,
-        acks: Sequence[LeaseRef],
-        entries: Sequence[Entry],
-        feedback: Sequence[Feedback] = (),
-        *,
-        commit_id: str = "",
-        positions: bool = False,
-    ) -> CommitResult:
-        """Run one commit (commit.lua). With a ``commit_id``, running the same commit again
-        (its reply was lost) changes nothing and returns ``replayed=1``; ``positions`` asks
-        for the positions of the entries Redis did not store."""
-        op = self.commit_op(acks, entries, feedback, commit_id=commit_id, positions=positions)
-        if self.bloom is not None:
-            # the Bloom filter may need its state read (or grown) around the script
-            return op.parse(self.bloom.run(self.scripts.commit, list(op.keys), list(op.args)))
-        return self.run(op)
 
     def commit_op(
         self,
@@ -180,7 +165,11 @@ class Frontier(FrontierAdmin):
         commit_id: str = "",
         positions: bool = False,
     ) -> Op[CommitResult]:
-        """commit()'s script call; with the Bloom seen-set only ``commit()`` can send it."""
+        """Run one commit (commit.lua). With a ``commit_id``, running the same commit again
+        (its reply was lost) changes nothing and returns ``replayed=1``; ``positions`` asks
+        for the positions of the entries Redis did not store. With the Bloom seen-set only
+        ``run()`` can send the Op, not a batch's pipeline: the filter's state is read (or
+        grown) around the script."""
         k, p = self.keys, self.politeness
         caps = f"{p.max_pending}:{p.max_pending_per_slot}"
         args: list[Any] = [caps, p.keep_priority, p.throttle, self.tag, commit_id]
@@ -195,6 +184,9 @@ class Frontier(FrontierAdmin):
             args += list(f)
         keys = k.script_keys("commit", self.tag)
         return Op("commit", keys, args, parse_commit)
+
+    #: ``commit_op`` sent on its own (the scheduler's batches send ``commit_op`` itself)
+    commit = sent_alone(commit_op)
 
     def add_seen(self, fingerprints: Sequence[bytes]) -> list[bool]:
         """Mark fingerprints seen without queueing anything (URLs crawled elsewhere);

@@ -45,7 +45,7 @@ import importlib
 import json
 import pickle
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 import redis
@@ -142,33 +142,25 @@ def _body(data: dict[str, Any]) -> bytes:
     return body.encode("utf-8") if isinstance(body, str) else bytes(body)
 
 
+@dataclass(eq=False)
 class Importer:
     """One import: ``run()`` returns the :class:`Report`; :class:`ImportRefused` before
     anything is written when it cannot run as asked."""
 
-    def __init__(
-        self,
-        producer: Producer,
-        source: Source,
-        *,
-        trust_pickle: bool = False,
-        move: bool = False,
-        dry_run: bool = False,
-        rebuild_seen: bool = False,
-        url_field: str = "url",
-        mongo: Callable[[], Iterable[str]] | None = None,
-    ) -> None:
-        self.producer = producer
-        self.source = source
-        self.trust_pickle = trust_pickle
-        self.move = move
-        self.dry_run = dry_run
-        self.rebuild_seen = rebuild_seen
-        self.url_field = url_field
-        self.mongo = mongo
-        self.client: redis.Redis = producer.client
-        self.keys: FrontierKeys = producer.frontier.keys
-        self.report = Report(dry_run=dry_run)
+    producer: Producer
+    source: Source
+    _: KW_ONLY
+    trust_pickle: bool = False
+    move: bool = False
+    dry_run: bool = False
+    rebuild_seen: bool = False
+    url_field: str = "url"
+    mongo: Callable[[], Iterable[str]] | None = None
+
+    def __post_init__(self) -> None:
+        self.client: redis.Redis = self.producer.client
+        self.keys: FrontierKeys = self.producer.frontier.keys
+        self.report = Report(dry_run=self.dry_run)
         self._samples: list[dict[str, Any]] = []
 
     def run(self) -> Report:

@@ -40,10 +40,13 @@ def sent_alone(
     make: Callable[Concatenate[R, P], Op[T]],
 ) -> Callable[Concatenate[R, P], T]:
     """A method that builds an Op and runs it at once: one signature (``make``'s) for the
-    batched and the direct call."""
+    batched and the direct call. ``make`` is looked up on the instance when called, so that
+    a subclass's or a test's replacement serves both calls too."""
+    name = make.__name__
 
     def method(self: R, *args: P.args, **kwargs: P.kwargs) -> T:
-        return self.run(make(self, *args, **kwargs))
+        built: Op[T] = getattr(self, name)(*args, **kwargs)
+        return self.run(built)
 
     method.__doc__ = make.__doc__
     return method

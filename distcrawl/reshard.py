@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,6 +93,26 @@ def _split(member: bytes) -> tuple[int, bytes] | None:
     if cut < 1 or len(member) < cut + 11:
         return None
     return cut + 1, member[cut + 11 :]
+
+
+def _renumbered(entry: bytes, cut: int, new_id: int) -> bytes:
+    """A queue entry with sequence number ``new_id`` (its 6 bytes after the 4 of priority)."""
+    return entry[: cut + 4] + new_id.to_bytes(6, "big") + entry[cut + 10 :]
+
+
+@dataclass(frozen=True)
+class _Source:
+    """One source shard's part of a copy: the ids it gives start at ``first_id``."""
+
+    j: int
+    keys: FrontierKeys
+    targets: list[FrontierKeys]
+    first_id: int
+
+
+#: one batch from a position: its writes into the pipeline, its dead letters into the dict;
+#: returns how many members it read
+_Batch = Callable[[int, Any, dict[Any, Any]], int]
 
 
 class Resharding:
@@ -255,11 +276,14 @@ class Resharding:
         queued = [int(rec[f"{PREFIX}queued:{j}"]) for j in range(source)]
         delayed = [int(rec[f"{PREFIX}delayed:{j}"]) for j in range(source)]
         next_id = int(rec[PREFIX + "base"]) + 1
+        now = int(rec[PREFIX + "now"])
         for j, s in enumerate(sources):
-            self._queue(rec, j, s, targets, next_id, queued[j], out)
+            queue = self._queue(_Source(j, s, targets, next_id), now, out)
+            self._in_batches(rec, f"queue:{j}", queued[j], out, queue)
             next_id += queued[j]
         for j, s in enumerate(sources):
-            self._delayed(rec, j, s, targets, next_id, delayed[j], out)
+            retries = self._delayed(_Source(j, s, targets, next_id), out)
+            self._in_batches(rec, f"delayed:{j}:at", delayed[j], out, retries)
             next_id += delayed[j]
         layers = 0
         for j, s in enumerate(sources):
@@ -297,77 +321,62 @@ class Resharding:
         at, payload = split
         return self._url_shard(payload), at, payload
 
-    def _queue(
-        self,
-        rec: dict[str, str],
-        j: int,
-        s: FrontierKeys,
-        targets: list[FrontierKeys],
-        first_id: int,
-        count: int,
-        out: ReshardOutcome,
+    def _in_batches(
+        self, rec: dict[str, str], name: str, count: int, out: ReshardOutcome, batch: _Batch
     ) -> None:
-        now = int(rec[PREFIX + "now"])
-        at = int(rec.get(f"{PREFIX}queue:{j}", 0))
+        """Runs ``batch`` from the position recorded under ``name`` until ``count`` members are
+        read: each batch's position and dead letters are recorded together, after its writes,
+        so that a run again after an interruption copies at most that batch twice."""
+        at = int(rec.get(PREFIX + name, 0))
         while at < count:
-            members: Any = self.client.zrange(s.queue, at, at + BATCH - 1)
             pipe = self.client.pipeline(transaction=False)
             dead: dict[Any, Any] = {}
+            read = batch(at, pipe, dead)
+            pipe.execute()
+            out.dead_lettered += len(dead)
+            at += read
+            self._progress(name, at, dead)
+            if not read:
+                break
+
+    def _queue(self, src: _Source, now: int, out: ReshardOutcome) -> _Batch:
+        def batch(at: int, pipe: Any, dead: dict[Any, Any]) -> int:
+            members: Any = self.client.zrange(src.keys.queue, at, at + BATCH - 1)
             for pos, member in enumerate(members, start=at):
                 shard, cut, _ = self._entry(member)
                 if isinstance(shard, str):
-                    dead[f"{PREFIX}dead:q:{j}:{pos}"] = dead_letter(
+                    dead[f"{PREFIX}dead:q:{src.j}:{pos}"] = dead_letter(
                         shard, raw=member, source="queue", moved="reshard"
                     )
                     continue
-                entry = member[: cut + 4] + (first_id + pos).to_bytes(6, "big") + member[cut + 10 :]
-                t = targets[shard]
-                pipe.zadd(t.queue, {entry: 0})
+                t = src.targets[shard]
+                pipe.zadd(t.queue, {_renumbered(member, cut, src.first_id + pos): 0})
                 pipe.zadd(t.ready, {member[: cut - 1]: now})
                 out.queued += 1
-            pipe.execute()
-            out.dead_lettered += len(dead)
-            at += len(members)
-            self._progress(f"queue:{j}", at, dead)
-            if not members:
-                break
+            return len(members)
 
-    def _delayed(
-        self,
-        rec: dict[str, str],
-        j: int,
-        s: FrontierKeys,
-        targets: list[FrontierKeys],
-        first_id: int,
-        count: int,
-        out: ReshardOutcome,
-    ) -> None:
-        at = int(rec.get(f"{PREFIX}delayed:{j}:at", 0))
-        while at < count:
-            due: Any = self.client.zrange(s.delayed, at, at + BATCH - 1, withscores=True)
-            records: Any = self.client.hmget(s.requests, [i for i, _ in due]) if due else []
-            pipe = self.client.pipeline(transaction=False)
-            dead: dict[Any, Any] = {}
+        return batch
+
+    def _delayed(self, src: _Source, out: ReshardOutcome) -> _Batch:
+        def batch(at: int, pipe: Any, dead: dict[Any, Any]) -> int:
+            due: Any = self.client.zrange(src.keys.delayed, at, at + BATCH - 1, withscores=True)
+            records: Any = self.client.hmget(src.keys.requests, [i for i, _ in due]) if due else []
             for pos, ((old, when), record) in enumerate(zip(due, records, strict=True), start=at):
                 entry = record[len(NO_TOKEN) :] if record else b""
                 shard, cut, _ = self._entry(entry) if record else ("retry without record", 0, b"")
                 if isinstance(shard, str):
-                    dead[f"{PREFIX}dead:d:{j}:{pos}"] = dead_letter(
+                    dead[f"{PREFIX}dead:d:{src.j}:{pos}"] = dead_letter(
                         shard, raw=entry or old, source="retry", moved="reshard", id=_str(old)
                     )
                     continue
-                new = first_id + pos
-                entry = entry[: cut + 4] + new.to_bytes(6, "big") + entry[cut + 10 :]
-                t = targets[shard]
-                pipe.hset(t.requests, f"{new:012x}", NO_TOKEN + entry)
+                new = src.first_id + pos
+                t = src.targets[shard]
+                pipe.hset(t.requests, f"{new:012x}", NO_TOKEN + _renumbered(entry, cut, new))
                 pipe.zadd(t.delayed, {f"{new:012x}": when})
                 out.retries += 1
-            pipe.execute()
-            out.dead_lettered += len(dead)
-            at += len(due)
-            self._progress(f"delayed:{j}:at", at, dead)
-            if not due:
-                break
+            return len(due)
+
+        return batch
 
     def _seen(
         self, rec: dict[str, str], j: int, s: FrontierKeys, targets: list[FrontierKeys]

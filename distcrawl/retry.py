@@ -19,6 +19,7 @@ import random
 import time
 import traceback
 from collections.abc import Callable, Iterable
+from dataclasses import KW_ONLY, dataclass
 from typing import TYPE_CHECKING, Any
 
 from scrapy import Request
@@ -97,6 +98,7 @@ def _reason_text(reason: str | Exception | type[Exception]) -> str:
     return reason
 
 
+@dataclass(eq=False)
 class RetryMiddleware:
     """Scrapy's ``RetryMiddleware`` with the wait moved into Redis.
 
@@ -106,22 +108,13 @@ class RetryMiddleware:
     retries becomes a dead letter with its error history instead of a log line.
     """
 
-    def __init__(
-        self,
-        crawler: Crawler,
-        backoff: Backoff,
-        *,
-        max_retry_times: int,
-        retry_http_codes: set[int],
-        priority_adjust: int,
-        exceptions: tuple[type[Exception], ...],
-    ) -> None:
-        self.crawler = crawler
-        self.backoff = backoff
-        self.max_retry_times = max_retry_times
-        self.retry_http_codes = retry_http_codes
-        self.priority_adjust = priority_adjust
-        self.exceptions = exceptions
+    crawler: Crawler
+    backoff: Backoff
+    _: KW_ONLY
+    max_retry_times: int
+    retry_http_codes: set[int]
+    priority_adjust: int
+    exceptions: tuple[type[Exception], ...]
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> RetryMiddleware:

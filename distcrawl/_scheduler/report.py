@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from scrapy import Request, Spider, signals
 
@@ -47,10 +47,8 @@ class Reporter:
         self.stats = crawler.stats
         #: set when the scheduler opens
         self.spider: Spider | None = None
-        self._warned_slot_full = 0.0
-        self._warned_full = 0.0
-        self._warned_acks = -WARN_EVERY
-        self._warned_replicas = -WARN_EVERY
+        #: kind -> monotonic time of its last warning (see _warn_now_and_then)
+        self._warned = {"slot_full": 0.0, "full": 0.0, "acks": -WARN_EVERY, "replicas": -WARN_EVERY}
         #: scheme -> monotonic time of the last warning about requests refused for it
         self._warned_schemes: dict[str, float] = {}
 
@@ -91,15 +89,14 @@ class Reporter:
                 "A commit whose reply was lost had already been stored; not stored again",
                 extra={"spider": self.spider},
             )
-        if (c.stale or c.missing) and time.monotonic() - self._warned_acks >= WARN_EVERY:
-            self._warned_acks = time.monotonic()
-            logger.warning(
+        if c.stale or c.missing:
+            self._warn_now_and_then(
+                "acks",
                 "%d acknowledgements came after their leases were taken over and %d found no "
                 "request (already done, or lost by Redis); they changed nothing (stats: "
                 "distcrawl/ack/stale, distcrawl/ack/missing)",
                 c.stale,
                 c.missing,
-                extra={"spider": self.spider},
             )
         if commit is not None and not commit.split:
             self.dropped(commit, c.not_stored)
@@ -107,28 +104,24 @@ class Reporter:
             self.df.count(c.duplicates)
         if c.slot_dropped:
             self._inc("distcrawl/backpressure/slot_dropped", c.slot_dropped)
-            if time.monotonic() - self._warned_slot_full >= WARN_EVERY:
-                self._warned_slot_full = time.monotonic()
-                logger.warning(
-                    "%d new requests dropped: their slots have DISTCRAWL_MAX_PENDING_PER_SLOT=%d "
-                    "requests queued (stat distcrawl/backpressure/slot_dropped)",
-                    c.slot_dropped,
-                    self.config.max_pending_per_slot,
-                    extra={"spider": self.spider},
-                )
+            self._warn_now_and_then(
+                "slot_full",
+                "%d new requests dropped: their slots have DISTCRAWL_MAX_PENDING_PER_SLOT=%d "
+                "requests queued (stat distcrawl/backpressure/slot_dropped)",
+                c.slot_dropped,
+                self.config.max_pending_per_slot,
+            )
         if c.dropped or c.held:
             self._inc("distcrawl/backpressure/dropped", c.dropped)
             self._inc("distcrawl/backpressure/start_urls_held", c.held)
-            if time.monotonic() - self._warned_full >= WARN_EVERY:
-                self._warned_full = time.monotonic()
-                logger.warning(
-                    "The shared queue is at DISTCRAWL_MAX_PENDING=%d: %d new requests dropped "
-                    "and %d start URLs left waiting in Redis (stats: distcrawl/backpressure/)",
-                    self.config.max_pending,
-                    c.dropped,
-                    c.held,
-                    extra={"spider": self.spider},
-                )
+            self._warn_now_and_then(
+                "full",
+                "The shared queue is at DISTCRAWL_MAX_PENDING=%d: %d new requests dropped "
+                "and %d start URLs left waiting in Redis (stats: distcrawl/backpressure/)",
+                self.config.max_pending,
+                c.dropped,
+                c.held,
+            )
 
     def dropped(self, commit: Commit, positions: tuple[int, ...]) -> None:
         """Requests Redis did not store (duplicates; negative positions: over the pending
@@ -154,17 +147,15 @@ class Reporter:
         if res.replicas >= wanted:
             return
         self._inc("distcrawl/commit/unreplicated")
-        if time.monotonic() - self._warned_replicas >= WARN_EVERY:
-            self._warned_replicas = time.monotonic()
-            logger.warning(
-                "Children stored in other shards reached %d of %d replicas within %.1fs "
-                "(DISTCRAWL_WAIT_REPLICAS); their pages are acknowledged anyway, so that the "
-                "crawl goes on: a failover now could lose them",
-                res.replicas,
-                wanted,
-                self.config.wait_replicas_timeout,
-                extra={"spider": self.spider},
-            )
+        self._warn_now_and_then(
+            "replicas",
+            "Children stored in other shards reached %d of %d replicas within %.1fs "
+            "(DISTCRAWL_WAIT_REPLICAS); their pages are acknowledged anyway, so that the "
+            "crawl goes on: a failover now could lose them",
+            res.replicas,
+            wanted,
+            self.config.wait_replicas_timeout,
+        )
 
     def requeue(self, res: BatchResult) -> None:
         """Tell what the reclaim of expired leases and of dead workers' found."""
@@ -217,6 +208,15 @@ class Reporter:
             lease.rearmed,
             "%d queued slots were missing from the ready set: armed again",
         )
+
+    def _warn_now_and_then(self, kind: str, message: str, *args: Any) -> None:
+        """Warn unless a warning of this ``kind`` was logged within WARN_EVERY seconds: its
+        cause shows in every commit while it lasts, which would flood the log."""
+        now = time.monotonic()
+        if now - self._warned[kind] < WARN_EVERY:
+            return
+        self._warned[kind] = now
+        logger.warning(message, *args, extra={"spider": self.spider}, stacklevel=2)
 
     def _tell(self, level: int, count: int, message: str) -> None:
         """Log ``message`` (``%d``: the count) at ``level`` when ``count`` is not 0."""

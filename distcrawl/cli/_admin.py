@@ -17,8 +17,12 @@ from distcrawl.cli._common import (
     _emit_json,
     _project_settings,
     _spider,
+    command_group,
     command_maker,
     env_option,
+    existing_files,
+    files_argument,
+    subcommand,
 )
 from distcrawl.config import ConfigError
 from distcrawl.keys import FrontierKeys
@@ -90,9 +94,7 @@ def cmd_mongo_replay(args: argparse.Namespace, ctx: Context) -> int:
     def scrub(text: str, uri: str) -> str:
         return redact_text(text, url_secrets(uri))
 
-    for path in args.files:
-        if not os.path.isfile(path):
-            raise UsageError(f"cannot read {path}: no such file")
+    existing_files(args.files)
     try:
         result = replay(args.files, uri, database=args.database)
     except InvalidURI as exc:
@@ -149,9 +151,7 @@ def cmd_notify_replay(args: argparse.Namespace, ctx: Context) -> int:
         )
     broker = str(broker)
     shown = redact_url(broker)
-    for path in args.files:
-        if not os.path.isfile(path):
-            raise UsageError(f"cannot read {path}: no such file")
+    existing_files(args.files)
     try:
         result = notify.replay(args.files, broker)
     except ConfigError as exc:  # Celery is not installed
@@ -211,40 +211,33 @@ def add_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
         default="commands",
         help="ACL SETUSER commands (for redis-cli) or lines of an ACL file (aclfile)",
     )
-    mongo = commands.add_parser(
-        "mongo", parents=[common], help="items stored in MongoDB", description="MongoDB items"
+    mongo_commands = command_group(
+        commands, common, "mongo", "items stored in MongoDB", "MongoDB items"
     )
-    mongo_commands = mongo.add_subparsers(dest="mongo_command", required=True, metavar="ACTION")
     replay_help = (
         "write spill files (items a worker could not store in MongoDB at close) into MongoDB; "
         "documents are upserted by _id, so replaying twice changes nothing"
     )
-    replay = mongo_commands.add_parser(
-        "replay", parents=[common], help=replay_help, description=replay_help
-    )
-    replay.add_argument("files", nargs="+", metavar="FILE", help="spill file (.jsonl)")
+    replay = subcommand(mongo_commands, "replay", replay_help, [common])
+    files_argument(replay, "spill file (.jsonl)")
     env_option(replay, "--mongo-uri", "MONGO_URI", metavar="URI", help="MongoDB to write to")
     replay.add_argument(
         "--database", metavar="NAME", help="write here instead of the database in each record"
     )
     replay.set_defaults(handler=cmd_mongo_replay)
-    notify = commands.add_parser(
+    notify_commands = command_group(
+        commands,
+        common,
         "notify",
-        parents=[common],
-        help="item notifications to Celery",
-        description="item notifications (DISTCRAWL_CELERY_ITEM_TASK)",
+        "item notifications to Celery",
+        "item notifications (DISTCRAWL_CELERY_ITEM_TASK)",
     )
-    notify_commands = notify.add_subparsers(dest="notify_command", required=True, metavar="ACTION")
     notify_help = (
         "send the item notifications that workers spilled at close (their broker was down), "
         "then rename each file to FILE.sent so that they are not sent twice"
     )
-    notify_replay = notify_commands.add_parser(
-        "replay", parents=[common], help=notify_help, description=notify_help
-    )
-    notify_replay.add_argument(
-        "files", nargs="+", metavar="FILE", help="notification spill file (*-notify-*.jsonl)"
-    )
+    notify_replay = subcommand(notify_commands, "replay", notify_help, [common])
+    files_argument(notify_replay, "notification spill file (*-notify-*.jsonl)")
     notify_replay.add_argument(
         "--broker",
         metavar="URL",

@@ -11,7 +11,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
@@ -280,14 +280,97 @@ def global_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
     )
 
 
+def subcommand(
+    group: Any, name: str, help_text: str, parents: Sequence[argparse.ArgumentParser]
+) -> argparse.ArgumentParser:
+    """A subcommand of ``group`` whose one-line help is also its description."""
+    sub: argparse.ArgumentParser = group.add_parser(
+        name, parents=list(parents), help=help_text, description=help_text
+    )
+    return sub
+
+
+def command_group(
+    commands: Any,
+    common: argparse.ArgumentParser,
+    name: str,
+    help_text: str,
+    description: str,
+    *,
+    dest: str | None = None,
+    metavar: str = "ACTION",
+) -> Any:
+    """A command that only picks one of its own subcommands (``distcrawl dead list``): the
+    subparsers to add them to, one of which must be given."""
+    group = commands.add_parser(name, parents=[common], help=help_text, description=description)
+    return group.add_subparsers(dest=dest or f"{name}_command", required=True, metavar=metavar)
+
+
+def settings_option(parser: argparse.ArgumentParser, help_text: str) -> None:
+    """``-s NAME=VALUE``, read by :func:`_project_settings` as ``scrapy crawl`` reads it."""
+    parser.add_argument("-s", "--set", action="append", metavar="NAME=VALUE", help=help_text)
+
+
+def count_option(
+    parser: argparse.ArgumentParser,
+    option: str,
+    default: int,
+    help_text: str | None = None,
+    *,
+    at_least_one: bool = False,
+) -> None:
+    """An option that takes a count N (0 allowed unless ``at_least_one``), refused when
+    negative as the command line is read rather than by the command."""
+    kind = _positive_int if at_least_one else _non_negative_int
+    parser.add_argument(option, type=kind, default=default, metavar="N", help=help_text)
+
+
+def files_argument(parser: argparse.ArgumentParser, help_text: str) -> None:
+    """The FILEs a replay command reads: at least one."""
+    parser.add_argument("files", nargs="+", metavar="FILE", help=help_text)
+
+
+def existing_files(paths: Sequence[str]) -> None:
+    """Refuse before any work when a FILE is missing, rather than part way through."""
+    for path in paths:
+        if not os.path.isfile(path):
+            raise UsageError(f"cannot read {path}: no such file")
+
+
+def emit(ctx: Context, data: Any, text: str) -> None:
+    """A command's result: ``data`` as JSON with ``--json``, else ``text``."""
+    if ctx.as_json:
+        _emit_json(data)
+    else:
+        print(text)
+
+
+def delete_confirmed(
+    args: argparse.Namespace,
+    ctx: Context,
+    keys: FrontierKeys,
+    what: str,
+    found: int,
+    delete: Callable[[], int],
+) -> int:
+    """The deleting commands' one dialogue: ask (unless ``--yes``) when there is something to
+    delete, delete, and say how many ``what`` went."""
+    removed = 0
+    if found:
+        question = f"Delete all {found} {what} of {keys.namespace!r} at {ctx.shown_url}?"
+        if not _confirm(args, question):
+            return EXIT_PARTIAL
+        removed = delete()
+    emit(ctx, {"removed": removed}, f"removed {removed} {what} of {keys.namespace!r}")
+    return EXIT_OK
+
+
 def command_maker(common: argparse.ArgumentParser) -> Callable[..., argparse.ArgumentParser]:
     """``command(group, name, handler, help)``: a subcommand of ``group`` that takes the
     crawl's SPIDER (its namespace) and the global options, run by ``handler``."""
 
     def command(group: Any, name: str, handler: Handler, help_text: str) -> argparse.ArgumentParser:
-        sub: argparse.ArgumentParser = group.add_parser(
-            name, parents=[common], help=help_text, description=help_text
-        )
+        sub = subcommand(group, name, help_text, [common])
         sub.add_argument(
             "spider", type=_spider, metavar="SPIDER", help="namespace (usually the spider name)"
         )

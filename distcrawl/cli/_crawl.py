@@ -16,15 +16,15 @@ from distcrawl.cli._common import (
     EXIT_PARTIAL,
     Context,
     UsageError,
-    _confirm,
     _emit_json,
     _json_object,
-    _non_negative_int,
     _one_line,
-    _positive_int,
     _project_settings,
     _show_entry,
     command_maker,
+    count_option,
+    delete_confirmed,
+    settings_option,
 )
 from distcrawl.producer import Outcome
 
@@ -282,18 +282,7 @@ def cmd_reset(args: argparse.Namespace, ctx: Context) -> int:
     frontier = ctx.frontier(keys)
     existing = int(ctx.client.exists(*keys.all(), *frontier.claim_keys()))
     existing += len(frontier.netloc_keys())
-    if existing == 0:
-        removed = 0
-    else:
-        question = f"Delete all {existing} keys of {keys.namespace!r} at {ctx.shown_url}?"
-        if not _confirm(args, question):
-            return EXIT_PARTIAL
-        removed = ctx.frontier(keys).clear()
-    if ctx.as_json:
-        _emit_json({"removed": removed})
-    else:
-        print(f"removed {removed} keys of {keys.namespace!r}")
-    return EXIT_OK
+    return delete_confirmed(args, ctx, keys, "keys", existing, frontier.clear)
 
 
 def add_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
@@ -317,12 +306,9 @@ def add_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
         metavar="JSON",
         help="wrap plain URLs into JSON with this meta object",
     )
-    push.add_argument(
-        "-s",
-        "--set",
-        action="append",
-        metavar="NAME=VALUE",
-        help="a project setting, as on `scrapy crawl` (e.g. DISTCRAWL_START_META_KEYS=cookiejar); "
+    settings_option(
+        push,
+        "a project setting, as on `scrapy crawl` (e.g. DISTCRAWL_START_META_KEYS=cookiejar); "
         "repeatable",
     )
 
@@ -343,13 +329,12 @@ def add_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
     domains = command(
         commands, "domains", cmd_domains, "per-domain queue, in-flight count and delays"
     )
-    domains.add_argument("--limit", type=_non_negative_int, default=20, metavar="N")
-    domains.add_argument(
+    count_option(domains, "--limit", 20)
+    count_option(
+        domains,
         "--scan",
-        type=_non_negative_int,
-        default=10_000,
-        metavar="N",
-        help="look at N slots with queued requests and N with requests in flight (default "
+        10_000,
+        "look at N slots with queued requests and N with requests in flight (default "
         "10000): each is a read of Redis, a broad crawl has millions",
     )
     limit = command(commands, "limit", cmd_limit, "set a domain's delay or concurrency live")
@@ -373,20 +358,14 @@ def add_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
         action="store_true",
         help="fix what is found (each item re-checked atomically; safe while workers run)",
     )
-    doctor.add_argument(
+    count_option(
+        doctor,
         "--batch",
-        type=_positive_int,
-        default=1000,
-        metavar="N",
-        help="SCAN count and items per repair script (default 1000)",
+        1000,
+        "SCAN count and items per repair script (default 1000)",
+        at_least_one=True,
     )
-    doctor.add_argument(
-        "--samples",
-        type=_non_negative_int,
-        default=5,
-        metavar="N",
-        help="examples shown per problem (default 5)",
-    )
+    count_option(doctor, "--samples", 5, "examples shown per problem (default 5)")
 
     reset = command(commands, "reset", cmd_reset, "delete every key of this crawl")
     reset.add_argument("--yes", action="store_true", help="do not ask for confirmation")

@@ -12,12 +12,13 @@ from distcrawl.cli._common import (
     EXIT_PARTIAL,
     Context,
     UsageError,
-    _confirm,
     _emit_json,
-    _non_negative_int,
     _one_line,
     _project_settings,
+    command_group,
     command_maker,
+    count_option,
+    delete_confirmed,
 )
 from distcrawl.producer import ProducerError
 
@@ -68,23 +69,16 @@ def cmd_dead_count(args: argparse.Namespace, ctx: Context) -> int:
 
 def cmd_dead_purge(args: argparse.Namespace, ctx: Context) -> int:
     keys = ctx.keys(args.spider)
-    count = int(ctx.client.llen(keys.dead))
-    if count:
-        question = (
-            f"Delete all {count} dead-letter records of {keys.namespace!r} at {ctx.shown_url}?"
-        )
-        if not _confirm(args, question):
-            return EXIT_PARTIAL
+
+    def delete() -> int:
         # Count and delete atomically, so records added meanwhile are counted too.
         pipe = ctx.client.pipeline(transaction=True)
         pipe.llen(keys.dead)
         pipe.unlink(keys.dead)
-        count = int(pipe.execute()[0])
-    if ctx.as_json:
-        _emit_json({"removed": count})
-    else:
-        print(f"removed {count} dead-letter records of {keys.namespace!r}")
-    return EXIT_OK
+        return int(pipe.execute()[0])
+
+    found = int(ctx.client.llen(keys.dead))
+    return delete_confirmed(args, ctx, keys, "dead-letter records", found, delete)
 
 
 def cmd_dead_redrive(args: argparse.Namespace, ctx: Context) -> int:
@@ -108,18 +102,10 @@ def cmd_dead_redrive(args: argparse.Namespace, ctx: Context) -> int:
 
 def add_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
     command = command_maker(common)
-    dead = commands.add_parser(
-        "dead", parents=[common], help="dead-letter records", description="dead-letter records"
-    )
-    dead_commands = dead.add_subparsers(dest="dead_command", required=True, metavar="ACTION")
+    records = "dead-letter records"
+    dead_commands = command_group(commands, common, "dead", records, records)
     dead_list = command(dead_commands, "list", cmd_dead_list, "show records, newest first")
-    dead_list.add_argument(
-        "--limit",
-        type=_non_negative_int,
-        default=20,
-        metavar="N",
-        help="at most N records, 0 for all",
-    )
+    count_option(dead_list, "--limit", 20, "at most N records, 0 for all")
     command(dead_commands, "count", cmd_dead_count, "print the number of records")
     purge = command(dead_commands, "purge", cmd_dead_purge, "delete every record")
     purge.add_argument("--yes", action="store_true", help="do not ask for confirmation")

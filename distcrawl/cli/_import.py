@@ -15,7 +15,10 @@ from distcrawl.cli._common import (
     UsageError,
     _emit_json,
     _project_settings,
+    command_group,
     env_option,
+    settings_option,
+    subcommand,
 )
 from distcrawl.config import ConfigError
 from distcrawl.importer import Importer, ImportRefused, Source
@@ -97,20 +100,43 @@ def cmd_import_scrapy_redis(args: argparse.Namespace, ctx: Any) -> int:
     return EXIT_PARTIAL if (report.dead or report.full) and not args.dry_run else EXIT_OK
 
 
+#: the import's on/off options, and what each turns on
+_FLAGS = (
+    (
+        "--trust-pickle",
+        "decode a pickled queue (scrapy-redis' default): unpickling runs code, so only "
+        "if nothing but your own crawlers could write to this Redis",
+    ),
+    (
+        "--move",
+        "rename the queue to <ns>:import:queue first (needed when its name is one of "
+        "distcrawl's keys, as <spider>:requests is), delete it and the dupefilter when done",
+    ),
+    ("--dry-run", "print counts, write nothing"),
+    (
+        "--rebuild-seen",
+        "mark the pages scrapy-redis stored (the items key, --mongo-collection) as seen: "
+        "its fingerprints cannot be converted",
+    ),
+)
+
+
 def add_parser(commands: Any, common: argparse.ArgumentParser) -> None:
     """``distcrawl import scrapy-redis SPIDER``, registered by the cli package."""
-    group: argparse.ArgumentParser = commands.add_parser(
+    sources = command_group(
+        commands,
+        common,
         "import",
-        parents=[common],
-        help="carry another crawler's frontier over",
-        description="Carry another crawler's frontier over.",
+        "carry another crawler's frontier over",
+        "Carry another crawler's frontier over.",
+        dest="import_source",
+        metavar="SOURCE",
     )
-    sources = group.add_subparsers(dest="import_source", required=True, metavar="SOURCE")
     text = (
         "import a scrapy-redis crawl: its queued requests into distcrawl's queue, its "
         "seen-set where it converts (or rebuilt from stored pages); run it again to resume"
     )
-    sub = sources.add_parser("scrapy-redis", parents=[common], help=text, description=text)
+    sub = subcommand(sources, "scrapy-redis", text, [common])
     sub.add_argument(
         "spider",
         metavar="SPIDER",
@@ -118,13 +144,7 @@ def add_parser(commands: Any, common: argparse.ArgumentParser) -> None:
         "(SPIDER_MODULES) whose callbacks the requests name",
     )
     sub.add_argument("--namespace", metavar="NS", help="DISTCRAWL_NAMESPACE, if not SPIDER")
-    sub.add_argument(
-        "-s",
-        "--set",
-        action="append",
-        metavar="NAME=VALUE",
-        help="a project setting, as on `scrapy crawl`; repeatable",
-    )
+    settings_option(sub, "a project setting, as on `scrapy crawl`; repeatable")
     for option, setting in (
         ("--queue-key", "SCHEDULER_QUEUE_KEY"),
         ("--dupefilter-key", "SCHEDULER_DUPEFILTER_KEY"),
@@ -132,25 +152,8 @@ def add_parser(commands: Any, common: argparse.ArgumentParser) -> None:
         ("--items-key", "REDIS_ITEMS_KEY"),
     ):
         sub.add_argument(option, metavar="VALUE", help=f"default: the project's {setting}")
-    sub.add_argument(
-        "--trust-pickle",
-        action="store_true",
-        help="decode a pickled queue (scrapy-redis' default): unpickling runs code, so only "
-        "if nothing but your own crawlers could write to this Redis",
-    )
-    sub.add_argument(
-        "--move",
-        action="store_true",
-        help="rename the queue to <ns>:import:queue first (needed when its name is one of "
-        "distcrawl's keys, as <spider>:requests is), delete it and the dupefilter when done",
-    )
-    sub.add_argument("--dry-run", action="store_true", help="print counts, write nothing")
-    sub.add_argument(
-        "--rebuild-seen",
-        action="store_true",
-        help="mark the pages scrapy-redis stored (the items key, --mongo-collection) as seen: "
-        "its fingerprints cannot be converted",
-    )
+    for flag, flag_help in _FLAGS:
+        sub.add_argument(flag, action="store_true", help=flag_help)
     sub.add_argument(
         "--url-field", default="url", metavar="NAME", help="the items' URL field (default url)"
     )

@@ -29,9 +29,9 @@ from distcrawl.cli._common import (
     redis_failure,
 )
 from distcrawl.connection import make_redis
-from distcrawl.migrate import KeyInfo, Migration, MigrationRefused
+from distcrawl.migrate import KeyInfo, Migration, MigrationRefused, Outcome
 from distcrawl.redact import redact_text, redact_url, url_secrets
-from distcrawl.reshard import Resharding, ReshardRefused
+from distcrawl.reshard import Resharding, ReshardOutcome, ReshardRefused
 
 
 def _print_plan(infos: Sequence[KeyInfo], as_json: bool) -> None:
@@ -43,6 +43,25 @@ def _print_plan(infos: Sequence[KeyInfo], as_json: bool) -> None:
         print(f"{i.source} -> {i.target}: {i.type} of {i.size}, {i.bytes or 0} bytes{ttl}")
     total = sum(i.bytes or 0 for i in infos)
     print(f"{len(infos)} keys, {total} bytes (MEMORY USAGE); nothing written (--dry-run)")
+
+
+def _print_outcome(
+    ctx: Context, outcome: Outcome | ReshardOutcome, already_done: str, summary: str
+) -> None:
+    """What a run did: the outcome as JSON, or the line that says it."""
+    if ctx.as_json:
+        _emit_json(asdict(outcome))
+    else:
+        print(already_done if outcome.already_done else summary)
+
+
+def _differs(mismatches: list[str], kept: str) -> bool:
+    """Whether some count differs after the copy (each one said, and what was kept)."""
+    for line in mismatches:
+        print(f"differs: {line}", file=sys.stderr)
+    if mismatches:
+        print(f"not verified: {kept}; run it again", file=sys.stderr)
+    return bool(mismatches)
 
 
 def cmd_reshard(args: argparse.Namespace, ctx: Context) -> int:
@@ -81,21 +100,16 @@ def cmd_reshard(args: argparse.Namespace, ctx: Context) -> int:
     except ReshardRefused as exc:
         print(f"distcrawl migrate: refused: {exc}", file=sys.stderr)
         return EXIT_PARTIAL
-    if ctx.as_json:
-        _emit_json(asdict(outcome))
-    elif outcome.already_done:
-        print(f"{ns!r} already has {args.shards} shard(s)")
-    else:
-        print(
-            f"{ns!r}: {outcome.from_shards} -> {outcome.to_shards} shards: {outcome.queued} "
-            f"queued and {outcome.retries} retries moved, {outcome.dead_lettered} to the dead "
-            f"letters, {outcome.seen} fingerprints copied, {outcome.deleted} old keys removed, "
-            f"in {outcome.seconds:.1f}s"
-        )
-    for line in outcome.mismatches:
-        print(f"differs: {line}", file=sys.stderr)
-    if outcome.mismatches:
-        print("not verified: the crawl keeps its old layout; run it again", file=sys.stderr)
+    _print_outcome(
+        ctx,
+        outcome,
+        f"{ns!r} already has {args.shards} shard(s)",
+        f"{ns!r}: {outcome.from_shards} -> {outcome.to_shards} shards: {outcome.queued} "
+        f"queued and {outcome.retries} retries moved, {outcome.dead_lettered} to the dead "
+        f"letters, {outcome.seen} fingerprints copied, {outcome.deleted} old keys removed, "
+        f"in {outcome.seconds:.1f}s",
+    )
+    if _differs(outcome.mismatches, "the crawl keeps its old layout"):
         return EXIT_PARTIAL
     if not ctx.as_json and not outcome.already_done:
         print(f"start the workers with DISTCRAWL_SHARDS={args.shards}, then: distcrawl resume {ns}")
@@ -166,25 +180,20 @@ def cmd_migrate(args: argparse.Namespace, ctx: Context) -> int:
         return failed(exc)
     finally:
         target.close()
-    if ctx.as_json:
-        _emit_json(asdict(outcome))
-    else:
-        ns = args.spider.namespace
-        if outcome.already_done:
-            print(f"{ns!r} was already migrated to {shown_target} and verified")
-        else:
-            print(
-                f"{ns!r}: {outcome.keys} keys from {ctx.shown_url} to {shown_target}: "
-                f"{outcome.copied} copied, {outcome.unchanged} already there, "
-                f"{outcome.expired} expired meanwhile, in {outcome.seconds:.1f}s"
-            )
-        for line in outcome.mismatches:
-            print(f"differs: {line}", file=sys.stderr)
-        if outcome.mismatches:
-            print("not verified: the source is kept; run it again", file=sys.stderr)
-        elif outcome.deleted:
+    ns = args.spider.namespace
+    _print_outcome(
+        ctx,
+        outcome,
+        f"{ns!r} was already migrated to {shown_target} and verified",
+        f"{ns!r}: {outcome.keys} keys from {ctx.shown_url} to {shown_target}: "
+        f"{outcome.copied} copied, {outcome.unchanged} already there, "
+        f"{outcome.expired} expired meanwhile, in {outcome.seconds:.1f}s",
+    )
+    if not ctx.as_json:
+        verified = not _differs(outcome.mismatches, "the source is kept")
+        if verified and outcome.deleted:
             print(f"removed {outcome.deleted} keys from the source")
-        elif not args.delete_source:
+        elif verified and not args.delete_source:
             print(
                 f"verified; point the workers at the target, then: distcrawl --redis-url "
                 f"<target> resume {ns}"

@@ -18,8 +18,10 @@ from distcrawl.cli._common import (
     EXIT_OK,
     EXIT_PARTIAL,
     EXIT_UNREACHABLE,
-    _positive_int,
+    command_group,
+    count_option,
     env_option,
+    subcommand,
 )
 from distcrawl.cli._common import _emit_json as _emit
 from distcrawl.scrapyd._egg import build_egg, egg_settings_module, project_root
@@ -274,16 +276,16 @@ def add_parser(
     commands: Any,
     common: argparse.ArgumentParser,
     handler: Callable[[argparse.Namespace, Any], int],
-) -> argparse.ArgumentParser:
+) -> None:
     """The ``scrapyd`` group of the ``distcrawl`` command; ``handler`` (in cli.py) calls
     ``args.scrapyd_action``."""
-    group: argparse.ArgumentParser = commands.add_parser(
+    actions = command_group(
+        commands,
+        common,
         "scrapyd",
-        parents=[common],
-        help="deploy to Scrapyd nodes, spread jobs over them, watch and cancel them",
-        description="Deploy to Scrapyd nodes, spread jobs over them, watch and cancel them.",
+        "deploy to Scrapyd nodes, spread jobs over them, watch and cancel them",
+        "Deploy to Scrapyd nodes, spread jobs over them, watch and cancel them.",
     )
-    actions = group.add_subparsers(dest="scrapyd_command", required=True, metavar="ACTION")
 
     nodes = argparse.ArgumentParser(add_help=False)
     nodes.add_argument(
@@ -297,9 +299,7 @@ def add_parser(
     env_option(nodes, "--password", "SCRAPYD_PASSWORD", metavar="PASSWORD", help=auth)
 
     def action(name: str, func: Any, help_text: str) -> argparse.ArgumentParser:
-        sub: argparse.ArgumentParser = actions.add_parser(
-            name, parents=[common, nodes], help=help_text, description=help_text
-        )
+        sub = subcommand(actions, name, help_text, [common, nodes])
         sub.set_defaults(handler=handler, scrapyd_action=func)
         return sub
 
@@ -321,9 +321,7 @@ def add_parser(
 
     sched = action("schedule", cmd_schedule, "schedule N jobs of SPIDER on every node")
     sched.add_argument("spider", metavar="SPIDER")
-    sched.add_argument(
-        "--jobs-per-node", type=_positive_int, default=1, metavar="N", help="default 1"
-    )
+    count_option(sched, "--jobs-per-node", 1, "default 1", at_least_one=True)
     sched.add_argument(
         "--setting",
         "-s",
@@ -380,4 +378,3 @@ def add_parser(
         help="INT (default) or TERM: a graceful close; KILL loses nothing either, but the "
         "job's leases are only crawled again once they expire",
     )
-    return group
