@@ -3,6 +3,7 @@ against a real redis-server, and the middlewares' rules without a crawl."""
 
 from __future__ import annotations
 
+import datetime
 import itertools
 import json
 import time
@@ -11,7 +12,7 @@ import pytest
 from scrapy import Request
 from scrapy.http import HtmlResponse
 
-from distcrawl.demo.fresh import FRESH_INDEX, fresh_paths
+from distcrawl.demo.fresh import FRESH_INDEX, fresh_path, fresh_paths
 from distcrawl.frontier import Entry, EntryKind, Frontier, LeaseRef
 from distcrawl.keys import FrontierKeys
 from distcrawl.records import Politeness
@@ -331,3 +332,47 @@ def test_no_revisit_is_lost_when_a_worker_is_killed(demo_site, workers, redis_cl
     assert all(after.values()), after  # every page still revisited
     # one revisit chain per page: none lost, none doubled
     assert redis_client.hlen("site:revisit_of") == len(fresh_paths(4)) + 1  # and the index
+
+
+@pytest.mark.integration
+def test_a_continuous_crawl_revisits_what_changes_and_leaves_the_rest_alone(
+    demo_site, mongo_workers, mongo_client, redis_client
+):
+    """About 30 s of crawling pages that change every second and pages that never change:
+    the changing ones are fetched far more often; the others answer 304 to conditional
+    revisits, and their MongoDB documents only get their fetch fields updated."""
+    site = demo_site(pages=3, fresh_pages=3, fresh_fast=1.0)
+    fast = [fresh_path("fast", i) for i in range(3)]
+    never = [fresh_path("never", i) for i in range(3)]
+    redis_client.lpush("site:start_urls", site.url + FRESH_INDEX)
+    pool = [mongo_workers(i, **FAST) for i in (1, 2)]
+    time.sleep(30)
+    for w in pool:
+        w.stop()
+        assert "ERROR" not in w.log(), w.log()[-3000:]
+    stats = site.fresh_stats()
+    per_fast = [stats.of(p).ok + stats.of(p).not_modified for p in fast]
+    per_never = [stats.of(p).ok + stats.of(p).not_modified for p in never]
+    print(f"fetches of fast pages {per_fast}, of unchanged pages {per_never}")
+    assert min(per_fast) >= 2 * max(per_never)
+    assert min(per_never) >= 4  # revisited all the same, less and less often
+    for p in never:
+        assert stats.of(p).ok == 1, (p, stats.of(p))  # then only 304s
+    docs = {d["url"]: d for d in mongo_client["distcrawl"]["site"].find()}
+    for p in never:
+        doc = docs[site.url + p]
+        count = stats.of(p)
+        # every answer recorded (the last one may still be in the pipeline's batch)
+        assert (
+            count.ok + count.not_modified - 1 <= doc["fetch_count"] <= count.ok + count.not_modified
+        )
+        assert doc["change_count"] == 0
+        assert doc["first_seen"] == doc["last_changed"] < doc["last_fetched"]
+        # the content was written once: the item's own fetch time is the first fetch's
+        first_seen = doc["first_seen"].replace(tzinfo=datetime.timezone.utc).timestamp()
+        assert abs(doc["fetched_at"] - first_seen) < 2
+    for p in fast:
+        doc = docs[site.url + p]
+        assert doc["change_count"] >= 5
+        assert doc["first_seen"] < doc["last_changed"]
+        assert "version" in doc["text"]
