@@ -33,7 +33,15 @@ class PipelineReport:
     def __init__(self, crawler: Crawler, config: MongoConfig) -> None:
         self.crawler = crawler
         self.config = config
-        self.counts = {"written": 0, "upserted": 0, "updated": 0, "failed": 0, "spilled": 0}
+        self.counts = {
+            "written": 0,
+            "upserted": 0,
+            "updated": 0,
+            "failed": 0,
+            "spilled": 0,
+            "fetches/recorded": 0,
+            "fetches/skipped": 0,
+        }
 
     def inc(self, name: str, value: int = 1) -> None:
         if self.crawler.stats is not None:
@@ -43,14 +51,25 @@ class PipelineReport:
         if self.crawler.stats is not None:
             self.crawler.stats.max_value(f"{STATS}/{name}", value)
 
-    def count(self, result: FlushResult) -> None:
-        upserted, updated = result.count("upserted"), result.count("updated")
+    def count(self, result: FlushResult, docs: Sequence[Doc]) -> None:
+        """Items stored count as ``written``; a PageFetch's tracking update, which stores no
+        item, counts apart (``fetches/recorded``, or ``fetches/skipped`` when written already),
+        so that ``written`` still says how many items reached MongoDB."""
+        stored = {"upserted": 0, "updated": 0, "fetches/recorded": 0, "fetches/skipped": 0}
+        for outcome, doc in zip(result.outcomes, docs, strict=True):
+            if outcome in ("upserted", "updated"):
+                stored["fetches/recorded" if doc.tracking else outcome] += 1
+            elif outcome == "skipped":
+                stored["fetches/skipped"] += 1
+        upserted, updated = stored["upserted"], stored["updated"]
         for name, value in (
             ("written", upserted + updated),
             ("upserted", upserted),
             ("updated", updated),
             ("failed", result.count("dead")),
             ("spilled", result.count("spilled")),
+            ("fetches/recorded", stored["fetches/recorded"]),
+            ("fetches/skipped", stored["fetches/skipped"]),
         ):
             self.counts[name] += value
             if value:
@@ -63,7 +82,7 @@ class PipelineReport:
         self.inc("flush_time_ms", round(elapsed * 1000))
         self.max("flush_time_max_ms", round(elapsed * 1000))
         self.max("batch_max", len(docs))
-        self.count(result)
+        self.count(result, docs)
         for i, reason in sorted(result.reasons.items()):
             doc = docs[i]
             logger.warning(
@@ -108,5 +127,11 @@ class PipelineReport:
             counts["failed"],
             counts["spilled"],
         )
+        if counts["fetches/recorded"] or counts["fetches/skipped"]:
+            logger.info(
+                "MongoDB: %d page fetches recorded on their pages' documents (%d already were)",
+                counts["fetches/recorded"],
+                counts["fetches/skipped"],
+            )
         if counts["spilled"] and spill is not None:
             self.spilled(spill.records, spill.path)

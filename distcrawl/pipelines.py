@@ -15,7 +15,10 @@ wait on one batch at a time, which gives batching and back-pressure together:
   appends what it holds to a JSON-lines spill file (``distcrawl mongo replay`` writes it);
 - a worker killed at any moment loses nothing either: requests whose items were not yet
   written are not acknowledged, so their leases expire and another worker crawls them
-  again, and the upserts by ``_id`` make that second write replace the first.
+  again, and the upserts by ``_id`` make that second write replace the first;
+- while pages are revisited, items are ``$set`` updates rather than replacements and each
+  PageFetch updates its page's document (``distcrawl.mongo._tracking``), so that the
+  change-tracking fields survive every new version of the page.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from twisted.internet.defer import Deferred
 from distcrawl import _engine
 from distcrawl._pipeline_report import STATS as STATS  # re-exported: it was defined here
 from distcrawl._pipeline_report import PipelineReport
+from distcrawl.config import DistcrawlConfig
 from distcrawl.mongo import (
     Doc,
     FlushResult,
@@ -44,9 +48,9 @@ from distcrawl.mongo import (
     MongoIO,
     MongoWriter,
     SpillFile,
+    document_for,
     error_reason,
     is_transient,
-    item_document,
 )
 from distcrawl.mongo import auth_refusal as mongo_auth_refusal
 from distcrawl.notify import Notifier, NotifyConfig
@@ -85,11 +89,18 @@ class MongoPipeline:
     """Item pipeline (enabled by the add-on when MONGO_URI is set); see the module docstring."""
 
     def __init__(
-        self, crawler: Crawler, config: MongoConfig, notify: NotifyConfig | None = None
+        self,
+        crawler: Crawler,
+        config: MongoConfig,
+        notify: NotifyConfig | None = None,
+        *,
+        revisits: bool = False,
     ) -> None:
         self.crawler = crawler
         self.config = config
         self.notify = notify or NotifyConfig()
+        #: pages are revisited: items become $set updates, so tracking fields survive them
+        self.revisits = revisits
         self._notifier: Notifier | None = None
         self._io = MongoIO()
         self._writer: MongoWriter | None = None
@@ -113,7 +124,8 @@ class MongoPipeline:
         config = MongoConfig.from_settings(crawler.settings)
         if not config.enabled:
             raise NotConfigured("MONGO_URI is not set")
-        return cls(crawler, config, NotifyConfig.from_settings(crawler.settings))
+        revisits = DistcrawlConfig.from_settings(crawler.settings).recrawl is not None
+        return cls(crawler, config, NotifyConfig.from_settings(crawler.settings), revisits=revisits)
 
     # ------------------------------------------------------------------ Scrapy API
 
@@ -147,6 +159,12 @@ class MongoPipeline:
             self.config.batch_size,
             self.config.flush_interval,
         )
+        if self.revisits and self.config.key_fields:
+            logger.warning(
+                "MongoDB: revisits record each fetch on the document keyed by its URL's "
+                "fingerprint, but DISTCRAWL_MONGO_KEY_FIELDS keys items otherwise: a page's "
+                "fetches and its items will be on different documents"
+            )
         # first contact in the background: the crawl does not wait for MongoDB to start
         self._io.run(self._writer.prepare, self._default_collection).addErrback(
             self._report.unreachable_at_open
@@ -154,7 +172,13 @@ class MongoPipeline:
 
     async def process_item(self, item: Any) -> Any:
         pending = _Pending(
-            item_document(item, self.config, self._default_collection, self._fingerprint)
+            document_for(
+                item,
+                self.config,
+                self._default_collection,
+                self._fingerprint,
+                revisits=self.revisits,
+            )
         )
         if self._queued() >= self.config.max_buffer:
             self._report.inc("waited_for_room")
@@ -261,11 +285,12 @@ class MongoPipeline:
     def _notify(self, batch: list[_Pending], outcomes: list[str]) -> None:
         """Send the keys of the stored documents (DISTCRAWL_CELERY_ITEM_TASK), then let
         their items go: a request is acknowledged only once its items' notifications are
-        sent (or spilled at close), so each is sent at least once."""
+        sent (or spilled at close), so each is sent at least once. A PageFetch's tracking
+        update notifies nothing: it stores no item (a changed page's item notifies its key)."""
         stored = [
             (p.doc.collection, p.doc.key)
             for p, outcome in zip(batch, outcomes, strict=True)
-            if outcome in ("upserted", "updated")
+            if outcome in ("upserted", "updated") and not p.doc.tracking
         ]
         if self._notifier is None or not stored:
             self._finish(batch, outcomes)
@@ -364,7 +389,7 @@ class MongoPipeline:
 
     def _on_spilled(self, result: FlushResult, batch: list[_Pending]) -> None:
         self._in_flight = []
-        self._report.count(result)
+        self._report.count(result, [p.doc for p in batch])
         assert self._spill is not None
         self._report.spilled(len(batch), self._spill.path)
         self._finish(batch, result.outcomes)

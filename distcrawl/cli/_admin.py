@@ -118,6 +118,7 @@ def cmd_mongo_replay(args: argparse.Namespace, ctx: Context) -> int:
                 "updated": result.updated,
                 "dead": result.dead,
                 "rejected": result.spilled,
+                "already_recorded": result.skipped,
             }
         )
     else:
@@ -125,6 +126,7 @@ def cmd_mongo_replay(args: argparse.Namespace, ctx: Context) -> int:
             f"replayed {result.documents} documents from {len(result.files)} file(s) into "
             f"{shown}: {result.upserted} new, {result.updated} updated, "
             f"{result.dead} dead-lettered"
+            + (f", {result.skipped} fetches already recorded" if result.skipped else "")
         )
         if result.spilled:
             print(

@@ -62,7 +62,12 @@ def key_from_fields(data: Mapping[str, Any], fields: Iterable[str]) -> str:
 
 @dataclass
 class Doc:
-    """One item on its way to MongoDB: the document (with ``_id`` first) and its target."""
+    """One item on its way to MongoDB: the document (with ``_id`` first) and its target.
+
+    By default it is written as a replacement of the document with its ``_id``. With
+    ``update`` set it is written as that update instead (an upsert too), so that fields
+    written by others (the change-tracking fields, ``_tracking``) survive; ``doc`` is then
+    what a dead letter shows of it."""
 
     collection: str
     doc: dict[str, Any]
@@ -71,11 +76,19 @@ class Doc:
     item_type: str = "dict"
     #: set when the item was refused before any write (no key)
     error: str | None = None
+    #: an update document (``{"$set": ...}``...) to write instead of replacing with ``doc``
+    update: dict[str, Any] | None = None
+    #: the filter of the update, if more than ``{"_id": key}``: a guard that makes it a no-op
+    #: once applied (a duplicate key error on ``_id`` then means "already recorded")
+    filter: dict[str, Any] | None = None
+    #: a PageFetch's tracking update rather than an item: counted and notified apart
+    tracking: bool = False
 
 
 @dataclass
 class FlushResult:
-    """What became of each Doc of a batch: "upserted", "updated", "dead" or "spilled"."""
+    """What became of each Doc of a batch: "upserted", "updated", "dead" or "spilled", or
+    "skipped" for a guarded update that was already recorded (see ``Doc.filter``)."""
 
     outcomes: list[str] = field(default_factory=list)
     reasons: dict[int, str] = field(default_factory=dict)
@@ -155,6 +168,39 @@ def check_document(doc: Mapping[str, Any]) -> bytes | str:
     return data
 
 
+def check_update(update: Mapping[str, Any]) -> bytes | str:
+    """The BSON of an update document, or the reason MongoDB would refuse it (or, for a
+    field name with a dot, store it otherwise than a replacement would)."""
+    for operator, fields in update.items():
+        if not isinstance(operator, str) or not operator.startswith("$"):
+            return f"not an update operator: {operator!r}"
+        if not isinstance(fields, Mapping):
+            return f"{operator} needs a document of fields"
+        for name in fields:
+            if not isinstance(name, str) or not name:
+                return f"field name {name!r} is not a non-empty string"
+            if name.startswith("$"):
+                return (
+                    f"field name {name!r} starts with '$' (MongoDB refuses it at the top level "
+                    "of a document, error 52)"
+                )
+            if "." in name:
+                return (
+                    f"field name {name!r} contains '.', which an update ({operator}) reads as "
+                    "a path into a subdocument; with revisits on, items are written as updates"
+                )
+    try:
+        data = bson.encode(update, codec_options=CODEC_OPTIONS)
+    except (InvalidDocument, OverflowError, TypeError, ValueError) as exc:
+        return f"cannot be encoded as BSON: {_short(str(exc))}"
+    if len(data) > MAX_DOCUMENT_BYTES:
+        return (
+            f"document too large: {len(data)} bytes of BSON, "
+            f"MongoDB's limit is {MAX_DOCUMENT_BYTES}"
+        )
+    return data
+
+
 def _short(text: str, limit: int = 500) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
@@ -176,6 +222,11 @@ def dead_record(
 ) -> dict[str, Any]:
     text, truncated = item_text(doc.doc)
     key = doc.key if isinstance(doc.key, str | int) else None
+    if key is not None and doc.tracking:
+        # a page's fetch shares its page item's key: its own record, one per fetch, so that
+        # it never replaces the record of the page's refused item
+        at = (doc.update or {}).get("$set", {}).get("last_fetched")
+        key = f"fetch:{key}:{at.isoformat() if isinstance(at, datetime) else ''}"
     return {
         # the same item refused again replaces its record instead of adding one
         "_id": key if key is not None else bson.ObjectId(),

@@ -1,5 +1,6 @@
 """``distcrawl mongo replay``: a spill file written to MongoDB later, in batches, exactly as
-the pipeline would have written it (upserts by ``_id``, so replaying twice is harmless)."""
+the pipeline would have written it (upserts by ``_id``: replacements, or the updates the
+records name, whose tracking updates are guarded; so replaying twice is harmless)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from distcrawl.mongo._documents import Doc
-from distcrawl.mongo._spill import SpillFile, read_spill
+from distcrawl.mongo._spill import SpillFile, read_spill, record_doc
 from distcrawl.mongo._writer import MongoWriter
 
 
@@ -19,6 +20,8 @@ class ReplayResult:
     updated: int = 0
     dead: int = 0
     spilled: int = 0
+    #: tracking updates already recorded (a file replayed twice): nothing to write
+    skipped: int = 0
     files: list[str] = field(default_factory=list)
 
 
@@ -42,9 +45,8 @@ def replay(
             batches: dict[str, list[Doc]] = {}
             for _number, record in read_spill(path):
                 name = database or record["database"]
-                doc = record["doc"]
                 batch = batches.setdefault(name, [])
-                batch.append(Doc(record["collection"], doc, key=doc["_id"], item_type="replay"))
+                batch.append(record_doc(record))
                 if len(batch) >= batch_size:
                     _replay_batch(writers, uri, name, batch, spill, timeout, result)
                     batches[name] = []
@@ -79,3 +81,4 @@ def _replay_batch(
     result.updated += outcome.count("updated")
     result.dead += outcome.count("dead")
     result.spilled += outcome.count("spilled")
+    result.skipped += outcome.count("skipped")

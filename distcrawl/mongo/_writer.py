@@ -1,6 +1,7 @@
 """The blocking writer: plain synchronous pymongo code that writes a batch of documents as
-upserts by ``_id``, sorts what failed into what to retry, what goes to the dead letters and
-what to spill, and never raises for one bad document."""
+upserts by ``_id`` (replacements, or updates for a Doc with ``update``), sorts what failed into
+what to retry, what goes to the dead letters and what to spill, and never raises for one bad
+document."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 import pymongo
 from bson.raw_bson import RawBSONDocument
-from pymongo import ReplaceOne
+from pymongo import ReplaceOne, UpdateOne
 from pymongo.errors import (
     BulkWriteError,
     OperationFailure,
@@ -23,10 +24,11 @@ from distcrawl.mongo._documents import (
     FlushResult,
     _short,
     check_document,
+    check_update,
     dead_record,
 )
 from distcrawl.mongo._errors import AUTH_FAILED, TRANSIENT_CODES, WriteConcernFailed, is_transient
-from distcrawl.mongo._spill import SpillFile, spill_record
+from distcrawl.mongo._spill import SpillFile, doc_record, spill_record
 from distcrawl.redact import redact_text, url_secrets
 
 #: the package's logger: these records were always "distcrawl.mongo"
@@ -110,16 +112,16 @@ class MongoWriter:
         file). Raises on a failure of the whole batch: the caller retries all of it."""
         result = FlushResult(outcomes=[""] * len(docs))
         refused: dict[int, tuple[str, int | None]] = {}
-        groups: dict[str, list[tuple[int, Any, bytes]]] = {}
+        groups: dict[str, list[tuple[int, Doc, bytes]]] = {}
         for i, doc in enumerate(docs):
             if doc.error is not None:
                 refused[i] = (doc.error, None)
                 continue
-            checked = check_document(doc.doc)
+            checked = check_document(doc.doc) if doc.update is None else check_update(doc.update)
             if isinstance(checked, str):
                 refused[i] = (checked, None)
             else:
-                groups.setdefault(doc.collection, []).append((i, doc.doc["_id"], checked))
+                groups.setdefault(doc.collection, []).append((i, doc, checked))
         for name, members in groups.items():
             self.prepare(name)
             self._upsert(name, members, result, refused)
@@ -130,16 +132,13 @@ class MongoWriter:
     def _upsert(
         self,
         name: str,
-        members: list[tuple[int, Any, bytes]],
+        members: list[tuple[int, Doc, bytes]],
         result: FlushResult,
         refused: dict[int, tuple[str, int | None]],
     ) -> None:
         pending = members
         for attempt in (1, 2):
-            ops: list[ReplaceOne[Any]] = [
-                ReplaceOne({"_id": key}, RawBSONDocument(data), upsert=True)
-                for _, key, data in pending
-            ]
+            ops = [_operation(doc, data) for _, doc, data in pending]
             try:
                 details = self.collection(name).bulk_write(ops, ordered=False).bulk_api_result
             except BulkWriteError as exc:
@@ -150,12 +149,16 @@ class MongoWriter:
                 )
             upserted = {u["index"] for u in details.get("upserted", ())}
             errors = {e["index"]: e for e in details.get("writeErrors", ())}
-            retry: list[tuple[int, Any, bytes]] = []
+            retry: list[tuple[int, Doc, bytes]] = []
             for j, member in enumerate(pending):
                 i = member[0]
                 error = errors.get(j)
                 if error is None:
                     result.outcomes[i] = "upserted" if j in upserted else "updated"
+                elif attempt == 2 and member[1].filter is not None and _duplicate_id(error):
+                    # a guarded update that still finds its _id but not its guard: this
+                    # fetch (or a later one) is recorded already (see _tracking)
+                    result.outcomes[i] = "skipped"
                 elif attempt == 1 and _retryable_write_error(error):
                     retry.append(member)  # e.g. two workers upserting one new key at once
                 else:
@@ -204,9 +207,14 @@ class MongoWriter:
         result = FlushResult(outcomes=["spilled"] * len(docs))
         records = []
         for i, doc in enumerate(docs):
-            checked = check_document(doc.doc) if doc.error is None else doc.error
+            if doc.error is not None:
+                checked: bytes | str = doc.error
+            elif doc.update is None:
+                checked = check_document(doc.doc)
+            else:
+                checked = check_update(doc.update)
             if isinstance(checked, bytes):
-                records.append(spill_record(self.database_name, doc.collection, doc.doc, reason))
+                records.append(doc_record(self.database_name, doc, reason))
             else:
                 dead = dead_record(
                     doc, checked, None, database=self.database_name, source=self.source
@@ -224,9 +232,20 @@ class MongoWriter:
             self._client = None
 
 
+def _operation(doc: Doc, data: bytes) -> ReplaceOne[Any] | UpdateOne:
+    """The upsert of a checked Doc (``data`` is the BSON of its document or its update)."""
+    key = doc.doc["_id"]
+    if doc.update is None:
+        return ReplaceOne({"_id": key}, RawBSONDocument(data), upsert=True)
+    return UpdateOne(doc.filter or {"_id": key}, RawBSONDocument(data), upsert=True)
+
+
+def _duplicate_id(error: Mapping[str, Any]) -> bool:
+    return error.get("code") == DUPLICATE_KEY and (error.get("keyPattern") or {}).keys() == {"_id"}
+
+
 def _retryable_write_error(error: Mapping[str, Any]) -> bool:
-    code = error.get("code")
-    if code == DUPLICATE_KEY:
+    if error.get("code") == DUPLICATE_KEY:
         # a duplicate _id on an upsert by _id is a race with another writer, not a conflict
-        return (error.get("keyPattern") or {}).keys() == {"_id"}
-    return code in TRANSIENT_CODES
+        return _duplicate_id(error)
+    return error.get("code") in TRANSIENT_CODES
