@@ -308,6 +308,7 @@ class RecrawlMiddleware:
                 "%s: invalid meta[%r] (%s); fetched as a first visit", request, STATE_META, exc
             )
             self._inc("distcrawl/recrawl/bad_state")
+            del request.meta[STATE_META]  # said once, and not stored again
             return None
         # the state of another page, copied by a callback into a request it made
         return state if state.url == request.url else None

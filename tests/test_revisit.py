@@ -11,13 +11,21 @@ import time
 import pytest
 from scrapy import Request
 from scrapy.http import HtmlResponse
+from scrapy.statscollectors import StatsCollector
 
 from distcrawl.demo.fresh import FRESH_INDEX, fresh_path, fresh_paths
 from distcrawl.frontier import Entry, EntryKind, Frontier, LeaseRef
 from distcrawl.keys import FrontierKeys
 from distcrawl.records import Politeness
 from distcrawl.recrawl import Outcome
-from distcrawl.revisit import RevisitState, content_signature, judge
+from distcrawl.revisit import (
+    FETCH_META,
+    STATE_META,
+    RecrawlMiddleware,
+    RevisitState,
+    content_signature,
+    judge,
+)
 from tests.support import page_fetches, stat, wait_until
 
 SLOT = "t.test"
@@ -376,3 +384,139 @@ def test_a_continuous_crawl_revisits_what_changes_and_leaves_the_rest_alone(
         assert doc["change_count"] >= 5
         assert doc["first_seen"] < doc["last_changed"]
         assert "version" in doc["text"]
+
+
+# -- the downloader middleware's decisions (a stub scheduler records the revisits) --------
+
+
+class StubScheduler:
+    def __init__(self) -> None:
+        self.revisits: list[tuple[Request, float | None]] = []
+
+    def leased(self, request: Request) -> bool:
+        return not request.meta.get("not_leased")
+
+    def revisit(self, request: Request, delay: float | None) -> None:
+        self.revisits.append((request, delay))
+
+
+@pytest.fixture
+def middleware(monkeypatch):
+    from scrapy.utils.test import get_crawler
+
+    from distcrawl import revisit as module
+
+    def make(**settings):
+        crawler = get_crawler(
+            settings_dict={
+                "DISTCRAWL_RECRAWL_INTERVAL": 100,
+                "DISTCRAWL_RECRAWL_GONE_INTERVAL": 5000,
+                "DISTCRAWL_RECRAWL_ERROR_INTERVAL": 50,
+                **settings,
+            }
+        )
+        crawler.stats = StatsCollector(crawler)
+        stub = StubScheduler()
+        monkeypatch.setattr(module, "scheduler_of", lambda _crawler: stub)
+        return RecrawlMiddleware.from_crawler(crawler), stub
+
+    return make
+
+
+def answer(request: Request, status: int = 200, body: str = "<body>x</body>", **headers):
+    return HtmlResponse(
+        request.url, status=status, body=body.encode(), headers=headers, request=request
+    )
+
+
+def test_a_first_fetch_is_due_one_interval_later_with_its_validators(middleware):
+    mw, stub = middleware()
+    request = Request("http://a.test/p", meta={"retry_times": 2, "keep": 1})
+    mw.process_request(request)
+    assert b"If-None-Match" not in request.headers  # nothing known yet
+    mw.process_response(request, answer(request, ETag='"v1"', **{"Last-Modified": "Tue"}))
+    ((again, delay),) = stub.revisits
+    assert delay == 100
+    state = RevisitState.from_meta(again.meta[STATE_META])
+    assert (state.interval, state.etag, state.last_modified) == (100, '"v1"', "Tue")
+    assert again.dont_filter and again.meta["keep"] == 1 and "retry_times" not in again.meta
+    # the revisit sends the validators, and a 304 keeps them and grows the interval
+    mw.process_request(again)
+    assert again.headers[b"If-None-Match"] == b'"v1"'
+    mw.process_response(again, answer(again, 304, ""))
+    (third, delay) = stub.revisits[1]
+    assert delay == pytest.approx(140)
+    assert RevisitState.from_meta(third.meta[STATE_META]).etag == '"v1"'
+    # the headers it added are not carried into the next revisit's own
+    assert b"If-None-Match" not in third.headers
+    assert mw.stats.get_value("distcrawl/recrawl/not_modified") == 1
+
+
+def test_a_changed_page_comes_back_sooner(middleware):
+    mw, stub = middleware()
+    state = RevisitState("http://a.test/p", 100.0, signature="0" * 32)
+    request = Request("http://a.test/p", meta={STATE_META: state.to_meta()})
+    mw.process_response(request, answer(request, body="<body>new</body>"))
+    assert stub.revisits[0][1] == pytest.approx(80)
+    assert request.meta[FETCH_META]["outcome"] == "changed"
+
+
+def test_gone_and_errors_have_intervals_of_their_own(middleware):
+    mw, stub = middleware()
+    state = RevisitState("http://a.test/p", 100.0).to_meta()
+    gone = Request("http://a.test/p", meta={STATE_META: dict(state)})
+    mw.process_response(gone, answer(gone, 404))
+    failed = Request("http://a.test/p", meta={STATE_META: dict(state)})
+    mw.process_response(failed, answer(failed, 503))
+    broken = Request("http://a.test/p", meta={STATE_META: dict(state)})
+    mw.process_exception(broken, TimeoutError())
+    assert [d for _, d in stub.revisits] == [5000, 50, 50]
+    # the interval itself is kept: an error says nothing about how often the page changes
+    assert {RevisitState.from_meta(r.meta[STATE_META]).interval for r, _ in stub.revisits} == {
+        100.0
+    }
+
+
+def test_gone_may_mean_never(middleware):
+    mw, stub = middleware(DISTCRAWL_RECRAWL_GONE_INTERVAL="never")
+    request = Request(
+        "http://a.test/p", meta={STATE_META: {"url": "http://a.test/p", "interval": 9}}
+    )
+    mw.process_response(request, answer(request, 410))
+    assert [d for _, d in stub.revisits] == [None]  # forgets the page's revisit
+
+
+def test_first_intervals_per_domain_and_per_request(middleware):
+    mw, stub = middleware(
+        DISTCRAWL_RECRAWL_DOMAINS={"news.test": 10, "archive.test": "never"},
+        DISTCRAWL_RECRAWL_MIN_INTERVAL=5,
+    )
+    for url, meta in [
+        ("http://www.news.test/a", {}),
+        ("http://archive.test/b", {}),
+        ("http://other.test/c", {"recrawl_after": 7}),
+        ("http://other.test/d", {"recrawl_after": 1}),  # kept within the bounds
+        ("http://other.test/e", {"dont_recrawl": True}),
+        ("http://other.test/f", {"not_leased": True}),  # robots.txt and the like
+    ]:
+        request = Request(url, meta=meta)
+        mw.process_response(request, answer(request))
+    assert [(r.url, d) for r, d in stub.revisits] == [
+        ("http://www.news.test/a", 10),
+        ("http://other.test/c", 7),
+        ("http://other.test/d", 5),
+    ]
+
+
+def test_a_state_from_redis_that_is_bad_or_another_pages_is_not_used(middleware):
+    mw, stub = middleware()
+    bad = Request("http://a.test/p", meta={STATE_META: {"url": "http://a.test/p", "interval": -5}})
+    mw.process_request(bad)
+    mw.process_response(bad, answer(bad))
+    copied = RevisitState("http://a.test/parent", 3.0, etag='"p"').to_meta()
+    child = Request("http://a.test/child", meta={STATE_META: copied})
+    mw.process_request(child)
+    assert b"If-None-Match" not in child.headers
+    mw.process_response(child, answer(child))
+    assert [d for _, d in stub.revisits] == [100, 100]  # both first visits
+    assert mw.stats.get_value("distcrawl/recrawl/bad_state") == 1
