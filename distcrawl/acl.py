@@ -190,6 +190,8 @@ def producer_read_keys(keys: FrontierKeys) -> tuple[str, ...]:
         keys.ready,
         keys.leases,
         keys.delayed,
+        keys.revisits,
+        keys.revisit_queue,
         keys.seen,
         keys.bloom,
         keys.dead,
@@ -203,7 +205,10 @@ def producer_read_keys(keys: FrontierKeys) -> tuple[str, ...]:
 
 
 #: what push and status read in each shard of a sharded crawl (DISTCRAWL_SHARDS)
-PRODUCER_SHARD_READS = ("queue", "ready", "leases", "delayed", "seen", "bloom", "dead", "stats")
+PRODUCER_SHARD_READS = (
+    *("queue", "ready", "leases", "delayed", "revisits", "revisit_queue", "seen", "bloom"),
+    *("dead", "stats"),
+)
 
 
 def shard_pattern(keys: FrontierKeys, suffix: str = "*") -> str:

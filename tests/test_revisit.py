@@ -233,11 +233,15 @@ RECRAWL = {
 
 
 @pytest.mark.integration
-def test_a_worker_revisits_static_pages_less_and_less_often(demo_site, workers, redis_client):
-    """The demo's pages never change: each is fetched again, with a growing interval."""
+@pytest.mark.parametrize("shards", [1, 4])
+def test_a_worker_revisits_static_pages_less_and_less_often(
+    shards, demo_site, workers, redis_client
+):
+    """The demo's pages never change: each is fetched again, with a growing interval; with
+    4 shards too (each page's revisit lives in its site's shard)."""
     site = demo_site(pages=5, links=2)
     redis_client.lpush("site:start_urls", site.url + "/")
-    worker = workers(1, **RECRAWL)
+    worker = workers(1, DISTCRAWL_SHARDS=shards, **RECRAWL)
     time.sleep(9)
     worker.stop()
     log = worker.log()
@@ -254,9 +258,12 @@ def test_a_worker_revisits_static_pages_less_and_less_often(demo_site, workers, 
         assert min(gaps) > 0.6, (path, gaps)
         assert gaps[-1] > gaps[0], (path, gaps)
     # one revisit a page, however often it was fetched and linked again
-    assert redis_client.zcard("site:revisits") + redis_client.zcard("site:revisit_queue") <= len(
-        times
+    parts = [FrontierKeys("site").sharded(shards).of_shard(i) for i in range(shards)]
+    assert sum(redis_client.hlen(k.revisit_of) for k in parts) == len(times)
+    waiting = sum(
+        redis_client.zcard(k.revisits) + redis_client.zcard(k.revisit_queue) for k in parts
     )
+    assert waiting <= len(times)
     assert stat(worker, "distcrawl/recrawl/unchanged") >= 2 * len(times)
 
 
