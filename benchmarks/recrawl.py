@@ -153,15 +153,81 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def revisit_storage(count: int, workdir: Path) -> dict[str, Any]:
+    """Redis memory a page costs while revisits are on: its revisit (the request record with
+    its state: interval, ETag, Last-Modified, signature), its member in ``revisits`` and its
+    ``revisit_of`` entry, stored through ``Frontier.commit`` as a worker stores them."""
+    from scrapy.utils.request import RequestFingerprinter
+
+    from benchmarks.storage import BATCH, SLOT, key_bytes, sample_requests, used_memory
+    from distcrawl.demo.redis_server import RedisServer
+    from distcrawl.dupefilter import FINGERPRINT_BYTES
+    from distcrawl.frontier import Entry, EntryKind, Frontier
+    from distcrawl.keys import FrontierKeys
+    from distcrawl.revisit import STATE_META, RevisitState
+    from distcrawl.serialize import RequestCodec
+    from distcrawl.spiders.site import SiteSpider
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    with RedisServer(directory=workdir) as server:
+        client = server.client()
+        keys = FrontierKeys("bench-revisits")
+        frontier = Frontier(client, keys)
+        spider = SiteSpider()
+        codec, fingerprinter = RequestCodec("msgpack", spider), RequestFingerprinter()
+        before = used_memory(client)
+        batch: list[Entry] = []
+        for n, request in enumerate(sample_requests(spider, count)):
+            state = RevisitState(
+                request.url,
+                DAY * (1 + n % 7),
+                etag=f'"{n:016x}"',
+                last_modified="Tue, 01 Dec 2026 10:00:00 GMT",
+                signature=f"{n:032x}",
+            )
+            request.meta[STATE_META] = state.to_meta()
+            fp = fingerprinter.fingerprint(request)[:FINGERPRINT_BYTES]
+            batch.append(Entry(EntryKind.REVISIT, fp, 0, codec.encode(request), b"86400000", SLOT))
+            if len(batch) >= BATCH:
+                frontier.commit([], batch)
+                batch = []
+        if batch:
+            frontier.commit([], batch)
+        sizes = {k: key_bytes(client, k) for k in (keys.requests, keys.revisits, keys.revisit_of)}
+        result = {
+            "pages": count,
+            "keys": sizes,
+            "bytes_per_page": sum(sizes.values()) / count,
+            "used_memory_bytes_per_page": (used_memory(client) - before) / count,
+        }
+        client.close()
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.recrawl", description=__doc__)
     p.add_argument("--pages", type=int, default=2000)
     p.add_argument("--days", type=float, default=30.0)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--output", type=Path, default=RESULTS / "recrawl.json")
+    p.add_argument(
+        "--storage",
+        type=int,
+        default=0,
+        metavar="PAGES",
+        help="also measure the Redis memory of PAGES pages' revisits (a redis-server is started)",
+    )
     args = p.parse_args(argv)
     result = run(args.pages, args.days, args.seed)
     print(table(result))
+    if args.storage:
+        result["storage"] = revisit_storage(args.storage, RESULTS / "recrawl-redis")
+        print(
+            f"\nRedis memory per page with revisits on: "
+            f"{result['storage']['bytes_per_page']:.1f} B in its keys, "
+            f"{result['storage']['used_memory_bytes_per_page']:.1f} B of used_memory "
+            f"({args.storage:,} pages)"
+        )
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(result, indent=2) + "\n")
     print(f"\nJSON: {args.output}")
