@@ -15,11 +15,13 @@ virtual clock and ``benchmarks/recrawl.py`` measures against a fixed interval.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any
 
+from lxml import etree
 from scrapy.settings import BaseSettings
 
 from distcrawl._convert import ConfigError, _at_least, _fraction, _get, _positive
@@ -169,6 +171,28 @@ def _seconds_or_never(name: str, raw: Any) -> float | None:
     return value
 
 
+def _xpaths(raw: Any) -> list[str]:
+    """DISTCRAWL_RECRAWL_SIGNATURE_EXCLUDE: a list of XPath expressions, or one string (from
+    ``-s``: a JSON list, or one expression, never split at commas, which XPath uses; ``|``
+    joins several), each compiled here so that a typo stops the start, not every page."""
+    name = "DISTCRAWL_RECRAWL_SIGNATURE_EXCLUDE"
+    if raw is None or raw == "":
+        return []
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw) if raw.lstrip().startswith("[") else [raw]
+        except ValueError:
+            raw = [raw]
+    if not isinstance(raw, list | tuple) or not all(isinstance(x, str) and x.strip() for x in raw):
+        raise ConfigError(f"{name}={raw!r}: expected XPath expressions")
+    for expression in raw:
+        try:
+            etree.XPath(expression)
+        except etree.XPathSyntaxError as exc:
+            raise ConfigError(f"{name}: {expression!r} is not an XPath expression: {exc}") from None
+    return [x.strip() for x in raw]
+
+
 def recrawl_settings(settings: BaseSettings) -> RecrawlSettings | None:
     """The parsed ``DISTCRAWL_RECRAWL_*`` settings, or None when revisits are off."""
     interval = _seconds_or_never(
@@ -221,11 +245,7 @@ def recrawl_settings(settings: BaseSettings) -> RecrawlSettings | None:
                 _seconds_or_never(f"DISTCRAWL_RECRAWL_DOMAINS[{domain!r}]", value),
             )
         )
-    exclude = settings.getlist("DISTCRAWL_RECRAWL_SIGNATURE_EXCLUDE")
-    if not all(isinstance(x, str) and x.strip() for x in exclude):
-        raise ConfigError(
-            f"DISTCRAWL_RECRAWL_SIGNATURE_EXCLUDE={exclude!r}: expected XPath expressions"
-        )
+    exclude = _xpaths(settings.get("DISTCRAWL_RECRAWL_SIGNATURE_EXCLUDE"))
     return RecrawlSettings(
         policy=policy,
         share=_get(settings, "DISTCRAWL_RECRAWL_SHARE", RecrawlSettings.share, _fraction),

@@ -229,7 +229,7 @@ class RecrawlMiddleware:
         state = self._state(request)
         signature = None
         if 200 <= response.status < 300:
-            signature = content_signature(response, self.settings.signature_exclude)
+            signature = self._signature(response)
         outcome = judge(response.status, state, signature)
         self._inc(f"distcrawl/recrawl/{outcome.value}")
         if response.status == 304 and state is not None:
@@ -264,6 +264,19 @@ class RecrawlMiddleware:
         )
         scheduler.revisit(self._revisit_request(request, new_state), delay)
         return response
+
+    def _signature(self, response: Response) -> str:
+        try:
+            return content_signature(response, self.settings.signature_exclude)
+        except Exception as exc:  # a page lxml cannot take: its bytes still tell a change
+            logger.warning(
+                "%s: content signature of its text failed (%s: %s); its body's is used",
+                response,
+                type(exc).__name__,
+                exc,
+            )
+            self._inc("distcrawl/recrawl/signature_failed")
+            return hashlib.blake2b(response.body, digest_size=SIGNATURE_HEX // 2).hexdigest()
 
     def process_exception(self, request: Request, exception: Exception) -> None:
         """A fetch that failed (after its retries): tried again after the error interval,

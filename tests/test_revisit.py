@@ -11,13 +11,15 @@ import time
 import pytest
 from scrapy import Request
 from scrapy.http import HtmlResponse
+from scrapy.settings import Settings
 from scrapy.statscollectors import StatsCollector
 
+from distcrawl.config import ConfigError
 from distcrawl.demo.fresh import FRESH_INDEX, fresh_path, fresh_paths
 from distcrawl.frontier import Entry, EntryKind, Frontier, LeaseRef
 from distcrawl.keys import FrontierKeys
 from distcrawl.records import Politeness
-from distcrawl.recrawl import Outcome
+from distcrawl.recrawl import Outcome, recrawl_settings
 from distcrawl.revisit import (
     FETCH_META,
     STATE_META,
@@ -527,3 +529,49 @@ def test_a_state_from_redis_that_is_bad_or_another_pages_is_not_used(middleware)
     mw.process_response(child, answer(child))
     assert [d for _, d in stub.revisits] == [100, 100]  # both first visits
     assert mw.stats.get_value("distcrawl/recrawl/bad_state") == 1
+
+
+@pytest.mark.integration
+def test_the_signature_leaves_out_what_the_settings_exclude(
+    demo_site, mongo_workers, mongo_client, redis_client
+):
+    """Pages without validators whose only changing part is a clock: with the clock left out
+    of the signature they count as unchanged (no 304 to help), and their documents keep their
+    content and a change count of 0."""
+    site = demo_site(pages=3, fresh_pages=2)
+    never = [fresh_path("never", i, validators=False) for i in range(2)]
+    redis_client.lpush("site:start_urls", *(site.url + p for p in never))
+    worker = mongo_workers(
+        1, **FAST, DISTCRAWL_RECRAWL_SIGNATURE_EXCLUDE=json.dumps(["//p[@class='clock']"])
+    )
+    assert wait_until(lambda: all(site.fresh_stats().of(p).ok >= 4 for p in never), 30)
+    worker.stop()
+    docs = {d["url"]: d for d in mongo_client["distcrawl"]["site"].find()}
+    for p in never:
+        doc = docs[site.url + p]
+        assert doc["fetch_count"] >= 4 and doc["change_count"] == 0, doc
+    assert stat(worker, "distcrawl/recrawl/unchanged") >= 6
+    assert stat(worker, "distcrawl/recrawl/items_unchanged") >= 6
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ('["//p[@class=\'clock\']", "//time"]', ("//p[@class='clock']", "//time")),
+        ("//p[contains(@class, 'ad')] | //time", ("//p[contains(@class, 'ad')] | //time",)),
+        (["//a", "//b"], ("//a", "//b")),
+    ],
+)
+def test_signature_exclusions_from_settings_and_the_command_line(raw, expected):
+    settings = Settings(
+        {"DISTCRAWL_RECRAWL_INTERVAL": 1, "DISTCRAWL_RECRAWL_SIGNATURE_EXCLUDE": raw}
+    )
+    assert recrawl_settings(settings).signature_exclude == expected
+
+
+def test_an_exclusion_that_is_not_xpath_stops_the_start():
+    settings = Settings(
+        {"DISTCRAWL_RECRAWL_INTERVAL": 1, "DISTCRAWL_RECRAWL_SIGNATURE_EXCLUDE": "//p["}
+    )
+    with pytest.raises(ConfigError, match="DISTCRAWL_RECRAWL_SIGNATURE_EXCLUDE"):
+        recrawl_settings(settings)
