@@ -181,8 +181,9 @@ PRODUCER_COMMANDS = (
 
 
 def producer_read_keys(keys: FrontierKeys) -> tuple[str, ...]:
-    """What push and status read: sizes, counters, heartbeats; never ``requests`` (payloads
-    may carry headers and cookies) nor the dead letters' content."""
+    """What push and status read: sizes (the revisits' too: ZCARD only), counters,
+    heartbeats; never ``requests`` (payloads may carry headers and cookies) nor the dead
+    letters' content."""
     return (
         keys.settings,
         keys.start_urls,
@@ -190,6 +191,8 @@ def producer_read_keys(keys: FrontierKeys) -> tuple[str, ...]:
         keys.ready,
         keys.leases,
         keys.delayed,
+        keys.revisits,
+        keys.revisit_queue,
         keys.seen,
         keys.bloom,
         keys.dead,
@@ -203,7 +206,18 @@ def producer_read_keys(keys: FrontierKeys) -> tuple[str, ...]:
 
 
 #: what push and status read in each shard of a sharded crawl (DISTCRAWL_SHARDS)
-PRODUCER_SHARD_READS = ("queue", "ready", "leases", "delayed", "seen", "bloom", "dead", "stats")
+PRODUCER_SHARD_READS = (
+    "queue",
+    "ready",
+    "leases",
+    "delayed",
+    "revisits",
+    "revisit_queue",
+    "seen",
+    "bloom",
+    "dead",
+    "stats",
+)
 
 
 def shard_pattern(keys: FrontierKeys, suffix: str = "*") -> str:
