@@ -87,8 +87,8 @@ LUA_COMMANDS = (
 )
 
 #: every command distcrawl sends from Python (frontier, scheduler, liveness, monitor, seen,
-#: dashboard, doctor, cli): MULTI/EXEC for the transactional pipelines, INFO for the
-#: monitor's memory check (INFO memory), TIME for ages on the server's clock, BLPOP for an
+#: dashboard, doctor, cli, revisits_admin): MULTI/EXEC for the transactional pipelines, INFO
+#: for the monitor's memory check (INFO memory), TIME for ages on the server's clock, BLPOP for an
 #: idle worker's wait for work (batch.py)
 PYTHON_COMMANDS = (
     "blpop",
@@ -103,6 +103,7 @@ PYTHON_COMMANDS = (
     "hincrby",
     "hkeys",
     "hlen",
+    "hmget",
     "hscan",
     "hset",
     "hsetnx",
@@ -119,7 +120,9 @@ PYTHON_COMMANDS = (
     "smembers",
     "time",
     "unlink",
+    "zadd",
     "zcard",
+    "zcount",
     "zincrby",
     "zlexcount",
     "zmscore",
@@ -139,14 +142,14 @@ IMPORT_COMMANDS = ("renamenx", "sadd", "smismember", "sscan", "type")
 
 #: what ``distcrawl migrate`` (migrate.py, reshard.py) sends beyond PYTHON_COMMANDS:
 #: DUMP/RESTORE and PTTL copy each key with its TTL, TYPE and the size of each type verify
-#: the copy, MEMORY USAGE sizes the dry run; re-sharding (``--shards``) reads retries' records
-#: (HMGET) and the seen SET (SSCAN), writes queue entries and fingerprints into the new
-#: shards (ZADD, SADD) and copies Bloom bitmaps in pieces (GETRANGE, SETRANGE). An
-#: administrator's tool, like the import: the worker user gets none of these
+#: the copy, MEMORY USAGE sizes the dry run; re-sharding (``--shards``) reads the seen SET
+#: (SSCAN), writes fingerprints into the new shards (SADD) and copies Bloom bitmaps in pieces
+#: (GETRANGE, SETRANGE); its HMGET of retries' records and ZADD of queue entries are among
+#: PYTHON_COMMANDS (``distcrawl recrawl`` sends them too). An administrator's tool, like the
+#: import: the worker user gets none of these
 MIGRATE_COMMANDS = (
     "dump",
     "getrange",
-    "hmget",
     "memory|usage",
     "pttl",
     "restore",
@@ -155,7 +158,6 @@ MIGRATE_COMMANDS = (
     "sscan",
     "strlen",
     "type",
-    "zadd",
 )
 
 #: ``distcrawl push`` (HGET of the pending cap, ZCARD/LLEN for the room left, LPUSH inside
@@ -181,8 +183,9 @@ PRODUCER_COMMANDS = (
 
 
 def producer_read_keys(keys: FrontierKeys) -> tuple[str, ...]:
-    """What push and status read: sizes, counters, heartbeats; never ``requests`` (payloads
-    may carry headers and cookies) nor the dead letters' content."""
+    """What push and status read: sizes (the revisits' too: ZCARD only), counters,
+    heartbeats; never ``requests`` (payloads may carry headers and cookies) nor the dead
+    letters' content."""
     return (
         keys.settings,
         keys.start_urls,

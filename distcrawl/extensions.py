@@ -30,10 +30,11 @@ from twisted.python.failure import Failure
 
 from distcrawl.batch import Rider
 from distcrawl.config import DistcrawlConfig
-from distcrawl.connection import RedisIO, is_cluster, node_info, redis_io
+from distcrawl.connection import RedisIO, execute_timed, is_cluster, node_info, redis_io
 from distcrawl.frontier import Frontier, Op, worker_id
 from distcrawl.keys import FrontierKeys
 from distcrawl.redact import redact_error, redact_text, url_secrets
+from distcrawl.revisits_admin import GAUGE_REPLIES, gauges_of, server_ms
 from distcrawl.scheduler import scheduler_of
 
 if TYPE_CHECKING:
@@ -102,7 +103,11 @@ class WorkerMonitor:
         self.sent: Counter[str] = Counter()
         self.domains: Counter[str] = Counter()
         self.history: deque[tuple[float, int]] = deque(maxlen=120)
-        self.sizes: dict[str, int] = {}
+        self.sizes: dict[str, Any] = {}
+        #: the Redis server's time at the last beat (ms) and the monotonic time it came, so
+        #: that the next beat counts the revisits due by the server's clock (None: not yet
+        #: asked, see _learn_server_time)
+        self._server_ms: tuple[int, float] | None = None
         self._loop: task.LoopingCall | None = None
         self._busy = False
         self._metrics_port: Any = None
@@ -198,9 +203,14 @@ class WorkerMonitor:
         d.addCallbacks(self._published, self._failed, errbackArgs=(deltas, domains))
 
     def _ops(
-        self, deltas: dict[str, int], domains: dict[str, int], heartbeat: dict[str, Any]
+        self,
+        deltas: dict[str, int],
+        domains: dict[str, int],
+        heartbeat: dict[str, Any],
+        revisits: bool = True,
     ) -> list[Op[Any]]:
-        """The beat's commands; the last five read the pause flag and the frontier sizes."""
+        """The beat's commands; five read the pause flag and the frontier sizes, then (with
+        ``revisits``) the revisit gauges' reads (:meth:`_revisit_ops`)."""
         assert self.keys is not None
         k = self.keys
         ops: list[Op[Any]] = [
@@ -218,12 +228,98 @@ class WorkerMonitor:
         ops.append(Op("", [], ["EXISTS", k.paused], _same))
         ops += [Op("", [], ["ZCARD", key], _same) for key in (k.queue, k.leases, k.delayed)]
         ops.append(Op("", [], ["LLEN", k.dead], _same))
+        if revisits:
+            ops += self._revisit_ops()
         return ops
 
-    @staticmethod
-    def _read(replies: list[Any]) -> tuple[bool, dict[str, int]]:
+    def _revisit_parts(self) -> list[FrontierKeys]:
+        """The keys holding revisits: every shard's (DISTCRAWL_SHARDS), or the crawl's."""
+        assert self.keys is not None
+        shards = self.config.shards
+        if shards == 1:
+            return [self.keys]
+        crawl = self.keys.sharded(shards)
+        return [crawl.of_shard(i) for i in range(shards)]
+
+    def _due_bound(self) -> int | None:
+        """The server's time now as the last beat's TIME and the monotonic clock tell it:
+        the due count is sent in the same round trip as the TIME it is read with."""
+        if self._server_ms is None:
+            return None
+        at_ms, at = self._server_ms
+        return at_ms + int((time.monotonic() - at) * 1000)
+
+    def _learn_server_time(self) -> None:
+        """Once, before the first beat: its due count needs the server's time to count by."""
+        try:
+            now = server_ms(self.io.client, self._revisit_parts()[0].revisits)
+        except redis.RedisError:
+            return  # the beat says what is wrong; the due count waits for a beat's TIME
+        self._server_ms = (now, time.monotonic())
+
+    def _revisit_ops(self) -> list[Op[Any]]:
+        """Per shard ZCARD of the revisits waiting and queued, ZCOUNT of those due, the most
+        overdue one (GAUGE_REPLIES replies each), then TIME: O(log n) each, however many
+        revisits the crawl holds."""
+        bound = self._due_bound()
+        until = "-inf" if bound is None else bound
+        ops: list[Op[Any]] = []
+        for k in self._revisit_parts():
+            ops += [
+                Op("", [], ["ZCARD", k.revisits], _same),
+                Op("", [], ["ZCARD", k.revisit_queue], _same),
+                Op("", [], ["ZCOUNT", k.revisits, "-inf", until], _same),
+                Op("", [], ["ZRANGE", k.revisits, 0, 0, "WITHSCORES"], _same),
+            ]
+        ops.append(Op("", [], ["TIME"], _same))
+        return ops
+
+    def _read(self, replies: list[Any], revisits: bool = True) -> tuple[bool, dict[str, Any]]:
+        """The pause flag and the sizes; a failed revisit read leaves their gauges out."""
+        tail: list[Any] = []
+        if revisits:
+            count = len(self._revisit_parts()) * GAUGE_REPLIES + 1
+            replies, tail = replies[:-count], replies[-count:]
         *_, paused, queue, leased, delayed, dead = replies
-        return bool(paused), {"queue": queue, "leased": leased, "delayed": delayed, "dead": dead}
+        sizes: dict[str, Any] = {
+            "queue": queue,
+            "leased": leased,
+            "delayed": delayed,
+            "dead": dead,
+        }
+        if tail:
+            sizes.update(self._revisit_gauges(tail))
+        return bool(paused), sizes
+
+    def _revisit_gauges(self, replies: list[Any]) -> dict[str, Any]:
+        if any(isinstance(r, BaseException) for r in replies):
+            logger.debug("Revisit gauges not read: %s", replies)
+            return {}
+        bound = self._due_bound()
+        try:
+            gauges = gauges_of(replies, len(self._revisit_parts()), bound)
+            reply = replies[-1]
+            self._server_ms = (int(reply[0]) * 1000 + int(reply[1]) // 1000, time.monotonic())
+        except (TypeError, ValueError, IndexError) as exc:
+            logger.debug("Revisit gauges not read: %r", exc)
+            return {}
+        return gauges
+
+    def _cluster_revisits(self) -> dict[str, Any]:
+        """On a cluster the shards' keys are in other slots than the MULTI of the beat, and
+        TIME names no key: the gauges' reads go in a pipeline of their own, then TIME of the
+        first shard's master. Reads only: a reply lost and sent again counts nothing twice."""
+        client = self.io.client
+        ops = self._revisit_ops()
+        pipe = client.pipeline(transaction=False)
+        for op in ops[:-1]:
+            pipe.execute_command(*op.args)
+        try:
+            replies = execute_timed(client, pipe, self._revisit_parts()[0].revisits)
+        except redis.RedisError as exc:
+            logger.debug("Revisit gauges not read: %s", redact_error(exc, self.io.url))
+            return {}
+        return self._revisit_gauges(replies)
 
     def _publish(
         self,
@@ -231,22 +327,28 @@ class WorkerMonitor:
         domains: dict[str, int],
         heartbeat: dict[str, Any],
         memory: bool = False,
-    ) -> tuple[bool, dict[str, int]]:
+    ) -> tuple[bool, dict[str, Any]]:
         """Runs on the Redis thread: one round trip (when no scheduler batch takes it)."""
         assert self.keys is not None
         if self.frontier is None:
             client = self.io.connect()
             self.keys = self.keys.on_cluster(bool(self.io.cluster))
             self.frontier = Frontier(client, self.keys)
+        if self._server_ms is None:
+            self._learn_server_time()
         # on a cluster a MULTI: redis-py sends a plain pipeline's commands again after a
         # lost reply, which would count these HINCRBYs twice (one slot: MULTI is allowed)
-        pipe = self.io.client.pipeline(transaction=is_cluster(self.io.client))
-        for op in self._ops(deltas, domains, heartbeat):
+        cluster = is_cluster(self.io.client)
+        pipe = self.io.client.pipeline(transaction=cluster)
+        for op in self._ops(deltas, domains, heartbeat, revisits=not cluster):
             pipe.execute_command(*op.args)
         if memory:
             # on its own: a full Redis refuses the writes above, and this must still be said
             self._memory_info()
-        return self._read(pipe.execute())
+        paused, sizes = self._read(pipe.execute(), revisits=not cluster)
+        if cluster:
+            sizes.update(self._cluster_revisits())
+        return paused, sizes
 
     def _rode(
         self, replies: list[Any], deltas: dict[str, int], domains: dict[str, int], memory: bool
@@ -258,7 +360,9 @@ class WorkerMonitor:
                 self._refuse_info(info)
             elif not isinstance(info, BaseException):
                 self._check_memory(info)
-        error = next((r for r in replies if isinstance(r, BaseException)), None)
+        # the revisit gauges' reads are not the beat's: their failure loses the gauges only
+        count = len(self._revisit_parts()) * GAUGE_REPLIES + 1
+        error = next((r for r in replies[:-count] if isinstance(r, BaseException)), None)
         if error is not None:
             self._failed(Failure(error), deltas, domains)
         else:
@@ -325,7 +429,7 @@ class WorkerMonitor:
                 self.config.maxmemory_warn,
             )
 
-    def _published(self, result: tuple[bool, dict[str, int]]) -> None:
+    def _published(self, result: tuple[bool, dict[str, Any]]) -> None:
         self._busy = False
         paused, self.sizes = result
         scheduler = scheduler_of(self.crawler)

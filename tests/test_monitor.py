@@ -125,6 +125,10 @@ def test_metrics_endpoint_serves_the_counters(demo_site, workers, redis_client):
         "distcrawl_retries_total",
         "distcrawl_lease_expired_total",
         "distcrawl_paused",
+        # the revisit gauges, read with the beat riding the scheduler's batch
+        "distcrawl_revisits",
+        "distcrawl_revisits_due",
+        "distcrawl_revisits_overdue_seconds",
     ):
         assert f"\n{name} " in "\n" + body
     worker.stop()
@@ -221,3 +225,52 @@ def test_the_domains_statistic_keeps_the_busiest_domains_only(demo_site, workers
     assert redis_client.zscore("site:domains", "127.0.0.1") >= 31  # this crawl's host
     assert redis_client.zscore("site:domains", f"d{DOMAINS_KEPT + 5}.test") is not None
     assert redis_client.zscore("site:domains", "d1.test") is None  # the quietest went
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+def test_revisit_gauges_count_the_backlog_and_its_age(redis_client, redis_url, shards):
+    """distcrawl_revisits, distcrawl_revisits_due, distcrawl_revisits_overdue_seconds: read
+    in the beat's round trip, per shard, on the server's clock."""
+    from scrapy.utils.test import get_crawler
+
+    from distcrawl.config import DistcrawlConfig
+    from distcrawl.connection import RedisIO
+    from distcrawl.extensions import WorkerMonitor
+    from distcrawl.frontier import Entry, EntryKind, Frontier, make_entry
+    from distcrawl.keys import FrontierKeys
+
+    crawl = FrontierKeys("site").sharded(shards)
+    parts = [crawl.of_shard(i) for i in range(shards)]
+
+    def revisit(n: int, delay_ms: int) -> Entry:
+        return Entry(EntryKind.REVISIT, b"fp%d" % n, 0, b"p", str(delay_ms).encode(), "h.test")
+
+    for part in parts:  # in each shard: 2 due, 3 in an hour, 1 queued
+        Frontier(redis_client, part).commit(
+            [], [revisit(n, 0) for n in range(2)] + [revisit(n, 3_600_000) for n in range(2, 5)]
+        )
+        redis_client.zadd(part.revisit_queue, {make_entry("h.test", 0, 99, b"q"): 0})
+    seconds, micros = redis_client.time()
+    late_id = redis_client.zrange(parts[-1].revisits, 0, 0)[0]
+    redis_client.zadd(parts[-1].revisits, {late_id: seconds * 1000 + micros // 1000 - 42_000})
+
+    settings = {"REDIS_URL": redis_url, "DISTCRAWL_SHARDS": shards}
+    crawler = get_crawler(settings_dict=settings)
+    io = RedisIO(redis_url, cluster=False)
+    monitor = WorkerMonitor(crawler, DistcrawlConfig.from_settings(crawler.settings), io)
+    monitor.keys = FrontierKeys("site")
+    try:
+        for _ in range(2):  # the first beat asks the server's time before it counts
+            paused, monitor.sizes = monitor._publish({}, {}, {"state": "running"})
+            assert not paused
+    finally:
+        io.stop()
+    sizes = monitor.sizes
+    assert (sizes["revisits"], sizes["revisits_due"]) == (6 * shards, 3 * shards)
+    metrics = dict(
+        line.split() for line in monitor.metrics().splitlines() if not line.startswith("#")
+    )
+    assert metrics["distcrawl_revisits"] == str(6 * shards)
+    assert metrics["distcrawl_revisits_due"] == str(3 * shards)
+    assert 42 <= float(metrics["distcrawl_revisits_overdue_seconds"]) < 60
+    assert "# TYPE distcrawl_revisits_overdue_seconds gauge" in monitor.metrics()

@@ -71,11 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
     _dead.add_parsers(commands, common)
     _admin.add_parsers(commands, common)
     from distcrawl import scrapyd
-    from distcrawl.cli import _import, _migrate
+    from distcrawl.cli import _import, _migrate, _recrawl
 
     scrapyd.add_parser(commands, common, _admin.cmd_scrapyd)
     _import.add_parser(commands, common)
     _migrate.add_parser(commands, common)
+    _recrawl.add_parsers(commands, common)
     return parser
 
 
