@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict
 
 from scrapy import Request, Spider
 from scrapy.crawler import Crawler
@@ -35,6 +35,9 @@ from distcrawl.serialize import (
     callback_refusal,
 )
 from distcrawl.start_urls import InvalidEntry, parse_entry, request_from_entry
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 #: what push_many accepts per entry: the text of a start_urls entry (a URL or a JSON
 #: object), its bytes, or its fields as a mapping (``callback`` included)
@@ -76,26 +79,37 @@ def entry_bytes(item: EntryLike) -> tuple[bytes, str | None]:
     return text.encode("utf-8", "surrogatepass"), callback
 
 
+class EntryOptions(TypedDict, total=False):
+    """The keyword-only fields of a pushed entry, declared once for :func:`fields_of` and
+    ``Producer.push`` (which passes them through): a request's method, headers, body and
+    ``dont_filter``."""
+
+    method: str | None
+    headers: Mapping[str, Any] | None
+    body: str | None
+    dont_filter: bool
+
+
 def fields_of(
     url: Any,
     *,
     priority: int = 0,
     meta: Mapping[str, Any] | None = None,
     callback: str | None = None,
-    method: str | None = None,
-    headers: Mapping[str, Any] | None = None,
-    body: str | None = None,
-    dont_filter: bool = False,
+    **options: Unpack[EntryOptions],
 ) -> EntryLike:
     """``push()``'s arguments as an entry: a plain URL when only the URL is given (exactly
     what ``redis-cli lpush`` would send), else the JSON object's fields."""
+    for name in options.keys() - EntryOptions.__optional_keys__:
+        # what Python says of an unknown keyword, for callers not checked by mypy
+        raise TypeError(f"unexpected keyword argument {name!r}")
     extra: dict[str, Any] = {
         "priority": priority or None,
         "meta": meta,
-        "method": method,
-        "headers": headers,
-        "body": body,
-        "dont_filter": dont_filter or None,
+        "method": options.get("method"),
+        "headers": options.get("headers"),
+        "body": options.get("body"),
+        "dont_filter": options.get("dont_filter") or None,
         "callback": callback,
     }
     extra = {k: v for k, v in extra.items() if v is not None}

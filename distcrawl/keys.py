@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import overload
 
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
@@ -49,6 +50,26 @@ def shard_tag(namespace: str, shard: int, shards: int) -> str:
         if low <= key_slot(tag.encode()) < high:
             return tag
     raise ValueError(f"no hash tag found for shard {shard} of {shards}")  # pragma: no cover
+
+
+class _Key:
+    """A fixed key of the crawl, named by the keys' ``prefix`` and its ``suffix``. One
+    descriptor serves every such key, so that each is declared by its suffix and what it
+    holds (its docstring) alone, and ``script_keys`` tells them from the per-worker or
+    per-host keys, which are methods."""
+
+    def __init__(self, suffix: str, doc: str) -> None:
+        self.suffix = suffix
+        self.__doc__ = doc
+
+    @overload
+    def __get__(self, keys: None, owner: type) -> _Key: ...
+
+    @overload
+    def __get__(self, keys: FrontierKeys, owner: type) -> str: ...
+
+    def __get__(self, keys: FrontierKeys | None, owner: type) -> _Key | str:
+        return self if keys is None else keys._key(self.suffix)
 
 
 @dataclass(frozen=True)
@@ -105,6 +126,12 @@ class FrontierKeys:
     def _key(self, suffix: str) -> str:
         return f"{self.prefix}{suffix}"
 
+    def _worker_key(self, kind: str, tag: str) -> str:
+        """``<prefix><kind>:<tag>``: a key of one worker, whose tag must be a word."""
+        if not tag or any(c.isspace() for c in tag):
+            raise ValueError(f"invalid worker tag {tag!r}")
+        return self._key(f"{kind}:{tag}")
+
     @property
     def start_urls(self) -> str:
         """LIST anyone may LPUSH to: plain URLs or JSON objects. Never hash-tagged: on a
@@ -115,83 +142,79 @@ class FrontierKeys:
         """LIST of the ``start_urls`` entries worker ``tag`` claimed (lua/claim.lua) and has
         not stored yet: each entry leaves it only in the commit that stores what was made of
         it, or goes back to ``start_urls`` when the worker closes or is found dead."""
-        if not tag or any(c.isspace() for c in tag):
-            raise ValueError(f"invalid worker tag {tag!r}")
-        return self._key(f"claims:{tag}")
+        return self._worker_key("claims", tag)
 
-    @property
-    def wake(self) -> str:
+    wake = _Key(
+        "wake",
         """LIST of wake-up tokens (short-lived): a commit that queues requests pushes some,
         and an idle worker waits for one (``BLPOP``) inside its lease poll, so that work
-        one worker discovers reaches an idle one at once, not at its next poll."""
-        return self._key("wake")
+        one worker discovers reaches an idle one at once, not at its next poll.""",
+    )
 
     def wake_of(self, tag: str) -> str:
         """LIST of wake-up tokens for worker ``tag`` alone (short-lived): its own claim of
         start URLs ends the wait that follows it in the same batch (lua/claim.lua)."""
-        if not tag or any(c.isspace() for c in tag):
-            raise ValueError(f"invalid worker tag {tag!r}")
-        return self._key(f"wake:{tag}")
+        return self._worker_key("wake", tag)
 
-    @property
-    def claimants(self) -> str:
+    claimants = _Key(
+        "claimants",
         """SET of the worker tags whose ``claims`` list may hold entries, so that the reaper
-        and ``distcrawl reset`` find every claim list without scanning the keyspace."""
-        return self._key("claimants")
+        and ``distcrawl reset`` find every claim list without scanning the keyspace.""",
+    )
 
-    @property
-    def queue(self) -> str:
+    queue = _Key(
+        "queue",
         """ZSET of queue entries ``<slot>\\0<priority><seq><payload>``, all scores 0, so that
-        one slot's requests are a lexicographic range, best priority first (lua/lib.lua)."""
-        return self._key("queue")
+        one slot's requests are a lexicographic range, best priority first (lua/lib.lua).""",
+    )
 
-    @property
-    def requests(self) -> str:
+    requests = _Key(
+        "requests",
         """HASH request id -> record: an 8-byte token, then the queue entry. A leased
         request's token names its lease (4 bytes: the holder's worker tag, 4 random bytes),
         and acknowledgements, renewals and give-backs must present it; a retry waiting in
-        ``delayed`` has a token of eight zero bytes."""
-        return self._key("requests")
+        ``delayed`` has a token of eight zero bytes.""",
+    )
 
-    @property
-    def leases(self) -> str:
-        """ZSET of leased request ids, score = lease deadline (Redis server time, ms)."""
-        return self._key("leases")
+    leases = _Key(
+        "leases",
+        """ZSET of leased request ids, score = lease deadline (Redis server time, ms).""",
+    )
 
-    @property
-    def delayed(self) -> str:
-        """ZSET of request ids waiting for a retry, score = due time (Redis server time, ms)."""
-        return self._key("delayed")
+    delayed = _Key(
+        "delayed",
+        """ZSET of request ids waiting for a retry, score = due time (Redis server time, ms).""",
+    )
 
-    @property
-    def revisits(self) -> str:
+    revisits = _Key(
+        "revisits",
         """ZSET of request ids of pages to fetch again (DISTCRAWL_RECRAWL_INTERVAL), score =
-        due time (Redis server time, ms); their records wait in ``requests``, as retries'."""
-        return self._key("revisits")
+        due time (Redis server time, ms); their records wait in ``requests``, as retries'.""",
+    )
 
-    @property
-    def revisit_queue(self) -> str:
+    revisit_queue = _Key(
+        "revisit_queue",
         """ZSET of due revisits' queue entries, all scores 0, laid out as ``queue``: a slot's
         turns are taken from both, DISTCRAWL_RECRAWL_SHARE of them from this one, so that
-        neither revisits nor new URLs starve the other (lua/lease.lua)."""
-        return self._key("revisit_queue")
+        neither revisits nor new URLs starve the other (lua/lease.lua).""",
+    )
 
-    @property
-    def revisit_of(self) -> str:
+    revisit_of = _Key(
+        "revisit_of",
         """HASH binary fingerprint -> id of the page's scheduled revisit: a page fetched
-        again however (``distcrawl recrawl now``, a link found again) keeps one revisit."""
-        return self._key("revisit_of")
+        again however (``distcrawl recrawl now``, a link found again) keeps one revisit.""",
+    )
 
-    @property
-    def seen(self) -> str:
-        """SET of binary request fingerprints."""
-        return self._key("seen")
+    seen = _Key(
+        "seen",
+        """SET of binary request fingerprints.""",
+    )
 
-    @property
-    def bloom(self) -> str:
+    bloom = _Key(
+        "bloom",
         """HASH describing the Bloom-filter seen-set (``DISTCRAWL_SEEN = "bloom"``): its
-        layers, their sizes and how many URLs each holds; see ``distcrawl/seen.py``."""
-        return self._key("bloom")
+        layers, their sizes and how many URLs each holds; see ``distcrawl/seen.py``.""",
+    )
 
     def bloom_part(self, layer: int, part: int) -> str:
         """STRING bitmap holding part ``part`` of Bloom layer ``layer`` (both from 0)."""
@@ -199,107 +222,107 @@ class FrontierKeys:
             raise ValueError(f"invalid Bloom layer {layer} part {part}")
         return self._key(f"bloom:{layer}:{part}")
 
-    @property
-    def seq(self) -> str:
-        """Counter that numbers requests so that equal priorities pop first-in first-out."""
-        return self._key("seq")
+    seq = _Key(
+        "seq",
+        """Counter that numbers requests so that equal priorities pop first-in first-out.""",
+    )
 
-    @property
-    def dead(self) -> str:
-        """LIST of JSON dead-letter records (newest first)."""
-        return self._key("dead")
+    dead = _Key(
+        "dead",
+        """LIST of JSON dead-letter records (newest first).""",
+    )
 
-    @property
-    def workers(self) -> str:
-        """HASH worker id -> JSON heartbeat (host, pid, counters, last beat); kept after exit."""
-        return self._key("workers")
+    workers = _Key(
+        "workers",
+        """HASH worker id -> JSON heartbeat (host, pid, counters, last beat); kept after exit.""",
+    )
 
-    @property
-    def alive(self) -> str:
+    alive = _Key(
+        "alive",
         """ZSET worker tag -> time of its last liveness beat (Redis server time, ms),
-        written by a thread of its own; a tag that lapses has its leases given back."""
-        return self._key("alive")
+        written by a thread of its own; a tag that lapses has its leases given back.""",
+    )
 
-    @property
-    def commits(self) -> str:
+    commits = _Key(
+        "commits",
         """HASH worker tag -> id of the last commit that worker ran, so that a commit
-        replayed after its reply was lost changes nothing."""
-        return self._key("commits")
+        replayed after its reply was lost changes nothing.""",
+    )
 
-    @property
-    def stats(self) -> str:
-        """HASH of counters summed over all workers (HINCRBY): pages, items, errors, ..."""
-        return self._key("stats")
+    stats = _Key(
+        "stats",
+        """HASH of counters summed over all workers (HINCRBY): pages, items, errors, ...""",
+    )
 
-    @property
-    def domains(self) -> str:
-        """ZSET domain -> pages fetched, for the busiest domains."""
-        return self._key("domains")
+    domains = _Key(
+        "domains",
+        """ZSET domain -> pages fetched, for the busiest domains.""",
+    )
 
-    @property
-    def ready(self) -> str:
+    ready = _Key(
+        "ready",
         """ZSET politeness slot -> when its next request may be leased (server ms); holds
-        exactly the slots with queued requests."""
-        return self._key("ready")
+        exactly the slots with queued requests.""",
+    )
 
-    @property
-    def slots(self) -> str:
-        """HASH slot -> earliest time of the slot's next request (server ms)."""
-        return self._key("slots")
+    slots = _Key(
+        "slots",
+        """HASH slot -> earliest time of the slot's next request (server ms).""",
+    )
 
-    @property
-    def inflight(self) -> str:
+    inflight = _Key(
+        "inflight",
         """HASH slot -> requests leased to some worker whose response has not arrived and
-        that are not acknowledged yet: the requests at the site, or about to be."""
-        return self._key("inflight")
+        that are not acknowledged yet: the requests at the site, or about to be.""",
+    )
 
-    @property
-    def placeless(self) -> str:
+    placeless = _Key(
+        "placeless",
         """SET of ids of leased requests that hold no place in their slot's ``inflight``:
         those that left the downloader (their place was given back then, not at the
-        acknowledgement) and reserves, leased ahead of a place (lua/places.lua)."""
-        return self._key("placeless")
+        acknowledgement) and reserves, leased ahead of a place (lua/places.lua).""",
+    )
 
-    @property
-    def throttle(self) -> str:
-        """HASH slot -> adaptive delay (ms) raised by 429/503 answers and slow responses."""
-        return self._key("throttle")
+    throttle = _Key(
+        "throttle",
+        """HASH slot -> adaptive delay (ms) raised by 429/503 answers and slow responses.""",
+    )
 
-    @property
-    def throttle_raised(self) -> str:
+    throttle_raised = _Key(
+        "throttle:raised",
         """HASH slot -> when its adaptive delay was last raised (server ms): answers to
-        requests sent before a raise do not raise it again."""
-        return self._key("throttle:raised")
+        requests sent before a raise do not raise it again.""",
+    )
 
-    @property
-    def throttle_state(self) -> str:
+    throttle_state = _Key(
+        "throttle:state",
         """HASH slot -> ``<cap>:<share>:<hold>``: the slot's adaptive concurrency cap (0:
         none), the share of 429/503 among its recent answers (a moving average over
         ``DISTCRAWL_THROTTLE_WINDOW`` answers) and how many more answers must come before the
-        cap may be cut again; written by commit.lua, the cap read by lease.lua."""
-        return self._key("throttle:state")
+        cap may be cut again; written by commit.lua, the cap read by lease.lua.""",
+    )
 
-    @property
-    def hungry(self) -> str:
-        """HASH slot -> when a worker last found it full while holding less than its share."""
-        return self._key("hungry")
+    hungry = _Key(
+        "hungry",
+        """HASH slot -> when a worker last found it full while holding less than its share.""",
+    )
 
-    @property
-    def limits(self) -> str:
+    limits = _Key(
+        "limits",
         """HASH slot -> ``<delay ms>:<concurrency>``, set by ``distcrawl limit`` while the
-        crawl runs; it wins over the settings."""
-        return self._key("limits")
+        crawl runs; it wins over the settings.""",
+    )
 
-    @property
-    def robots(self) -> str:
-        """HASH slot -> robots.txt Crawl-delay (ms); negative while one worker reads it."""
-        return self._key("robots")
+    robots = _Key(
+        "robots",
+        """HASH slot -> robots.txt Crawl-delay (ms); negative while one worker reads it.""",
+    )
 
-    @property
-    def robotstxt(self) -> str:
+    robotstxt = _Key(
+        "robotstxt",
         """HASH netloc -> robots.txt, where versions before the layout record kept them
-        (without expiry); only ``distcrawl reset`` still touches it."""
-        return self._key("robotstxt")
+        (without expiry); only ``distcrawl reset`` still touches it.""",
+    )
 
     def robots_txt(self, netloc: str) -> str:
         """STRING ``<fetched> <status>\n<body>``: a netloc's robots.txt as downloaded once
@@ -307,61 +330,61 @@ class FrontierKeys:
         only the robots.txt of the hosts it still visits."""
         return self._key(f"robotstxt:{netloc}")
 
-    @property
-    def robots_txt_pattern(self) -> str:
-        """SCAN pattern of every per-netloc robots.txt key and download lock, for reset."""
-        return self._key("robotstxt:*")
+    robots_txt_pattern = _Key(
+        "robotstxt:*",
+        """SCAN pattern of every per-netloc robots.txt key and download lock, for reset.""",
+    )
 
     def robots_lock(self, netloc: str) -> str:
         """STRING held (with a TTL) by the one worker downloading this netloc's robots.txt."""
         return self._key(f"robotstxt:lock:{netloc}")
 
-    @property
-    def settings(self) -> str:
-        """HASH of values workers publish for producers, e.g. the pending cap."""
-        return self._key("settings")
+    settings = _Key(
+        "settings",
+        """HASH of values workers publish for producers, e.g. the pending cap.""",
+    )
 
-    @property
-    def sweep(self) -> str:
+    sweep = _Key(
+        "sweep",
         """HASH per-slot key name -> HSCAN cursor: where the sweep of finished slots goes on
-        (lua/sweep.lua)."""
-        return self._key("sweep")
+        (lua/sweep.lua).""",
+    )
 
-    @property
-    def meta(self) -> str:
+    meta = _Key(
+        "meta",
         """HASH recording the frontier's layout (format version, shards, seen-set,
         serializer, fingerprinter): written by the first worker, checked by every other
-        (distcrawl/layout.py)."""
-        return self._key("meta")
+        (distcrawl/layout.py).""",
+    )
 
-    @property
-    def paused(self) -> str:
-        """STRING present while the crawl is paused (``distcrawl pause``)."""
-        return self._key("paused")
+    paused = _Key(
+        "paused",
+        """STRING present while the crawl is paused (``distcrawl pause``).""",
+    )
 
-    @property
-    def import_queue(self) -> str:
+    import_queue = _Key(
+        "import:queue",
         """ZSET or LIST: a scrapy-redis queue that ``distcrawl import scrapy-redis --move`` is
         importing, renamed here first: scrapy-redis' default queue key ``<spider>:requests``
-        is distcrawl's :attr:`requests`, and an interrupted move resumes from here."""
-        return self._key("import:queue")
+        is distcrawl's :attr:`requests`, and an interrupted move resumes from here.""",
+    )
 
-    @property
-    def imported(self) -> str:
+    imported = _Key(
+        "import:done",
         """SET of digests of the scrapy-redis queue members already imported (queued or found
         seen), so that an import run again skips them: a ``dont_filter`` request has no
         fingerprint for the seen-set to stop; and of those dead-lettered (``dead:`` +
-        digest), so that a run again writes no second dead letter."""
-        return self._key("import:done")
+        digest), so that a run again writes no second dead letter.""",
+    )
 
-    @property
-    def migration(self) -> str:
+    migration = _Key(
+        "migration",
         """HASH written by ``distcrawl migrate`` (distcrawl/migrate.py): on the source, the
         migration's id, where it goes and whether it was verified (``state``); on the target,
         the same id and where it came from. A run again after an interruption resumes only
         into a target whose record names the same id, so that it never overwrites another
-        crawl of the same name. Never copied itself."""
-        return self._key("migration")
+        crawl of the same name. Never copied itself.""",
+    )
 
     def same_key_in(self, key: str, other: FrontierKeys) -> str:
         """The name ``key`` (one of this crawl's keys) has in ``other``'s naming, for
@@ -430,7 +453,7 @@ class FrontierKeys:
                 out.append(of)
                 continue
             member = getattr(type(self), name)
-            if isinstance(member, property):
+            if isinstance(member, _Key | property):
                 out.append(getattr(self, name))
             elif of is None:
                 raise ValueError(f"{script}.lua's key {name!r} needs a worker tag or netloc")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -63,12 +62,11 @@ class MongoServer(ServerProcess):
         binary: str = MONGO_BINARY,
         extra_args: Sequence[str] = (),
     ) -> None:
-        super().__init__(port, directory)
+        super().__init__(port, directory, binary)
         self.standalone = standalone
         self.auth = auth
         #: (certificate file, key file, CA file) to serve TLS
         self.tls = tls
-        self.binary = binary
         self.extra_args = list(extra_args)
         #: (user, password) the readiness check and :meth:`client` use when ``auth`` is on
         self.credentials: tuple[str, str] | None = None
@@ -130,21 +128,6 @@ class MongoServer(ServerProcess):
             cert, key, ca = self.tls
             cmd += ["--tls-cert-file", cert, "--tls-key-file", key, "--tls-ca-file", ca]
         return cmd + self.extra_args
-
-    def pause(self) -> None:
-        """Stop the server but keep its port and data, for :meth:`resume`."""
-        self._terminate(signal.SIGTERM)
-        self._fixed_port = True
-
-    def resume(self) -> MongoServer:
-        if not self._spawn_and_wait():
-            raise RuntimeError(f"secantusd-py did not restart: {self._log_tail()}")
-        return self
-
-    def restart(self) -> MongoServer:
-        """Same port and storage directory: the data survives."""
-        self.pause()
-        return self.resume()
 
     def enable_auth(self, user: str, password: str) -> MongoServer:
         """Create a root user, then restart with ``--auth``; :attr:`uri` then carries them."""

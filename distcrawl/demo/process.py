@@ -105,8 +105,10 @@ class ServerProcess(ManagedProcess):
     DIRECTORY_PREFIX = "distcrawl-server-"
     LOG_NAME = "server.log"
 
-    def __init__(self, port: int | None, directory: str | Any | None) -> None:
+    def __init__(self, port: int | None, directory: str | Any | None, binary: str) -> None:
         super().__init__()
+        #: the server's executable, the first word of :meth:`command`
+        self.binary = binary
         self.port = port
         self._fixed_port = port is not None
         self.directory = str(directory) if directory is not None else None
@@ -151,6 +153,23 @@ class ServerProcess(ManagedProcess):
             shutil.rmtree(self.directory, ignore_errors=True)
             self.directory = None
             self._owns_directory = False
+
+    def pause(self) -> None:
+        """Stop the server (SIGTERM) but keep its port and directory, for :meth:`resume`."""
+        self._terminate(signal.SIGTERM)
+        self._fixed_port = True
+
+    def resume(self: S) -> S:
+        """Start it again on the same port and directory, on the data it left there."""
+        if not self._spawn_and_wait():
+            raise RuntimeError(f"{self.NAME} did not restart: {self._log_tail()}")
+        return self
+
+    def restart(self: S) -> S:
+        """Same port and directory: the data survives (for redis-server, when
+        ``appendonly`` is on)."""
+        self.pause()
+        return self.resume()
 
     def _spawn_and_wait(self) -> bool:
         assert self.log_path is not None

@@ -45,11 +45,10 @@ class RedisServer(ServerProcess):
         binary: str = REDIS_BINARY,
         unixsocket: str | os.PathLike[str] | None = None,
     ) -> None:
-        super().__init__(port, directory)
+        super().__init__(port, directory, binary)
         self.appendonly = appendonly
         self.password = password
         self.appendfsync = appendfsync
-        self.binary = binary
         #: also listen on this unix socket (keep the path short: about 100 bytes at most)
         self.unixsocket = str(unixsocket) if unixsocket is not None else None
 
@@ -91,14 +90,6 @@ class RedisServer(ServerProcess):
     def kill(self) -> None:
         """SIGKILL, keeping the directory: simulates a crash for durability tests."""
         self._terminate(signal.SIGKILL)
-
-    def restart(self) -> RedisServer:
-        """Same port and directory, so AOF data survives when ``appendonly`` is on."""
-        self._terminate(signal.SIGTERM)
-        self._fixed_port = True
-        if not self._spawn_and_wait():
-            raise RuntimeError(f"redis-server did not restart: {self._log_tail()}")
-        return self
 
     # ------------------------------------------------------------------ internals
 

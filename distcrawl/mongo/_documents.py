@@ -105,9 +105,7 @@ def item_document(
 ) -> Doc:
     """The Doc of a scraped item, keyed; an item that cannot be one (not an item, no key)
     still becomes a Doc, with ``error`` set, so that it is dead-lettered, not lost."""
-    item_type = type(item)
-    type_name = f"{item_type.__module__}.{item_type.__qualname__}"
-    collection = config.collection_for(item_type, default_collection)
+    collection, type_name = placed(item, config, default_collection)
     if not ItemAdapter.is_item(item):
         return Doc(
             collection,
@@ -123,6 +121,14 @@ def item_document(
     doc: dict[str, Any] = {"_id": key}
     doc.update((k, v) for k, v in data.items() if k != "_id")
     return Doc(collection, doc, key=key, item_type=type_name)
+
+
+def placed(item: Any, config: MongoConfig, default_collection: str) -> tuple[str, str]:
+    """The collection ``item`` goes to and the dotted name of its type, which its Doc (and
+    any dead letter of it) records: the same for items and PageFetches."""
+    item_type = type(item)
+    collection = config.collection_for(item_type, default_collection)
+    return collection, f"{item_type.__module__}.{item_type.__qualname__}"
 
 
 def item_key(
@@ -156,16 +162,7 @@ def check_document(doc: Mapping[str, Any]) -> bytes | str:
                 f"field name {name!r} starts with '$' (MongoDB refuses it at the top level "
                 "of a replacement document, error 52)"
             )
-    try:
-        data = bson.encode(doc, codec_options=CODEC_OPTIONS)
-    except (InvalidDocument, OverflowError, TypeError, ValueError) as exc:
-        return f"cannot be encoded as BSON: {_short(str(exc))}"
-    if len(data) > MAX_DOCUMENT_BYTES:
-        return (
-            f"document too large: {len(data)} bytes of BSON, "
-            f"MongoDB's limit is {MAX_DOCUMENT_BYTES}"
-        )
-    return data
+    return _encoded(doc)
 
 
 def check_update(update: Mapping[str, Any]) -> bytes | str:
@@ -189,8 +186,14 @@ def check_update(update: Mapping[str, Any]) -> bytes | str:
                     f"field name {name!r} contains '.', which an update ({operator}) reads as "
                     "a path into a subdocument; with revisits on, items are written as updates"
                 )
+    return _encoded(update)
+
+
+def _encoded(doc: Mapping[str, Any]) -> bytes | str:
+    """The BSON of a replacement or update document, or why MongoDB could not take it: the
+    checks both kinds share, after each kind's own checks of its field names."""
     try:
-        data = bson.encode(update, codec_options=CODEC_OPTIONS)
+        data = bson.encode(doc, codec_options=CODEC_OPTIONS)
     except (InvalidDocument, OverflowError, TypeError, ValueError) as exc:
         return f"cannot be encoded as BSON: {_short(str(exc))}"
     if len(data) > MAX_DOCUMENT_BYTES:

@@ -29,7 +29,7 @@ from scrapy import Request
 
 from distcrawl.items import PageFetch
 from distcrawl.mongo._config import MongoConfig
-from distcrawl.mongo._documents import Doc, NoKey, item_document, item_key
+from distcrawl.mongo._documents import Doc, NoKey, item_document, item_key, placed
 
 #: the fields a PageFetch maintains on its page's document
 TRACKING_FIELDS = (
@@ -104,9 +104,7 @@ def fetch_document(
     of PageFetch items (DISTCRAWL_MONGO_COLLECTIONS may map PageFetch itself; else
     DISTCRAWL_MONGO_COLLECTION or the spider's name, where page items go by default). A
     PageFetch that cannot be one still becomes a Doc with ``error`` set: dead-lettered."""
-    item_type = type(fetch)
-    collection = config.collection_for(item_type, default_collection)
-    type_name = f"{item_type.__module__}.{item_type.__qualname__}"
+    collection, type_name = placed(fetch, config, default_collection)
     data = ItemAdapter(fetch).asdict()
     error = _fetch_error(fetch)
     key = None

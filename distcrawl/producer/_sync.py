@@ -21,6 +21,7 @@ from distcrawl.dupefilter import FINGERPRINT_BYTES
 from distcrawl.entries import (
     EntryLike,
     EntryMaker,
+    EntryOptions,
     Made,
     Refused,
     check_raw,
@@ -46,6 +47,7 @@ from distcrawl.start_urls import validate_url
 
 if TYPE_CHECKING:
     from scrapy.utils.request import RequestFingerprinterProtocol
+    from typing_extensions import Unpack
 
 #: the package's name, as before it was split (logging configurations name it)
 logger = logging.getLogger("distcrawl.producer")
@@ -222,11 +224,8 @@ class Producer:
         meta: Mapping[str, Any] | None = None,
         callback: str | None = None,
         *,
-        method: str | None = None,
-        headers: Mapping[str, Any] | None = None,
-        body: str | None = None,
-        dont_filter: bool = False,
         push_id: str | None = None,
+        **options: Unpack[EntryOptions],
     ) -> PushResult:
         """Push one URL; ``priority`` is the request's (higher first, as in Scrapy),
         ``callback`` the name of a spider method (target "queue" only). Raises
@@ -234,16 +233,7 @@ class Producer:
 
         ``push_id`` names this push, so that sending it again is a no-op even for a
         ``dont_filter`` request (see :meth:`push_many`)."""
-        fields = fields_of(
-            url,
-            priority=priority,
-            meta=meta,
-            callback=callback,
-            method=method,
-            headers=headers,
-            body=body,
-            dont_filter=dont_filter,
-        )
+        fields = fields_of(url, priority=priority, meta=meta, callback=callback, **options)
         return self.push_many([fields], push_id=push_id)[0]
 
     def push_many(
