@@ -109,11 +109,14 @@ class Config:
     key: str
     kind: str
     workers: int
+    #: settings this configuration adds to its kind's (a feature turned on)
+    settings: tuple[tuple[str, Any], ...] = ()
 
     @property
     def label(self) -> str:
         noun = "process" if self.kind == "scrapy" else "worker" + ("s" if self.workers > 1 else "")
-        return f"{self.kind}, {self.workers} {noun}"
+        extra = "".join(f", {name}={value}" for name, value in self.settings)
+        return f"{self.kind}, {self.workers} {noun}{extra}"
 
 
 #: in this order every pair that a target compares runs back to back, so that a change in the
@@ -173,7 +176,11 @@ def start_workers(
     kind = KINDS[config.kind]
     urls = start_urls if start_urls is not None else [site_url + "/"]
     spider_args = {"start_urls": ",".join(urls)} if kind.start_key is None else {}
-    settings = {**(COMMON_SETTINGS if common is None else common), **kind.settings}
+    settings = {
+        **(COMMON_SETTINGS if common is None else common),
+        **kind.settings,
+        **dict(config.settings),
+    }
     return [
         BenchWorker(
             i,

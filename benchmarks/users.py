@@ -126,6 +126,11 @@ class Row:
         return not only or any(o in (self.key, self.setup.key, self.config.key) for o in only)
 
 
+RECRAWL_CONFIG = Config(
+    "distcrawl-recrawl-1", "distcrawl", 1, (("DISTCRAWL_RECRAWL_INTERVAL", 86400),)
+)
+
+
 def rows(pages: int | None = None, fail_timeout: float = FAIL_TIMEOUT) -> list[Row]:
     """Every row of the suite; ``pages`` (``--pages``) replaces every crawl's size."""
     out: list[Row] = []
@@ -134,6 +139,10 @@ def rows(pages: int | None = None, fail_timeout: float = FAIL_TIMEOUT) -> list[R
             key = f"{latency * 1000:g}ms-{hosts}host{'s' if hosts > 1 else ''}"
             setup = Setup(key, latency, hosts, pages or size)
             out += [Row(setup, config) for config in CONFIGS]
+            if hosts == 1:
+                # revisits on (pages due again in a day): what judging each answer and storing
+                # its revisit costs a crawl, beside the same crawl without
+                out.append(Row(setup, RECRAWL_CONFIG))
     # plain Scrapy too: what the same 503s do to a crawl without distcrawl
     pair = [c for c in CONFIGS if c.key in ("scrapy", "distcrawl-1")]
     ok = Setup("20ms-1host", 0.02, 1, pages or PAGES_FAIL)
