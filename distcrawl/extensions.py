@@ -28,13 +28,14 @@ from scrapy.exceptions import NotConfigured
 from twisted.internet import task
 from twisted.python.failure import Failure
 
+from distcrawl._monitor_reads import part_ops, part_replies, parts_of, sizes_of, split_replies
 from distcrawl.batch import Rider
 from distcrawl.config import DistcrawlConfig
 from distcrawl.connection import RedisIO, execute_timed, is_cluster, node_info, redis_io
 from distcrawl.frontier import Frontier, Op, worker_id
 from distcrawl.keys import FrontierKeys
 from distcrawl.redact import redact_error, redact_text, url_secrets
-from distcrawl.revisits_admin import GAUGE_REPLIES, gauges_of, server_ms
+from distcrawl.revisits_admin import gauges_of, server_ms
 from distcrawl.scheduler import scheduler_of
 
 if TYPE_CHECKING:
@@ -207,10 +208,10 @@ class WorkerMonitor:
         deltas: dict[str, int],
         domains: dict[str, int],
         heartbeat: dict[str, Any],
-        revisits: bool = True,
+        parts: bool = True,
     ) -> list[Op[Any]]:
-        """The beat's commands; five read the pause flag and the frontier sizes, then (with
-        ``revisits``) the revisit gauges' reads (:meth:`_revisit_ops`)."""
+        """The beat's commands; two read the pause flag and the dead letters, then (with
+        ``parts``) the reads of every part's sizes and revisit gauges (:meth:`_part_ops`)."""
         assert self.keys is not None
         k = self.keys
         ops: list[Op[Any]] = [
@@ -226,20 +227,16 @@ class WorkerMonitor:
         if domains:
             ops.append(Op("", [], ["ZREMRANGEBYRANK", k.domains, 0, -DOMAINS_KEPT - 1], _same))
         ops.append(Op("", [], ["EXISTS", k.paused], _same))
-        ops += [Op("", [], ["ZCARD", key], _same) for key in (k.queue, k.leases, k.delayed)]
         ops.append(Op("", [], ["LLEN", k.dead], _same))
-        if revisits:
-            ops += self._revisit_ops()
+        if parts:
+            ops += self._part_ops()
         return ops
 
-    def _revisit_parts(self) -> list[FrontierKeys]:
-        """The keys holding revisits: every shard's (DISTCRAWL_SHARDS), or the crawl's."""
+    def _parts(self) -> list[FrontierKeys]:
+        """The keys holding requests and revisits: every shard's (DISTCRAWL_SHARDS), or the
+        crawl's."""
         assert self.keys is not None
-        shards = self.config.shards
-        if shards == 1:
-            return [self.keys]
-        crawl = self.keys.sharded(shards)
-        return [crawl.of_shard(i) for i in range(shards)]
+        return parts_of(self.keys, self.config.shards)
 
     def _due_bound(self) -> int | None:
         """The server's time now as the last beat's TIME and the monotonic clock tell it:
@@ -252,44 +249,41 @@ class WorkerMonitor:
     def _learn_server_time(self) -> None:
         """Once, before the first beat: its due count needs the server's time to count by."""
         try:
-            now = server_ms(self.io.client, self._revisit_parts()[0].revisits)
+            now = server_ms(self.io.client, self._parts()[0].revisits)
         except redis.RedisError:
             return  # the beat says what is wrong; the due count waits for a beat's TIME
         self._server_ms = (now, time.monotonic())
 
-    def _revisit_ops(self) -> list[Op[Any]]:
-        """Per shard ZCARD of the revisits waiting and queued, ZCOUNT of those due, the most
-        overdue one (GAUGE_REPLIES replies each), then TIME: O(log n) each, however many
-        revisits the crawl holds."""
+    def _part_ops(self) -> list[Op[Any]]:
+        """Per part ZCARD of the queue, leases and retries, then per part the revisit gauges'
+        reads, then TIME (distcrawl/_monitor_reads.py): O(log n) each, O(shards) in all."""
         bound = self._due_bound()
         until = "-inf" if bound is None else bound
-        ops: list[Op[Any]] = []
-        for k in self._revisit_parts():
-            ops += [
-                Op("", [], ["ZCARD", k.revisits], _same),
-                Op("", [], ["ZCARD", k.revisit_queue], _same),
-                Op("", [], ["ZCOUNT", k.revisits, "-inf", until], _same),
-                Op("", [], ["ZRANGE", k.revisits, 0, 0, "WITHSCORES"], _same),
-            ]
-        ops.append(Op("", [], ["TIME"], _same))
-        return ops
+        return part_ops(self._parts(), until)
 
-    def _read(self, replies: list[Any], revisits: bool = True) -> tuple[bool, dict[str, Any]]:
-        """The pause flag and the sizes; a failed revisit read leaves their gauges out."""
+    def _read(self, replies: list[Any], parts: bool = True) -> tuple[bool, dict[str, Any]]:
+        """The pause flag and the sizes; a failed read of the parts leaves its gauges out."""
         tail: list[Any] = []
-        if revisits:
-            count = len(self._revisit_parts()) * GAUGE_REPLIES + 1
+        if parts:
+            count = part_replies(len(self._parts()))
             replies, tail = replies[:-count], replies[-count:]
-        *_, paused, queue, leased, delayed, dead = replies
-        sizes: dict[str, Any] = {
-            "queue": queue,
-            "leased": leased,
-            "delayed": delayed,
-            "dead": dead,
-        }
+        *_, paused, dead = replies
+        sizes: dict[str, Any] = {"dead": dead}
         if tail:
-            sizes.update(self._revisit_gauges(tail))
+            sizes.update(self._part_gauges(tail))
         return bool(paused), sizes
+
+    def _part_gauges(self, replies: list[Any]) -> dict[str, Any]:
+        """The frontier sizes and the revisit gauges, every part added up."""
+        n = len(self._parts())
+        sizes, revisits = split_replies(replies, n)
+        gauges: dict[str, Any] = {}
+        if any(isinstance(r, BaseException) for r in sizes):
+            logger.debug("Frontier sizes not read: %s", sizes)
+        else:
+            gauges.update(sizes_of(sizes, n))
+        gauges.update(self._revisit_gauges(revisits))
+        return gauges
 
     def _revisit_gauges(self, replies: list[Any]) -> dict[str, Any]:
         if any(isinstance(r, BaseException) for r in replies):
@@ -297,7 +291,7 @@ class WorkerMonitor:
             return {}
         bound = self._due_bound()
         try:
-            gauges = gauges_of(replies, len(self._revisit_parts()), bound)
+            gauges = gauges_of(replies, len(self._parts()), bound)
             reply = replies[-1]
             self._server_ms = (int(reply[0]) * 1000 + int(reply[1]) // 1000, time.monotonic())
         except (TypeError, ValueError, IndexError) as exc:
@@ -305,21 +299,21 @@ class WorkerMonitor:
             return {}
         return gauges
 
-    def _cluster_revisits(self) -> dict[str, Any]:
+    def _cluster_parts(self) -> dict[str, Any]:
         """On a cluster the shards' keys are in other slots than the MULTI of the beat, and
-        TIME names no key: the gauges' reads go in a pipeline of their own, then TIME of the
+        TIME names no key: the parts' reads go in a pipeline of their own, then TIME of the
         first shard's master. Reads only: a reply lost and sent again counts nothing twice."""
         client = self.io.client
-        ops = self._revisit_ops()
+        ops = self._part_ops()
         pipe = client.pipeline(transaction=False)
         for op in ops[:-1]:
             pipe.execute_command(*op.args)
         try:
-            replies = execute_timed(client, pipe, self._revisit_parts()[0].revisits)
+            replies = execute_timed(client, pipe, self._parts()[0].revisits)
         except redis.RedisError as exc:
-            logger.debug("Revisit gauges not read: %s", redact_error(exc, self.io.url))
+            logger.debug("Frontier gauges not read: %s", redact_error(exc, self.io.url))
             return {}
-        return self._revisit_gauges(replies)
+        return self._part_gauges(replies)
 
     def _publish(
         self,
@@ -340,14 +334,14 @@ class WorkerMonitor:
         # lost reply, which would count these HINCRBYs twice (one slot: MULTI is allowed)
         cluster = is_cluster(self.io.client)
         pipe = self.io.client.pipeline(transaction=cluster)
-        for op in self._ops(deltas, domains, heartbeat, revisits=not cluster):
+        for op in self._ops(deltas, domains, heartbeat, parts=not cluster):
             pipe.execute_command(*op.args)
         if memory:
             # on its own: a full Redis refuses the writes above, and this must still be said
             self._memory_info()
-        paused, sizes = self._read(pipe.execute(), revisits=not cluster)
+        paused, sizes = self._read(pipe.execute(), parts=not cluster)
         if cluster:
-            sizes.update(self._cluster_revisits())
+            sizes.update(self._cluster_parts())
         return paused, sizes
 
     def _rode(
@@ -360,8 +354,8 @@ class WorkerMonitor:
                 self._refuse_info(info)
             elif not isinstance(info, BaseException):
                 self._check_memory(info)
-        # the revisit gauges' reads are not the beat's: their failure loses the gauges only
-        count = len(self._revisit_parts()) * GAUGE_REPLIES + 1
+        # the parts' reads are not the beat's: their failure loses their gauges only
+        count = part_replies(len(self._parts()))
         error = next((r for r in replies[:-count] if isinstance(r, BaseException)), None)
         if error is not None:
             self._failed(Failure(error), deltas, domains)

@@ -274,3 +274,77 @@ def test_revisit_gauges_count_the_backlog_and_its_age(redis_client, redis_url, s
     assert metrics["distcrawl_revisits_due"] == str(3 * shards)
     assert 42 <= float(metrics["distcrawl_revisits_overdue_seconds"]) < 60
     assert "# TYPE distcrawl_revisits_overdue_seconds gauge" in monitor.metrics()
+
+
+@pytest.mark.parametrize("cluster", [False, True], ids=["server", "cluster"])
+@pytest.mark.parametrize("shards", [1, 4])
+def test_frontier_gauges_add_up_every_shard(request, redis_client, redis_url, shards, cluster):
+    """distcrawl_queue, distcrawl_leased, distcrawl_delayed are the crawl's totals: with
+    DISTCRAWL_SHARDS above 1 the requests are in the shards' keys, none in the crawl's (on
+    a cluster in other slots than the beat's, read in a pipeline of their own)."""
+    from redis.cluster import RedisCluster
+    from scrapy.utils.test import get_crawler
+
+    from distcrawl.config import DistcrawlConfig
+    from distcrawl.connection import RedisIO
+    from distcrawl.extensions import WorkerMonitor
+    from distcrawl.frontier import Entry, EntryKind, Frontier
+    from distcrawl.keys import FrontierKeys
+
+    client = redis_client
+    if cluster:
+        nodes = request.getfixturevalue("redis_cluster")
+        nodes.flush()
+        redis_url = nodes.url_away_from("site:start_urls")
+        client = RedisCluster.from_url(redis_url)
+    crawl = FrontierKeys("site", cluster=cluster).sharded(shards)
+    parts = [crawl.of_shard(i) for i in range(shards)]
+
+    def request_(shard: int, n: int) -> Entry:
+        slot = f"h{shard}-{n}.test"  # a slot each: a lease takes one of each
+        return Entry(EntryKind.REQUEST, b"fp%d-%d" % (shard, n), 0, b"p", b"", slot)
+
+    def retry(shard: int, n: int) -> Entry:
+        return Entry(EntryKind.RETRY, b"rt%d-%d" % (shard, n), 0, b"p", b"3600000", "r.test")
+
+    # shard i (of the last three): i + 2 requests, i of them leased, 4 - i retries waiting
+    busy = parts[-3:] if shards > 1 else parts
+    for i, part in enumerate(busy, start=1):
+        frontier = Frontier(client, part)
+        frontier.commit(
+            [], [request_(i, n) for n in range(i + 2)] + [retry(i, n) for n in range(4 - i)]
+        )
+        assert len(frontier.lease(i, 600_000).items) == i
+    queue, leased, delayed = (
+        sum(client.zcard(getattr(p, name)) for p in parts)
+        for name in ("queue", "leases", "delayed")
+    )
+    expected = (2, 1, 3) if shards == 1 else (6, 6, 6)
+    assert (queue, leased, delayed) == expected
+    if shards > 1:
+        assert client.zcard(crawl.queue) == client.zcard(crawl.leases) == 0
+
+    settings = {"REDIS_URL": redis_url, "DISTCRAWL_SHARDS": shards}
+    crawler = get_crawler(settings_dict=settings)
+    io = RedisIO(redis_url, cluster=cluster)
+    monitor = WorkerMonitor(crawler, DistcrawlConfig.from_settings(crawler.settings), io)
+    monitor.keys = FrontierKeys("site")
+    try:
+        paused, monitor.sizes = monitor._publish({}, {}, {"state": "running"})
+    finally:
+        io.stop()
+        if cluster:
+            client.close()
+    assert not paused
+    sizes = monitor.sizes
+    assert (sizes["queue"], sizes["leased"], sizes["delayed"]) == expected
+    metrics = dict(
+        line.split() for line in monitor.metrics().splitlines() if not line.startswith("#")
+    )
+    assert (
+        metrics["distcrawl_queue"],
+        metrics["distcrawl_leased"],
+        metrics["distcrawl_delayed"],
+    ) == tuple(str(n) for n in expected)
+    assert metrics["distcrawl_dead"] == "0"
+    assert metrics["distcrawl_revisits"] == "0"

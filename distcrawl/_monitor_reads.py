@@ -1,0 +1,72 @@
+"""The worker monitor's reads of each part of the frontier (``WorkerMonitor``'s beat).
+
+A crawl of one shard keeps its queue, leases, retries and revisits in the crawl's own keys;
+with ``DISTCRAWL_SHARDS`` above 1 they are all in the shards' keys (each under its hash tag)
+and none in the crawl's. So the monitor reads each part's and adds them up: per part three
+ZCARDs (``SIZE_REPLIES``) for the frontier sizes, then the revisit gauges' reads
+(``GAUGE_REPLIES``, see :func:`~distcrawl.revisits_admin.gauges_of`), then one TIME. Every
+read is O(1) or O(log n): a beat costs O(shards) of them, however big the crawl.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from distcrawl.keys import FrontierKeys
+from distcrawl.ops import Op
+from distcrawl.revisits_admin import GAUGE_REPLIES
+
+#: replies per part that :func:`sizes_of` reads: ZCARD of queue, leases and delayed
+SIZE_REPLIES = 3
+
+
+def parts_of(keys: FrontierKeys, shards: int) -> list[FrontierKeys]:
+    """The keys holding the crawl's requests: every shard's, or the crawl's own (1 shard)."""
+    if shards == 1:
+        return [keys]
+    crawl = keys.sharded(shards)
+    return [crawl.of_shard(i) for i in range(shards)]
+
+
+def _same(reply: Any) -> Any:
+    return reply
+
+
+def part_ops(parts: Sequence[FrontierKeys], due_until: int | str) -> list[Op[Any]]:
+    """The per-part reads, as plain-command Ops: the sizes of every part, then the revisit
+    gauges' reads of every part, counting those due up to ``due_until``, then TIME."""
+    ops: list[Op[Any]] = []
+    for k in parts:
+        ops += [Op("", [], ["ZCARD", key], _same) for key in (k.queue, k.leases, k.delayed)]
+    for k in parts:
+        ops += [
+            Op("", [], ["ZCARD", k.revisits], _same),
+            Op("", [], ["ZCARD", k.revisit_queue], _same),
+            Op("", [], ["ZCOUNT", k.revisits, "-inf", due_until], _same),
+            Op("", [], ["ZRANGE", k.revisits, 0, 0, "WITHSCORES"], _same),
+        ]
+    ops.append(Op("", [], ["TIME"], _same))
+    return ops
+
+
+def part_replies(parts: int) -> int:
+    """How many replies :func:`part_ops` of ``parts`` parts gets."""
+    return parts * (SIZE_REPLIES + GAUGE_REPLIES) + 1
+
+
+def split_replies(replies: Sequence[Any], parts: int) -> tuple[list[Any], list[Any]]:
+    """The replies of :func:`part_ops`: those of the sizes, those of the revisit gauges."""
+    count = parts * SIZE_REPLIES
+    return list(replies[:count]), list(replies[count:])
+
+
+def sizes_of(replies: Sequence[Any], parts: int) -> dict[str, int]:
+    """The frontier sizes, all parts added up, from their ZCARDs (``SIZE_REPLIES`` each)."""
+    queue = leased = delayed = 0
+    for i in range(parts):
+        q, leases, d = replies[i * SIZE_REPLIES : (i + 1) * SIZE_REPLIES]
+        queue += int(q)
+        leased += int(leases)
+        delayed += int(d)
+    return {"queue": queue, "leased": leased, "delayed": delayed}
