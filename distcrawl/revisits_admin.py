@@ -15,6 +15,7 @@ revisit is can only be told of those still waiting in ``revisits``.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -92,12 +93,7 @@ class DomainRevisits:
     next_hour: int = 0
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "domain": self.domain,
-            "scheduled": self.scheduled,
-            "due": self.due,
-            "next_hour": self.next_hour,
-        }
+        return dataclasses.asdict(self)
 
 
 @dataclass
