@@ -38,7 +38,15 @@ from distcrawl.mongo import (
     tracking_update,
 )
 from distcrawl.pipelines import MongoPipeline, _Pending
-from tests.test_pipelines import ItemsSpider, feed, fingerprint, make_pipeline, run, stat
+from tests.test_pipelines import (
+    ItemsSpider,
+    feed,
+    fingerprint,
+    make_pipeline,
+    run,
+    spilling_pipeline,
+    stat,
+)
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -350,13 +358,7 @@ async def test_spilled_fetches_replay_as_updates_once(
     key = fingerprint(before, URL)
 
     spill_dir = tmp_path / "spill"
-    pipe = make_pipeline(
-        mongo_server.uri,
-        DISTCRAWL_MONGO_TIMEOUT=0.5,
-        DISTCRAWL_MONGO_CLOSE_TIMEOUT=0.5,
-        DISTCRAWL_MONGO_SPILL_DIR=str(spill_dir),
-        **REVISITS,
-    )
+    pipe = spilling_pipeline(mongo_server.uri, spill_dir, **REVISITS)
     items: list[Any] = [unchanged(), page("New", "new text"), changed()]
     mongo_server.pause()
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 import urllib.request
+from typing import Any
 
 import pytest
 
@@ -227,15 +228,27 @@ def test_the_domains_statistic_keeps_the_busiest_domains_only(demo_site, workers
     assert redis_client.zscore("site:domains", "d1.test") is None  # the quietest went
 
 
-@pytest.mark.parametrize("shards", [1, 3])
-def test_revisit_gauges_count_the_backlog_and_its_age(redis_client, redis_url, shards):
-    """distcrawl_revisits, distcrawl_revisits_due, distcrawl_revisits_overdue_seconds: read
-    in the beat's round trip, per shard, on the server's clock."""
+def monitor_of(redis_url: str, shards: int, cluster: bool = False) -> tuple[Any, Any]:
+    """A WorkerMonitor of the crawl ``site`` on the test Redis, not attached to a crawl, and
+    its RedisIO (to stop)."""
     from scrapy.utils.test import get_crawler
 
     from distcrawl.config import DistcrawlConfig
     from distcrawl.connection import RedisIO
     from distcrawl.extensions import WorkerMonitor
+    from distcrawl.keys import FrontierKeys
+
+    crawler = get_crawler(settings_dict={"REDIS_URL": redis_url, "DISTCRAWL_SHARDS": shards})
+    io = RedisIO(redis_url, cluster=cluster)
+    monitor = WorkerMonitor(crawler, DistcrawlConfig.from_settings(crawler.settings), io)
+    monitor.keys = FrontierKeys("site")
+    return monitor, io
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+def test_revisit_gauges_count_the_backlog_and_its_age(redis_client, redis_url, shards):
+    """distcrawl_revisits, distcrawl_revisits_due, distcrawl_revisits_overdue_seconds: read
+    in the beat's round trip, per shard, on the server's clock."""
     from distcrawl.frontier import Entry, EntryKind, Frontier, make_entry
     from distcrawl.keys import FrontierKeys
 
@@ -254,11 +267,7 @@ def test_revisit_gauges_count_the_backlog_and_its_age(redis_client, redis_url, s
     late_id = redis_client.zrange(parts[-1].revisits, 0, 0)[0]
     redis_client.zadd(parts[-1].revisits, {late_id: seconds * 1000 + micros // 1000 - 42_000})
 
-    settings = {"REDIS_URL": redis_url, "DISTCRAWL_SHARDS": shards}
-    crawler = get_crawler(settings_dict=settings)
-    io = RedisIO(redis_url, cluster=False)
-    monitor = WorkerMonitor(crawler, DistcrawlConfig.from_settings(crawler.settings), io)
-    monitor.keys = FrontierKeys("site")
+    monitor, io = monitor_of(redis_url, shards)
     try:
         for _ in range(2):  # the first beat asks the server's time before it counts
             paused, monitor.sizes = monitor._publish({}, {}, {"state": "running"})
@@ -283,11 +292,7 @@ def test_frontier_gauges_add_up_every_shard(request, redis_client, redis_url, sh
     DISTCRAWL_SHARDS above 1 the requests are in the shards' keys, none in the crawl's (on
     a cluster in other slots than the beat's, read in a pipeline of their own)."""
     from redis.cluster import RedisCluster
-    from scrapy.utils.test import get_crawler
 
-    from distcrawl.config import DistcrawlConfig
-    from distcrawl.connection import RedisIO
-    from distcrawl.extensions import WorkerMonitor
     from distcrawl.frontier import Entry, EntryKind, Frontier
     from distcrawl.keys import FrontierKeys
 
@@ -324,11 +329,7 @@ def test_frontier_gauges_add_up_every_shard(request, redis_client, redis_url, sh
     if shards > 1:
         assert client.zcard(crawl.queue) == client.zcard(crawl.leases) == 0
 
-    settings = {"REDIS_URL": redis_url, "DISTCRAWL_SHARDS": shards}
-    crawler = get_crawler(settings_dict=settings)
-    io = RedisIO(redis_url, cluster=cluster)
-    monitor = WorkerMonitor(crawler, DistcrawlConfig.from_settings(crawler.settings), io)
-    monitor.keys = FrontierKeys("site")
+    monitor, io = monitor_of(redis_url, shards, cluster=cluster)
     try:
         paused, monitor.sizes = monitor._publish({}, {}, {"state": "running"})
     finally:

@@ -48,6 +48,17 @@ def make_pipeline(uri: str, **settings: Any) -> MongoPipeline:
     return MongoPipeline.from_crawler(crawler)
 
 
+def spilling_pipeline(uri: str, spill_dir: Any, **settings: Any) -> MongoPipeline:
+    """A pipeline that gives up on MongoDB within a second and spills to ``spill_dir``."""
+    return make_pipeline(
+        uri,
+        DISTCRAWL_MONGO_TIMEOUT=0.5,
+        DISTCRAWL_MONGO_CLOSE_TIMEOUT=0.5,
+        DISTCRAWL_MONGO_SPILL_DIR=str(spill_dir),
+        **settings,
+    )
+
+
 def run(coro: Any) -> Any:
     """Scrapy's coroutines await asyncio futures: run them as asyncio tasks."""
     return deferred_from_coro(coro)
@@ -343,12 +354,7 @@ async def test_spill_file_at_close_and_replay_command(
     mongo_server: MongoServer, mongo_client, tmp_path, caplog, capsys
 ):
     spill_dir = tmp_path / "spill"
-    pipe = make_pipeline(
-        mongo_server.uri,
-        DISTCRAWL_MONGO_TIMEOUT=0.5,
-        DISTCRAWL_MONGO_CLOSE_TIMEOUT=0.5,
-        DISTCRAWL_MONGO_SPILL_DIR=str(spill_dir),
-    )
+    pipe = spilling_pipeline(mongo_server.uri, spill_dir)
     items: list[Any] = [{"url": f"http://example.com/{i}", "n": i} for i in range(10)]
     items.append({"url": "http://example.com/bad", "tags": {1, 2}})
     mongo_server.pause()
