@@ -41,6 +41,7 @@ from scrapy.spidermiddlewares.httperror import HttpError
 from scrapy.utils.conf import build_component_list
 from scrapy.utils.misc import load_object
 
+from distcrawl.addon import MONGO_PIPELINE
 from distcrawl.config import DistcrawlConfig
 from distcrawl.items import PageFetch
 from distcrawl.recrawl import Outcome, RecrawlSettings, next_fetch
@@ -82,7 +83,6 @@ TEXT_XPATH = "//body//text()[not(ancestor::script) and not(ancestor::style)]"
 #: validators longer than this are not kept (a header is not a payload)
 MAX_VALIDATOR = 512
 SIGNATURE_HEX = 32
-MONGO_PIPELINE = "distcrawl.pipelines.MongoPipeline"
 
 
 @dataclass(frozen=True)
@@ -165,6 +165,10 @@ def content_signature(response: Response, exclude: tuple[str, ...] = ()) -> str:
                         _drop(node)
         texts = [str(t).strip() for t in root.xpath(TEXT_XPATH)]
         data = " ".join(t for t in texts if t).encode("utf-8")
+    return _digest(data)
+
+
+def _digest(data: bytes) -> str:
     return hashlib.blake2b(data, digest_size=SIGNATURE_HEX // 2).hexdigest()
 
 
@@ -276,7 +280,7 @@ class RecrawlMiddleware:
                 exc,
             )
             self._inc("distcrawl/recrawl/signature_failed")
-            return hashlib.blake2b(response.body, digest_size=SIGNATURE_HEX // 2).hexdigest()
+            return _digest(response.body)
 
     def process_exception(self, request: Request, exception: Exception) -> None:
         """A fetch that failed (after its retries): tried again after the error interval,
