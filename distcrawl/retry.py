@@ -65,12 +65,13 @@ class Backoff:
 
     @classmethod
     def from_config(cls, config: DistcrawlConfig) -> Backoff:
+        retry = config.retry
         return cls(
-            config.retry_backoff_base,
-            config.retry_backoff_factor,
-            config.retry_backoff_max,
-            config.retry_jitter,
-            config.retry_after_max,
+            retry.backoff_base,
+            retry.backoff_factor,
+            retry.backoff_max,
+            retry.jitter,
+            retry.after_max,
         )
 
     def delay(self, attempt: int, retry_after: float | None = None) -> float:
@@ -215,7 +216,7 @@ class CallbackRetryMiddleware:
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> CallbackRetryMiddleware:
         config = DistcrawlConfig.from_settings(crawler.settings)
-        return cls(crawler, Backoff.from_config(config), config.callback_retries)
+        return cls(crawler, Backoff.from_config(config), config.retry.callback_retries)
 
     def process_spider_exception(
         self, response: Response, exception: Exception
