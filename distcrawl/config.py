@@ -8,7 +8,7 @@ happened to read it first.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from scrapy.settings import BaseSettings
@@ -26,10 +26,12 @@ from distcrawl._convert import (
     _optional_names,
     _positive,
     _probability,
+    _seconds,
 )
 from distcrawl._convert import (
     cluster_mode as cluster_mode,
 )
+from distcrawl.backoff import RetrySettings, retry_settings
 from distcrawl.keys import MAX_SHARDS
 from distcrawl.lua import SEEN_MODES
 from distcrawl.recrawl import RecrawlSettings, recrawl_settings
@@ -40,8 +42,6 @@ SERIALIZERS = ("msgpack", "json", "pickle")
 
 #: where a frozen settings object keeps the config parsed from it
 _CACHE_ATTRIBUTE = "_distcrawl_config"
-#: a number of seconds where 0 is a value of its own (no delay, no backoff)
-_seconds = _at_least(0.0, float)
 
 
 def _shard_count(raw: Any) -> int:
@@ -67,13 +67,13 @@ def allowed_schemes(settings: BaseSettings) -> tuple[str, ...]:
 class LeaseSettings:
     """How long a worker holds the requests it leased, and when they are given back: a lease
     not renewed within ``timeout`` expires (expired ones are reclaimed every
-    ``reclaim_interval``), and a worker whose liveness beats (every ``heartbeat_interval``)
+    ``reclaim_interval``), and a worker whose liveness beats (every ``heartbeat`` seconds)
     are older than ``worker_timeout`` is dead, its leases given back at once. One record
     because each bound is checked against another."""
 
     timeout: float = 30.0
     reclaim_interval: float = 2.0
-    heartbeat_interval: float = 1.0
+    heartbeat: float = 1.0
     worker_timeout: float = 10.0
 
 
@@ -81,10 +81,7 @@ def lease_settings(settings: BaseSettings) -> LeaseSettings:
     """DISTCRAWL_LEASE_TIMEOUT, _RECLAIM_INTERVAL, _HEARTBEAT_INTERVAL, _WORKER_TIMEOUT."""
     timeout = _get(settings, "DISTCRAWL_LEASE_TIMEOUT", LeaseSettings.timeout, _positive(float))
     heartbeat = _get(
-        settings,
-        "DISTCRAWL_HEARTBEAT_INTERVAL",
-        LeaseSettings.heartbeat_interval,
-        _positive(float),
+        settings, "DISTCRAWL_HEARTBEAT_INTERVAL", LeaseSettings.heartbeat, _positive(float)
     )
     worker_timeout = _get(
         settings, "DISTCRAWL_WORKER_TIMEOUT", LeaseSettings.worker_timeout, _positive(float)
@@ -102,47 +99,6 @@ def lease_settings(settings: BaseSettings) -> LeaseSettings:
         _positive(float),
     )
     return LeaseSettings(timeout, reclaim, heartbeat, worker_timeout)
-
-
-@dataclass(frozen=True)
-class RetrySettings:
-    """How retries wait (retry.py): ``backoff_base * backoff_factor**(n-1)`` seconds, at most
-    ``backoff_max``, give or take ``jitter`` of it, and never less than a ``Retry-After`` up to
-    ``after_max``; a callback that raises is retried ``callback_retries`` times."""
-
-    backoff_base: float = 1.0
-    backoff_factor: float = 2.0
-    backoff_max: float = 300.0
-    jitter: float = 0.2
-    #: also caps the Retry-After a 429/503 sets as its slot's delay (politeness.py)
-    after_max: float = 600.0
-    callback_retries: int = 2
-
-
-def retry_settings(settings: BaseSettings) -> RetrySettings:
-    """DISTCRAWL_RETRY_* and DISTCRAWL_CALLBACK_RETRIES."""
-    return RetrySettings(
-        backoff_base=_get(
-            settings, "DISTCRAWL_RETRY_BACKOFF_BASE", RetrySettings.backoff_base, _seconds
-        ),
-        backoff_factor=_get(
-            settings,
-            "DISTCRAWL_RETRY_BACKOFF_FACTOR",
-            RetrySettings.backoff_factor,
-            _at_least(1.0, float),
-        ),
-        backoff_max=_get(
-            settings, "DISTCRAWL_RETRY_BACKOFF_MAX", RetrySettings.backoff_max, _seconds
-        ),
-        jitter=_get(settings, "DISTCRAWL_RETRY_JITTER", RetrySettings.jitter, _fraction),
-        after_max=_get(settings, "DISTCRAWL_RETRY_AFTER_MAX", RetrySettings.after_max, _seconds),
-        callback_retries=_get(
-            settings,
-            "DISTCRAWL_CALLBACK_RETRIES",
-            RetrySettings.callback_retries,
-            _at_least(0, int),
-        ),
-    )
 
 
 @dataclass(frozen=True)
@@ -269,10 +225,10 @@ class DistcrawlConfig:
     max_pending_per_slot: int | None = None
     max_pending_keep_priority: int | None = None
     maxmemory_warn: float = 0.8
-    lease: LeaseSettings = LeaseSettings()
-    retry: RetrySettings = RetrySettings()
-    robots: RobotsSettings = RobotsSettings()
-    throttle: ThrottleSettings = ThrottleSettings()
+    lease: LeaseSettings = field(default_factory=LeaseSettings)
+    retry: RetrySettings = field(default_factory=RetrySettings)
+    robots: RobotsSettings = field(default_factory=RobotsSettings)
+    throttle: ThrottleSettings = field(default_factory=ThrottleSettings)
     #: DISTCRAWL_RECRAWL_*: None when pages are not revisited (recrawl.py)
     recrawl: RecrawlSettings | None = None
 

@@ -175,11 +175,11 @@ def connect(
         config.redis_url,
         keys,
         tag,
-        interval=config.lease.heartbeat_interval,
+        interval=config.lease.heartbeat,
         socket_timeout=config.socket_timeout,
         cluster=io.cluster,
         # batches carry the beats (Batch.beat): the thread is the fallback
-        own_after=OWN_BEAT_AFTER * config.lease.heartbeat_interval,
+        own_after=OWN_BEAT_AFTER * config.lease.heartbeat,
         shards=[f.keys for f in shards.parts],
     )
     options: dict[str, Any] = {
