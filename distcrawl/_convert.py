@@ -100,6 +100,10 @@ def _at_least(low: float, kind: Callable[[Any], T]) -> Callable[[Any], T]:
     return convert
 
 
+#: a number of seconds where 0 is a value of its own (no delay, no backoff)
+_seconds = _at_least(0.0, float)
+
+
 def _probability(raw: Any) -> float:
     value = float(raw)
     if not 0.0 < value < 1.0:

@@ -8,7 +8,7 @@ happened to read it first.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from scrapy.settings import BaseSettings
@@ -26,10 +26,12 @@ from distcrawl._convert import (
     _optional_names,
     _positive,
     _probability,
+    _seconds,
 )
 from distcrawl._convert import (
     cluster_mode as cluster_mode,
 )
+from distcrawl.backoff import RetrySettings, retry_settings
 from distcrawl.keys import MAX_SHARDS
 from distcrawl.lua import SEEN_MODES
 from distcrawl.recrawl import RecrawlSettings, recrawl_settings
@@ -62,6 +64,123 @@ def allowed_schemes(settings: BaseSettings) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
+class LeaseSettings:
+    """How long a worker holds the requests it leased, and when they are given back: a lease
+    not renewed within ``timeout`` expires (expired ones are reclaimed every
+    ``reclaim_interval``), and a worker whose liveness beats (every ``heartbeat`` seconds)
+    are older than ``worker_timeout`` is dead, its leases given back at once. One record
+    because each bound is checked against another."""
+
+    timeout: float = 30.0
+    reclaim_interval: float = 2.0
+    heartbeat: float = 1.0
+    worker_timeout: float = 10.0
+
+
+def lease_settings(settings: BaseSettings) -> LeaseSettings:
+    """DISTCRAWL_LEASE_TIMEOUT, _RECLAIM_INTERVAL, _HEARTBEAT_INTERVAL, _WORKER_TIMEOUT."""
+    timeout = _get(settings, "DISTCRAWL_LEASE_TIMEOUT", LeaseSettings.timeout, _positive(float))
+    heartbeat = _get(
+        settings, "DISTCRAWL_HEARTBEAT_INTERVAL", LeaseSettings.heartbeat, _positive(float)
+    )
+    worker_timeout = _get(
+        settings, "DISTCRAWL_WORKER_TIMEOUT", LeaseSettings.worker_timeout, _positive(float)
+    )
+    if worker_timeout < 3 * heartbeat:
+        raise ConfigError(
+            f"DISTCRAWL_WORKER_TIMEOUT={worker_timeout!r}: must be at least 3 times "
+            f"DISTCRAWL_HEARTBEAT_INTERVAL ({heartbeat!r}), or live workers would be "
+            "taken for dead"
+        )
+    reclaim = _get(
+        settings,
+        "DISTCRAWL_RECLAIM_INTERVAL",
+        min(LeaseSettings.reclaim_interval, timeout),
+        _positive(float),
+    )
+    return LeaseSettings(timeout, reclaim, heartbeat, worker_timeout)
+
+
+@dataclass(frozen=True)
+class RobotsSettings:
+    """robots.txt, read once per cluster (robots.py) and its Crawl-delay applied cluster-wide
+    (politeness.py): whether to obey it, how long a copy is kept, how long the other workers
+    wait for the one downloading it, and the longest Crawl-delay taken from it."""
+
+    obey: bool = False
+    ttl: float = 86400.0
+    probe_timeout: float = 60.0
+    crawl_delay_max: float = 30.0
+
+
+def robots_settings(settings: BaseSettings) -> RobotsSettings:
+    """ROBOTSTXT_OBEY, DISTCRAWL_ROBOTS_TTL, _ROBOTS_PROBE_TIMEOUT, _CRAWL_DELAY_MAX."""
+    return RobotsSettings(
+        obey=_get(settings, "ROBOTSTXT_OBEY", RobotsSettings.obey, _bool),
+        ttl=_get(settings, "DISTCRAWL_ROBOTS_TTL", RobotsSettings.ttl, _positive(float)),
+        probe_timeout=_get(
+            settings,
+            "DISTCRAWL_ROBOTS_PROBE_TIMEOUT",
+            RobotsSettings.probe_timeout,
+            _positive(float),
+        ),
+        crawl_delay_max=_get(
+            settings,
+            "DISTCRAWL_CRAWL_DELAY_MAX",
+            RobotsSettings.crawl_delay_max,
+            _seconds,
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class ThrottleSettings:
+    """The cluster-wide AutoThrottle (commit.lua): a slot whose share of ``codes`` answers
+    passes ``share`` slows down, from ``start_delay`` up to ``max_delay``."""
+
+    codes: tuple[int, ...] = (429, 503)
+    start_delay: float = 1.0
+    max_delay: float = 60.0
+    #: answers a slot's throttled share is averaged over (an exponential moving average)
+    window: int = 30
+    #: above this share of 429/503 among its recent answers, a slot is overloaded
+    share: float = 0.3
+    #: AUTOTHROTTLE_TARGET_CONCURRENCY when AUTOTHROTTLE_ENABLED, else 0 (no latency rule)
+    target_concurrency: float = 0.0
+
+
+def throttle_settings(settings: BaseSettings) -> ThrottleSettings:
+    """DISTCRAWL_THROTTLE_*, defaulting to Scrapy's AUTOTHROTTLE_* where it has one."""
+    codes = settings.getlist("DISTCRAWL_THROTTLE_HTTP_CODES", list(ThrottleSettings.codes))
+    try:
+        status_codes = tuple(int(c) for c in codes)
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f"DISTCRAWL_THROTTLE_HTTP_CODES={codes!r}: expected status codes"
+        ) from None
+    autothrottle = _get(settings, "AUTOTHROTTLE_ENABLED", False, _bool)
+    return ThrottleSettings(
+        codes=status_codes,
+        start_delay=_get(
+            settings, "DISTCRAWL_THROTTLE_START_DELAY", ThrottleSettings.start_delay, _seconds
+        ),
+        max_delay=_get(
+            settings,
+            "DISTCRAWL_THROTTLE_MAX_DELAY",
+            _get(settings, "AUTOTHROTTLE_MAX_DELAY", 60.0, _seconds),
+            _seconds,
+        ),
+        window=_get(settings, "DISTCRAWL_THROTTLE_WINDOW", ThrottleSettings.window, _positive(int)),
+        share=_get(settings, "DISTCRAWL_THROTTLE_SHARE", ThrottleSettings.share, _fraction),
+        target_concurrency=(
+            _get(settings, "AUTOTHROTTLE_TARGET_CONCURRENCY", 1.0, _positive(float))
+            if autothrottle
+            else 0.0
+        ),
+    )
+
+
+@dataclass(frozen=True)
 class DistcrawlConfig:
     """The parsed settings; see docs/settings.md for what each one does."""
 
@@ -70,8 +189,6 @@ class DistcrawlConfig:
     redis_cluster: bool | None = None
     namespace: str | None = None
     serializer: str = "msgpack"
-    lease_timeout: float = 30.0
-    reclaim_interval: float = 2.0
     prefetch: int = 16
     flush_interval: float = 0.05
     push_batch_size: int = 500
@@ -97,15 +214,6 @@ class DistcrawlConfig:
     bloom_capacity: int = DEFAULT_CAPACITY
     bloom_error_rate: float = DEFAULT_ERROR_RATE
     socket_timeout: float = 10.0
-    retry_backoff_base: float = 1.0
-    retry_backoff_factor: float = 2.0
-    retry_backoff_max: float = 300.0
-    retry_jitter: float = 0.2
-    retry_after_max: float = 600.0
-    callback_retries: int = 2
-    heartbeat_interval: float = 1.0
-    #: a worker whose liveness beats are older than this is dead: its leases are given back
-    worker_timeout: float = 10.0
     metrics_port: int | None = None
     # cluster-wide politeness (see politeness.py)
     domain_delay: float = 0.0
@@ -113,23 +221,14 @@ class DistcrawlConfig:
     slots_by_ip: bool = False
     #: DOWNLOAD_SLOTS as ((slot, delay or None, concurrency or None), ...)
     slot_overrides: tuple[tuple[str, float | None, int | None], ...] = ()
-    robots_obey: bool = False
-    robots_ttl: float = 86400.0
-    robots_probe_timeout: float = 60.0
-    crawl_delay_max: float = 30.0
-    throttle_codes: tuple[int, ...] = (429, 503)
-    throttle_start_delay: float = 1.0
-    throttle_max_delay: float = 60.0
-    #: answers a slot's throttled share is averaged over (an exponential moving average)
-    throttle_window: int = 30
-    #: above this share of 429/503 among its recent answers, a slot is overloaded
-    throttle_share: float = 0.3
-    #: AUTOTHROTTLE_TARGET_CONCURRENCY when AUTOTHROTTLE_ENABLED, else 0 (no latency rule)
-    throttle_target_concurrency: float = 0.0
     max_pending: int | None = None
     max_pending_per_slot: int | None = None
     max_pending_keep_priority: int | None = None
     maxmemory_warn: float = 0.8
+    lease: LeaseSettings = field(default_factory=LeaseSettings)
+    retry: RetrySettings = field(default_factory=RetrySettings)
+    robots: RobotsSettings = field(default_factory=RobotsSettings)
+    throttle: ThrottleSettings = field(default_factory=ThrottleSettings)
     #: DISTCRAWL_RECRAWL_*: None when pages are not revisited (recrawl.py)
     recrawl: RecrawlSettings | None = None
 
@@ -158,22 +257,6 @@ class DistcrawlConfig:
         if seen not in SEEN_MODES:
             raise ConfigError(f"DISTCRAWL_SEEN={seen!r}: expected one of {', '.join(SEEN_MODES)}")
         concurrency = _get(settings, "CONCURRENT_REQUESTS", 16, _positive(int))
-        lease_timeout = _get(
-            settings, "DISTCRAWL_LEASE_TIMEOUT", cls.lease_timeout, _positive(float)
-        )
-        schemes = allowed_schemes(settings)
-        heartbeat = _get(
-            settings, "DISTCRAWL_HEARTBEAT_INTERVAL", cls.heartbeat_interval, _positive(float)
-        )
-        worker_timeout = _get(
-            settings, "DISTCRAWL_WORKER_TIMEOUT", cls.worker_timeout, _positive(float)
-        )
-        if worker_timeout < 3 * heartbeat:
-            raise ConfigError(
-                f"DISTCRAWL_WORKER_TIMEOUT={worker_timeout!r}: must be at least 3 times "
-                f"DISTCRAWL_HEARTBEAT_INTERVAL ({heartbeat!r}), or live workers would be "
-                "taken for dead"
-            )
         namespace = settings.get("DISTCRAWL_NAMESPACE")
         if namespace is not None and (not isinstance(namespace, str) or not namespace):
             raise ConfigError(f"DISTCRAWL_NAMESPACE={namespace!r}: expected a non-empty string")
@@ -184,10 +267,6 @@ class DistcrawlConfig:
             ),
             namespace=namespace,
             serializer=serializer,
-            lease_timeout=lease_timeout,
-            reclaim_interval=_get(
-                settings, "DISTCRAWL_RECLAIM_INTERVAL", min(2.0, lease_timeout), _positive(float)
-            ),
             prefetch=_get(settings, "DISTCRAWL_PREFETCH", concurrency, _positive(int)),
             flush_interval=_get(
                 settings, "DISTCRAWL_FLUSH_INTERVAL", cls.flush_interval, _positive(float)
@@ -206,7 +285,7 @@ class DistcrawlConfig:
             start_url_max_bytes=_get(
                 settings, "DISTCRAWL_START_URL_MAX_BYTES", cls.start_url_max_bytes, _positive(int)
             ),
-            allowed_schemes=schemes,
+            allowed_schemes=allowed_schemes(settings),
             allowed_callbacks=_optional_names(settings, "DISTCRAWL_ALLOWED_CALLBACKS"),
             start_meta_keys=_optional_names(settings, "DISTCRAWL_START_META_KEYS") or (),
             local_seen_cache=_get(
@@ -232,36 +311,16 @@ class DistcrawlConfig:
             socket_timeout=_get(
                 settings, "DISTCRAWL_SOCKET_TIMEOUT", cls.socket_timeout, _positive(float)
             ),
-            retry_backoff_base=_get(
-                settings,
-                "DISTCRAWL_RETRY_BACKOFF_BASE",
-                cls.retry_backoff_base,
-                _at_least(0.0, float),
-            ),
-            retry_backoff_factor=_get(
-                settings,
-                "DISTCRAWL_RETRY_BACKOFF_FACTOR",
-                cls.retry_backoff_factor,
-                _at_least(1.0, float),
-            ),
-            retry_backoff_max=_get(
-                settings,
-                "DISTCRAWL_RETRY_BACKOFF_MAX",
-                cls.retry_backoff_max,
-                _at_least(0.0, float),
-            ),
-            retry_jitter=_get(settings, "DISTCRAWL_RETRY_JITTER", cls.retry_jitter, _fraction),
-            retry_after_max=_get(
-                settings, "DISTCRAWL_RETRY_AFTER_MAX", cls.retry_after_max, _at_least(0.0, float)
-            ),
-            callback_retries=_get(
-                settings, "DISTCRAWL_CALLBACK_RETRIES", cls.callback_retries, _at_least(0, int)
-            ),
-            heartbeat_interval=heartbeat,
-            worker_timeout=worker_timeout,
             metrics_port=_get(
                 settings, "DISTCRAWL_METRICS_PORT", cls.metrics_port, _at_least(0, int)
             ),
+            maxmemory_warn=_get(
+                settings, "DISTCRAWL_MAXMEMORY_WARN", cls.maxmemory_warn, _fraction
+            ),
+            lease=lease_settings(settings),
+            retry=retry_settings(settings),
+            robots=robots_settings(settings),
+            throttle=throttle_settings(settings),
             recrawl=recrawl_settings(settings),
             **_politeness(settings),
         )
@@ -292,66 +351,18 @@ def _politeness(settings: BaseSettings) -> dict[str, Any]:
     to override them for distcrawl alone."""
     per_ip = _get(settings, "CONCURRENT_REQUESTS_PER_IP", 0, _at_least(0, int))
     per_domain = _get(settings, "CONCURRENT_REQUESTS_PER_DOMAIN", 8, _positive(int))
-    autothrottle = _get(settings, "AUTOTHROTTLE_ENABLED", False, _bool)
-    codes = settings.getlist("DISTCRAWL_THROTTLE_HTTP_CODES", list(DistcrawlConfig.throttle_codes))
-    try:
-        throttle_codes = tuple(int(c) for c in codes)
-    except (TypeError, ValueError):
-        raise ConfigError(
-            f"DISTCRAWL_THROTTLE_HTTP_CODES={codes!r}: expected status codes"
-        ) from None
     return {
         "domain_delay": _get(
             settings,
             "DISTCRAWL_DOMAIN_DELAY",
-            _get(settings, "DOWNLOAD_DELAY", 0.0, _at_least(0.0, float)),
-            _at_least(0.0, float),
+            _get(settings, "DOWNLOAD_DELAY", 0.0, _seconds),
+            _seconds,
         ),
         "domain_concurrency": _get(
             settings, "DISTCRAWL_DOMAIN_CONCURRENCY", per_ip or per_domain, _positive(int)
         ),
         "slots_by_ip": per_ip > 0,
         "slot_overrides": _slot_overrides(settings),
-        "robots_obey": _get(settings, "ROBOTSTXT_OBEY", DistcrawlConfig.robots_obey, _bool),
-        "robots_ttl": _get(
-            settings, "DISTCRAWL_ROBOTS_TTL", DistcrawlConfig.robots_ttl, _positive(float)
-        ),
-        "robots_probe_timeout": _get(
-            settings,
-            "DISTCRAWL_ROBOTS_PROBE_TIMEOUT",
-            DistcrawlConfig.robots_probe_timeout,
-            _positive(float),
-        ),
-        "crawl_delay_max": _get(
-            settings,
-            "DISTCRAWL_CRAWL_DELAY_MAX",
-            DistcrawlConfig.crawl_delay_max,
-            _at_least(0.0, float),
-        ),
-        "throttle_codes": throttle_codes,
-        "throttle_start_delay": _get(
-            settings,
-            "DISTCRAWL_THROTTLE_START_DELAY",
-            DistcrawlConfig.throttle_start_delay,
-            _at_least(0.0, float),
-        ),
-        "throttle_max_delay": _get(
-            settings,
-            "DISTCRAWL_THROTTLE_MAX_DELAY",
-            _get(settings, "AUTOTHROTTLE_MAX_DELAY", 60.0, _at_least(0.0, float)),
-            _at_least(0.0, float),
-        ),
-        "throttle_window": _get(
-            settings, "DISTCRAWL_THROTTLE_WINDOW", DistcrawlConfig.throttle_window, _positive(int)
-        ),
-        "throttle_share": _get(
-            settings, "DISTCRAWL_THROTTLE_SHARE", DistcrawlConfig.throttle_share, _fraction
-        ),
-        "throttle_target_concurrency": (
-            _get(settings, "AUTOTHROTTLE_TARGET_CONCURRENCY", 1.0, _positive(float))
-            if autothrottle
-            else 0.0
-        ),
         "max_pending": _get(
             settings, "DISTCRAWL_MAX_PENDING", DistcrawlConfig.max_pending, _positive(int)
         ),
@@ -366,8 +377,5 @@ def _politeness(settings: BaseSettings) -> dict[str, Any]:
             "DISTCRAWL_MAX_PENDING_KEEP_PRIORITY",
             DistcrawlConfig.max_pending_keep_priority,
             int,
-        ),
-        "maxmemory_warn": _get(
-            settings, "DISTCRAWL_MAXMEMORY_WARN", DistcrawlConfig.maxmemory_warn, _fraction
         ),
     }

@@ -130,7 +130,7 @@ class WorkerMonitor:
         # the Frontier is made on the Redis thread (_publish): on a Redis Cluster, making the
         # client is I/O, and the key names depend on it
         self._loop = task.LoopingCall(self.beat)
-        self._loop.start(self.config.heartbeat_interval, now=True)
+        self._loop.start(self.config.lease.heartbeat, now=True)
         if self.config.metrics_port is not None:
             self._listen(self.config.metrics_port)
 
@@ -197,7 +197,7 @@ class WorkerMonitor:
             if memory:
                 ops.append(Op("", [], ["INFO", "memory"], _same))
             rider = Rider(ops, lambda replies: self._rode(replies, deltas, domains, memory))
-            rider.wait = self.config.heartbeat_interval
+            rider.wait = self.config.lease.heartbeat
             if scheduler is not None and scheduler.ride(rider):
                 return
         d = self.io.run(self._publish, deltas, domains, heartbeat, memory)

@@ -67,19 +67,20 @@ def politeness(config: DistcrawlConfig) -> Politeness:
         slot: [-1 if d is None else int(d * 1000), -1 if c is None else c]
         for slot, d, c in config.slot_overrides
     }
-    robots = ""
-    if config.robots_obey:
-        robots = f"{int(config.robots_probe_timeout * 1000)}:{int(config.crawl_delay_max * 1000)}"
-    share = f"{config.throttle_share:.4f}".rstrip("0").rstrip(".")  # never 1e-05: Lua reads it
+    robots, throttle = config.robots, config.throttle
+    share = f"{throttle.share:.4f}".rstrip("0").rstrip(".")  # never 1e-05: Lua reads it
     return Politeness(
         delay_ms=int(config.domain_delay * 1000),
         concurrency=config.domain_concurrency,
         overrides=json.dumps(overrides, separators=(",", ":")) if overrides else "",
-        robots=robots,
+        robots=(
+            f"{int(robots.probe_timeout * 1000)}:{int(robots.crawl_delay_max * 1000)}"
+            if robots.obey
+            else ""
+        ),
         throttle=(
-            f"{int(config.throttle_start_delay * 1000)}:{int(config.throttle_max_delay * 1000)}"
-            f":{config.throttle_target_concurrency:g}:{config.throttle_window}"
-            f":{share}"
+            f"{int(throttle.start_delay * 1000)}:{int(throttle.max_delay * 1000)}"
+            f":{throttle.target_concurrency:g}:{throttle.window}:{share}"
         ),
         max_pending=config.max_pending or 0,
         max_pending_per_slot=config.max_pending_per_slot or 0,
@@ -95,8 +96,8 @@ class FeedbackBuffer:
     record per slot and batch, not one per response."""
 
     def __init__(self, config: DistcrawlConfig) -> None:
-        self.codes = frozenset(config.throttle_codes)
-        self.retry_after_max = config.retry_after_max
+        self.codes = frozenset(config.throttle.codes)
+        self.retry_after_max = config.retry.after_max
         self.by_ip = config.slots_by_ip
         self._slots: dict[str, list[int]] = {}
 

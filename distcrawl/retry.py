@@ -15,10 +15,9 @@ dead-lettered with its traceback instead of looping across workers or vanishing.
 from __future__ import annotations
 
 import logging
-import random
 import time
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import KW_ONLY, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +30,7 @@ from scrapy.utils.misc import load_object
 from scrapy.utils.python import global_object_name
 from scrapy.utils.response import response_status_message
 
+from distcrawl.backoff import RetrySettings
 from distcrawl.config import DistcrawlConfig
 from distcrawl.politeness import parse_retry_after
 from distcrawl.scheduler import RETRY_DELAY_META, scheduler_of
@@ -45,40 +45,6 @@ ERRORS_META = "distcrawl_errors"
 #: meta key counting how often a request's callback failed
 CALLBACK_FAILURES_META = "distcrawl_callback_failures"
 HISTORY_LIMIT = 10
-
-
-class Backoff:
-    """delay(n) = min(max, base * factor**(n-1)), times a random factor in [1-j, 1+j],
-    and never less than a ``Retry-After`` (itself capped)."""
-
-    def __init__(
-        self,
-        base: float,
-        factor: float,
-        maximum: float,
-        jitter: float,
-        retry_after_max: float,
-        rng: Callable[[], float] = random.random,
-    ) -> None:
-        self.base, self.factor, self.maximum = base, factor, maximum
-        self.jitter, self.retry_after_max, self.rng = jitter, retry_after_max, rng
-
-    @classmethod
-    def from_config(cls, config: DistcrawlConfig) -> Backoff:
-        return cls(
-            config.retry_backoff_base,
-            config.retry_backoff_factor,
-            config.retry_backoff_max,
-            config.retry_jitter,
-            config.retry_after_max,
-        )
-
-    def delay(self, attempt: int, retry_after: float | None = None) -> float:
-        delay = min(self.maximum, self.base * self.factor ** max(0, attempt - 1))
-        delay *= 1 + self.jitter * (2 * self.rng() - 1)
-        if retry_after is not None:
-            delay = max(delay, min(retry_after, self.retry_after_max))
-        return max(0.0, delay)
 
 
 def with_error(request: Request, error: str, status: int | None) -> list[dict[str, Any]]:
@@ -109,7 +75,7 @@ class RetryMiddleware:
     """
 
     crawler: Crawler
-    backoff: Backoff
+    backoff: RetrySettings
     _: KW_ONLY
     max_retry_times: int
     retry_http_codes: set[int]
@@ -127,7 +93,7 @@ class RetryMiddleware:
         )
         return cls(
             crawler,
-            Backoff.from_config(DistcrawlConfig.from_settings(settings)),
+            DistcrawlConfig.from_settings(settings).retry,
             max_retry_times=settings.getint("RETRY_TIMES"),
             retry_http_codes={int(x) for x in settings.getlist("RETRY_HTTP_CODES")},
             priority_adjust=settings.getint("RETRY_PRIORITY_ADJUST"),
@@ -207,7 +173,7 @@ class RetryMiddleware:
 class CallbackRetryMiddleware:
     """Retries a request whose callback raised, with backoff, then dead-letters it."""
 
-    def __init__(self, crawler: Crawler, backoff: Backoff, max_retries: int) -> None:
+    def __init__(self, crawler: Crawler, backoff: RetrySettings, max_retries: int) -> None:
         self.crawler = crawler
         self.backoff = backoff
         self.max_retries = max_retries
@@ -215,7 +181,7 @@ class CallbackRetryMiddleware:
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> CallbackRetryMiddleware:
         config = DistcrawlConfig.from_settings(crawler.settings)
-        return cls(crawler, Backoff.from_config(config), config.callback_retries)
+        return cls(crawler, config.retry, config.retry.callback_retries)
 
     def process_spider_exception(
         self, response: Response, exception: Exception

@@ -124,14 +124,14 @@ class RobotsTxtMiddleware(ScrapyRobotsTxtMiddleware):
         it; returns (body or None when it could not be read, downloaded here)."""
         frontier = scheduler.frontier
         assert frontier is not None
-        lock_ms = int(self.config.robots_probe_timeout * 1000)
-        give_up = time.monotonic() + self.config.robots_probe_timeout
+        lock_ms = int(self.config.robots.probe_timeout * 1000)
+        give_up = time.monotonic() + self.config.robots.probe_timeout
         try:
             while True:
                 cached = await self._redis(scheduler, frontier.robots_txt, netloc)
                 # the age is by the server's clock; a negative one means the stamp came
                 # from another clock (a worker of an older distcrawl): read it again
-                if cached is not None and 0 <= cached.age < self.config.robots_ttl:
+                if cached is not None and 0 <= cached.age < self.config.robots.ttl:
                     self._stats.inc_value("distcrawl/robots/shared")
                     return (cached.body if cached.status else None), False
                 if time.monotonic() > give_up or await self._redis(
@@ -149,7 +149,7 @@ class RobotsTxtMiddleware(ScrapyRobotsTxtMiddleware):
                 netloc,
                 status,
                 body or b"",
-                ttl_ms=int(self.config.robots_ttl * 1000),
+                ttl_ms=int(self.config.robots.ttl * 1000),
             )
         except redis.RedisError as exc:
             self._redis_failed("share the robots.txt of", netloc, exc)
@@ -208,7 +208,7 @@ class RobotsTxtMiddleware(ScrapyRobotsTxtMiddleware):
             if isinstance(useragent, bytes):
                 useragent = useragent.decode("latin-1")
             found = Protego.parse(body.decode("utf-8", "ignore")).crawl_delay(useragent or "*")
-            delay = min(float(found or 0.0), self.config.crawl_delay_max)
+            delay = min(float(found or 0.0), self.config.robots.crawl_delay_max)
         assert scheduler.shards is not None
         slot = slot_of(request, by_ip=self.config.slots_by_ip)
         try:

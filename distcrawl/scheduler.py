@@ -185,14 +185,14 @@ class Scheduler(BaseScheduler, SignalHandlers, Pump, BatchBuilding):
             self.keys.namespace,
             redact_url(self.config.redis_url),
             self.tag,
-            self.config.lease_timeout,
+            self.config.lease.timeout,
             self.config.prefetch,
             self.config.serializer,
             self.config.seen if self.df is not None else "off (BaseDupeFilter)",
             "IP" if self.config.slots_by_ip else "domain",
             self.config.domain_delay,
             self.config.domain_concurrency,
-            ", robots.txt Crawl-delay" if self.config.robots_obey else "",
+            ", robots.txt Crawl-delay" if self.config.robots.obey else "",
             extra={"spider": spider},
         )
         d = self.io.run(self._open_frontier)

@@ -54,7 +54,9 @@ def test_bad_values_name_the_setting(name, value):
 def test_config_is_frozen():
     c = config()
     with pytest.raises(AttributeError):
-        c.lease_timeout = 1  # type: ignore[misc]
+        c.prefetch = 1  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        c.lease.timeout = 1  # type: ignore[misc]
 
 
 def test_booleans_from_command_line_strings():
@@ -79,7 +81,7 @@ def test_throttle_window_and_share_reach_the_scripts():
 
     assert politeness(config()).throttle == "1000:60000:0:30:0.3"
     tuned = config(DISTCRAWL_THROTTLE_WINDOW="50", DISTCRAWL_THROTTLE_SHARE="0.5")
-    assert (tuned.throttle_window, tuned.throttle_share) == (50, 0.5)
+    assert (tuned.throttle.window, tuned.throttle.share) == (50, 0.5)
     assert politeness(tuned).throttle.endswith(":50:0.5")
 
 
@@ -99,16 +101,24 @@ def test_a_crawlers_frozen_settings_are_parsed_once_for_all_its_components():
     settings.set("DISTCRAWL_LEASE_TIMEOUT", 13)
     settings.freeze()
     config = DistcrawlConfig.from_settings(settings)
-    assert config.lease_timeout == 13
+    assert config.lease.timeout == 13
     assert DistcrawlConfig.from_settings(settings) is config
     assert DistcrawlConfig.from_settings(settings.frozencopy()) == config
 
 
 def test_every_default_is_written_once_in_the_dataclass():
     """An empty project gets exactly the dataclass' defaults (the parser has none of its
-    own to drift from them), but for the ones derived from Scrapy's own settings."""
-    parsed = DistcrawlConfig.from_settings(Settings())
-    derived = {"prefetch", "reclaim_interval", "domain_concurrency", "throttle_max_delay"}
-    for field in dataclasses.fields(DistcrawlConfig):
-        if field.name not in derived:
-            assert getattr(parsed, field.name) == field.default, field.name
+    own to drift from them), but for the ones derived from Scrapy's own settings; the
+    groups (lease, retry, robots, throttle) field by field, with their own defaults."""
+    derived = {"prefetch", "lease.reclaim_interval", "domain_concurrency", "throttle.max_delay"}
+
+    def compare(parsed, prefix=""):
+        for field in dataclasses.fields(parsed):
+            value = getattr(parsed, field.name)
+            if field.default_factory is not dataclasses.MISSING:  # a group of settings
+                assert type(value) is field.default_factory, field.name
+                compare(value, f"{field.name}.")
+            elif prefix + field.name not in derived:
+                assert value == field.default, prefix + field.name
+
+    compare(DistcrawlConfig.from_settings(Settings()))

@@ -183,14 +183,18 @@ def test_documented_defaults_parse_to_the_defaults() -> None:
     assert not wrong, f"docs/settings.md gives defaults the code does not use: {wrong}"
 
 
+def _module(path: Path) -> Any:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return importlib.import_module(".".join(p for p in parts if p != "__init__"))
+
+
 def _literal_defaults_in_code() -> list[tuple[str, Any, str]]:
     """(name, default, where) for every read whose default is a literal, a module constant or
-    a DistcrawlConfig field's default: ``_get(settings, "NAME", DEFAULT, ...)`` and
+    a settings record's field default: ``_get(settings, "NAME", DEFAULT, ...)`` and
     ``settings.get*("NAME", DEFAULT)``."""
     out = []
     for path in _sources():
         tree = ast.parse(path.read_text(encoding="utf-8"))
-        module = None
         for node in ast.walk(tree):
             if not isinstance(node, ast.Call):
                 continue
@@ -211,7 +215,8 @@ def _literal_defaults_in_code() -> list[tuple[str, Any, str]]:
                 continue
             if not (isinstance(name_node, ast.Constant) and isinstance(name_node.value, str)):
                 continue
-            # the config's own defaults: ``cls.lease_timeout``, ``DistcrawlConfig.seen``
+            # a record's own defaults: ``cls.serializer``, ``DistcrawlConfig.seen``,
+            # ``RetrySettings.jitter``
             if (
                 isinstance(default_node, ast.Call)
                 and isinstance(default_node.func, ast.Name)
@@ -219,12 +224,12 @@ def _literal_defaults_in_code() -> list[tuple[str, Any, str]]:
                 and len(default_node.args) == 1
             ):
                 default_node = default_node.args[0]
-            if (
-                isinstance(default_node, ast.Attribute)
-                and isinstance(default_node.value, ast.Name)
-                and default_node.value.id in ("cls", "DistcrawlConfig")
-            ):
-                value = getattr(DistcrawlConfig, default_node.attr)
+            if isinstance(default_node, ast.Attribute) and isinstance(default_node.value, ast.Name):
+                owner = default_node.value.id
+                record = DistcrawlConfig if owner == "cls" else getattr(_module(path), owner, None)
+                if not isinstance(record, type):
+                    continue  # a local variable's attribute
+                value = getattr(record, default_node.attr)
                 out.append((name_node.value, value, f"{path.relative_to(ROOT)}:{node.lineno}"))
                 continue
             try:
@@ -232,12 +237,9 @@ def _literal_defaults_in_code() -> list[tuple[str, Any, str]]:
             except ValueError:
                 if not isinstance(default_node, ast.Name):
                     continue  # an expression, e.g. another setting's value
-                if module is None:
-                    parts = path.relative_to(ROOT).with_suffix("").parts
-                    module = importlib.import_module(".".join(p for p in parts if p != "__init__"))
-                if not hasattr(module, default_node.id):
+                if not hasattr(_module(path), default_node.id):
                     continue  # a local variable
-                value = getattr(module, default_node.id)
+                value = getattr(_module(path), default_node.id)
             where = f"{path.relative_to(ROOT)}:{node.lineno}"
             out.append((name_node.value, value, where))
     return out

@@ -12,8 +12,9 @@ import pytest
 import pytest_twisted
 
 from distcrawl import cli
+from distcrawl.backoff import RetrySettings
 from distcrawl.demo.site import DemoSite
-from distcrawl.retry import Backoff, parse_retry_after
+from distcrawl.retry import parse_retry_after
 from distcrawl.spiders import RedisSpider
 from tests.support import page_fetches, stat, wait_until
 from tests.test_scheduler import crawl
@@ -34,15 +35,14 @@ def attempt_times(site: DemoSite) -> dict[str, list[float]]:
 
 
 def test_backoff_grows_is_capped_and_jittered():
-    low, high = (
-        Backoff(1, 2, 10, 0.2, 600, rng=lambda: 0.0),
-        Backoff(1, 2, 10, 0.2, 600, rng=lambda: 1.0),
-    )
-    assert [low.delay(n) for n in (1, 2, 3)] == pytest.approx([0.8, 1.6, 3.2])
-    assert [high.delay(n) for n in (1, 2, 3)] == pytest.approx([1.2, 2.4, 4.8])
-    assert high.delay(10) == pytest.approx(12.0)  # the cap, jittered
-    assert low.delay(1, retry_after=30) == 30  # Retry-After wins over a shorter backoff
-    assert low.delay(1, retry_after=10_000) == 600  # but is capped
+    retry = RetrySettings(1, 2, 10, 0.2, 600)
+    low = [retry.delay(n, rng=lambda: 0.0) for n in (1, 2, 3)]
+    assert low == pytest.approx([0.8, 1.6, 3.2])
+    assert [retry.delay(n, rng=lambda: 1.0) for n in (1, 2, 3)] == pytest.approx([1.2, 2.4, 4.8])
+    assert retry.delay(10, rng=lambda: 1.0) == pytest.approx(12.0)  # the cap, jittered
+    # Retry-After wins over a shorter backoff, but is capped
+    assert retry.delay(1, retry_after=30, rng=lambda: 0.0) == 30
+    assert retry.delay(1, retry_after=10_000, rng=lambda: 0.0) == 600
 
 
 def test_parse_retry_after():

@@ -175,16 +175,16 @@ def connect(
         config.redis_url,
         keys,
         tag,
-        interval=config.heartbeat_interval,
+        interval=config.lease.heartbeat,
         socket_timeout=config.socket_timeout,
         cluster=io.cluster,
         # batches carry the beats (Batch.beat): the thread is the fallback
-        own_after=OWN_BEAT_AFTER * config.heartbeat_interval,
+        own_after=OWN_BEAT_AFTER * config.lease.heartbeat,
         shards=[f.keys for f in shards.parts],
     )
     options: dict[str, Any] = {
-        "lease_ms": int(config.lease_timeout * 1000),
-        "worker_timeout_ms": int(config.worker_timeout * 1000),
+        "lease_ms": int(config.lease.timeout * 1000),
+        "worker_timeout_ms": int(config.lease.worker_timeout * 1000),
         "schemes": config.allowed_schemes,
         "liveness": liveness,
     }

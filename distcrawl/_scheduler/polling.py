@@ -31,7 +31,7 @@ class Polling:
         self.config = config
         now = time.monotonic()
         self._next_lease = self._next_peek = self._next_reclaim = now
-        self._next_renew = now + config.lease_timeout / 3
+        self._next_renew = now + config.lease.timeout / 3
         self._idle_delay = 0.0
         #: how long the next lease poll waits in Redis for a wake-up token (back_off)
         self._wake_wait = 0.0
@@ -48,7 +48,7 @@ class Polling:
         """Whether the held leases are renewed in this batch (then due again in a third
         of the lease timeout)."""
         if now >= self._next_renew:
-            self._next_renew = now + self.config.lease_timeout / 3
+            self._next_renew = now + self.config.lease.timeout / 3
             return True
         return False
 
@@ -56,9 +56,9 @@ class Polling:
         """Whether expired leases are reclaimed in this batch: when due and the batch
         has work to ride with, or alone once a whole interval late."""
         if now >= self._next_reclaim and (
-            work or now >= self._next_reclaim + self.config.reclaim_interval
+            work or now >= self._next_reclaim + self.config.lease.reclaim_interval
         ):
-            self._next_reclaim = now + self.config.reclaim_interval
+            self._next_reclaim = now + self.config.lease.reclaim_interval
             return True
         return False
 

@@ -172,7 +172,7 @@ class Reporter:
                 "%d workers stopped sending liveness beats for %.0fs: %d of their leases "
                 "given back",
                 r.dead_workers,
-                self.config.worker_timeout,
+                self.config.lease.worker_timeout,
                 r.released,
                 extra={"spider": self.spider},
             )
