@@ -1,5 +1,11 @@
 """What ``distcrawl import scrapy-redis`` did (or, with ``--dry-run``, would do): the counts
-an :class:`~distcrawl.importer.Importer` keeps, as text and as JSON."""
+an :class:`~distcrawl.importer.Importer` keeps, as text and as JSON.
+
+Beside what the queue and the dupefilter held, a record per step of the import: what became
+of the queue's requests (:class:`Requests`), what the dupefilter's fingerprints are and what
+was copied of them (:class:`Conversion`), and the seen-set rebuilt from the stored pages
+(:class:`Rebuild`). The JSON report is flat: a record's fields are keys of the report's own.
+"""
 
 from __future__ import annotations
 
@@ -8,54 +14,93 @@ from typing import Any
 
 
 @dataclass
-class Report:
-    queue_key: str | None = None
-    queue_type: str = "none"
-    members: int = 0
+class Requests:
+    """What became of the queue's requests, each counted once: skipped (an earlier run
+    handled it), queued, already seen, dead-lettered, or left over the pending cap."""
+
     already_imported: int = 0
     queued: int = 0
     seen: int = 0
     dead: int = 0
     full: int = 0
-    dupefilter: int = 0
+
+
+@dataclass
+class Conversion:
+    """Whose fingerprints the dupefilter holds, and so whether they could be copied into
+    the seen-set: only the crawl's own fingerprinter's can."""
+
     #: "scrapy-redis" (its own SHA1), "crawl" (this crawl's fingerprinter), "unknown"
     fingerprints: str = "unknown"
     #: queued requests whose scrapy-redis fingerprint is in the dupefilter
     queued_in_dupefilter: int = 0
     converted: int = 0
+
+
+@dataclass
+class Rebuild:
+    """``--rebuild-seen``: the URLs of the stored pages marked seen, which is what stands
+    for scrapy-redis' own fingerprints (those cannot be converted)."""
+
     seen_urls: int = 0
     seen_added: int = 0
     #: URLs marked seen whose scrapy-redis fingerprint is in the dupefilter
     stored_in_dupefilter: int = 0
+
+
+@dataclass
+class Report:
+    queue_key: str | None = None
+    queue_type: str = "none"
+    #: requests the queue held
+    members: int = 0
+    requests: Requests = field(default_factory=Requests)
+    #: fingerprints the dupefilter held
+    dupefilter: int = 0
+    conversion: Conversion = field(default_factory=Conversion)
+    rebuild: Rebuild = field(default_factory=Rebuild)
     moved: bool = False
     dry_run: bool = False
     notes: list[str] = field(default_factory=list)
 
     @property
+    def not_imported(self) -> int:
+        """Requests dead-lettered or over the pending cap: what a ``--move`` keeps the
+        queue for, until a run imports them."""
+        return self.requests.dead + self.requests.full
+
+    @property
     def unaccounted(self) -> int:
         """Dupefilter fingerprints neither queued nor matched to a stored page: pages
         (fetched, or lost in flight) that workers fetch again if a link leads there."""
-        if self.fingerprints == "crawl":
+        if self.conversion.fingerprints == "crawl":
             return 0
-        return max(0, self.dupefilter - self.queued_in_dupefilter - self.stored_in_dupefilter)
+        matched = self.conversion.queued_in_dupefilter + self.rebuild.stored_in_dupefilter
+        return max(0, self.dupefilter - matched)
 
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "unaccounted": self.unaccounted}
+        """Flat, in the order of the fields: a record's fields are keys of the report's."""
+        flat: dict[str, Any] = {}
+        for name, value in asdict(self).items():
+            flat.update(value if isinstance(value, dict) else {name: value})
+        flat["unaccounted"] = self.unaccounted
+        return flat
 
     def text(self) -> str:
         verb = "would import" if self.dry_run else "imported"
+        done, rebuild = self.requests, self.rebuild
         lines = [
             f"queue {self.queue_key} ({self.queue_type}): {self.members} requests; {verb}: "
-            f"{self.queued} queued, {self.seen} already seen, {self.dead} dead-lettered, "
-            f"{self.already_imported} skipped (imported before), {self.full} over the "
+            f"{done.queued} queued, {done.seen} already seen, {done.dead} dead-lettered, "
+            f"{done.already_imported} skipped (imported before), {done.full} over the "
             "pending cap",
-            f"dupefilter: {self.dupefilter} fingerprints ({self.fingerprints}); "
-            f"{self.converted} copied to the seen-set",
+            f"dupefilter: {self.dupefilter} fingerprints ({self.conversion.fingerprints}); "
+            f"{self.conversion.converted} copied to the seen-set",
         ]
-        if self.seen_urls:
+        if rebuild.seen_urls:
             lines.append(
-                f"seen-set rebuilt from {self.seen_urls} stored URLs: {self.seen_added} new, "
-                f"{self.stored_in_dupefilter} of them in the dupefilter"
+                f"seen-set rebuilt from {rebuild.seen_urls} stored URLs: {rebuild.seen_added} "
+                f"new, {rebuild.stored_in_dupefilter} of them in the dupefilter"
             )
         if self.unaccounted and not self.dry_run:
             lines.append(

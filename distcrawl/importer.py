@@ -189,10 +189,10 @@ class Importer:
         report.dupefilter = int(self.client.scard(self.source.dupefilter_key))
         self._seen()
         if self.move and not self.dry_run:
-            if report.full or report.dead:
+            if report.not_imported:
                 # kept for the next run, which skips what is done and tries the rest again
                 report.notes.append(
-                    f"{report.full + report.dead} requests not imported: "
+                    f"{report.not_imported} requests not imported: "
                     f"{self.keys.import_queue} and the dupefilter are kept until a run "
                     "imports them all"
                 )
@@ -250,6 +250,7 @@ class Importer:
         fixed since) but never gets a second dead letter: its digest is kept under
         :data:`DEAD` in ``<ns>:import:done``, in the transaction that writes the letter."""
         report = self.report
+        counts = report.requests
         loads = self.source.loads() if self.trust_pickle or not self.source.trusted_only else None
         for page in self._members(key, kind):
             digests = [hashlib.sha1(m).digest()[:DIGEST_BYTES] for m in page]
@@ -262,7 +263,7 @@ class Importer:
                 for m, d, old, old_letter in zip(page, digests, done, dead_before, strict=True)
                 if not old
             ]
-            report.already_imported += len(page) - len(todo)
+            counts.already_imported += len(page) - len(todo)
             if loads is None or not todo:
                 continue
             letters: list[tuple[bytes, bytes, bool]] = []  # (digest, letter, written before)
@@ -280,21 +281,21 @@ class Importer:
                 decoded.append((member, digest, lettered, data))
             self._count_known([d for *_, d in decoded])
             if self.dry_run:
-                report.dead += len(letters)
-                report.queued += len(decoded)
+                counts.dead += len(letters)
+                counts.queued += len(decoded)
                 continue
             results = self.producer.push_requests([d for *_, d in decoded])
             for (member, digest, lettered, data), result in zip(decoded, results, strict=True):
                 if result.outcome is Outcome.FULL:
-                    report.full += 1
+                    counts.full += 1
                 elif result.outcome is Outcome.REFUSED:
                     letter = self._letter(str(result.reason), member, data.get("url"))
                     letters.append((digest, letter, lettered))
                 else:
                     handled.append(digest)
-                    report.seen += result.outcome is Outcome.SEEN
-                    report.queued += result.outcome is Outcome.QUEUED
-            report.dead += len(letters)
+                    counts.seen += result.outcome is Outcome.SEEN
+                    counts.queued += result.outcome is Outcome.QUEUED
+            counts.dead += len(letters)
             new_letters = [(d, letter) for d, letter, before in letters if not before]
             pipe = self.client.pipeline(transaction=True)  # a dead letter is written once
             if new_letters:
@@ -303,7 +304,7 @@ class Importer:
             if handled:
                 pipe.sadd(self.keys.imported, *handled)
             pipe.execute()
-            if report.full:
+            if counts.full:
                 report.notes.append(
                     "DISTCRAWL_MAX_PENDING reached: run the import again once workers made room"
                 )
@@ -325,12 +326,12 @@ class Importer:
         fps = [scrapy_redis_fingerprint(_method(d), d["url"], _body(d)) for d in filtered]
         if fps:
             hits = self.client.smismember(self.source.dupefilter_key, fps)
-            self.report.queued_in_dupefilter += sum(1 for hit in hits if hit)
+            self.report.conversion.queued_in_dupefilter += sum(1 for hit in hits if hit)
 
     def _seen(self) -> None:
         report = self.report
-        report.fingerprints = detect(self, self._samples)
-        if report.fingerprints == "crawl":
+        report.conversion.fingerprints = detect(self, self._samples)
+        if report.conversion.fingerprints == "crawl":
             if not self.dry_run:
                 self._convert()
             return
@@ -366,18 +367,19 @@ class Importer:
             new = [True] * len(fps)
             for part in parts:
                 new = [a and b for a, b in zip(new, part.add_seen(fps), strict=True)]
-            self.report.converted += sum(new)
+            self.report.conversion.converted += sum(new)
             if not cursor:
                 return
 
     def _rebuild(self) -> None:
+        rebuild = self.report.rebuild
         for urls in _pages(self._stored_urls()):
             fps = [scrapy_redis_fingerprint("GET", url, b"") for url in urls]
             hits = self.client.smismember(self.source.dupefilter_key, fps)
-            self.report.stored_in_dupefilter += sum(1 for hit in hits if hit)
-            self.report.seen_urls += len(urls)
+            rebuild.stored_in_dupefilter += sum(1 for hit in hits if hit)
+            rebuild.seen_urls += len(urls)
             if not self.dry_run:
-                self.report.seen_added += self.producer.mark_seen(urls)
+                rebuild.seen_added += self.producer.mark_seen(urls)
 
     def _stored_urls(self) -> Iterator[str]:
         """URLs of the items scrapy-redis' RedisPipeline stored, then of the MongoDB ones."""

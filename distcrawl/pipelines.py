@@ -29,6 +29,7 @@ import socket
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -43,6 +44,7 @@ from distcrawl._pipeline_report import PipelineReport
 from distcrawl.config import DistcrawlConfig
 from distcrawl.mongo import (
     Doc,
+    DocContext,
     FlushResult,
     MongoConfig,
     MongoIO,
@@ -105,7 +107,8 @@ class MongoPipeline:
         self._io = MongoIO()
         self._writer: MongoWriter | None = None
         self._spill: SpillFile | None = None
-        self._default_collection = "items"
+        #: what every item's Doc is made with; the spider's name is known once it opens
+        self._docs = DocContext(config, "items", self._fingerprint)
         self._buffer: deque[_Pending] = deque()
         self._in_flight: list[_Pending] = []
         self._space: deque[Deferred[None]] = deque()
@@ -132,9 +135,11 @@ class MongoPipeline:
     async def open_spider(self) -> None:
         spider = self.crawler.spider
         name = spider.name if spider is not None else "items"
-        self._default_collection = self.config.collection or name
+        self._docs = replace(self._docs, default_collection=self.config.collection or name)
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        self._spill = SpillFile(Path(self.config.spill_dir) / f"{name}-{stamp}-{os.getpid()}.jsonl")
+        self._spill = SpillFile(
+            Path(self.config.buffering.spill_dir) / f"{name}-{stamp}-{os.getpid()}.jsonl"
+        )
         assert self.config.uri is not None
         self._writer = MongoWriter(
             self.config.uri,
@@ -145,7 +150,9 @@ class MongoPipeline:
             timeout=self.config.timeout,
         )
         if self.notify.task is not None:
-            path = Path(self.config.spill_dir) / f"{name}-notify-{stamp}-{os.getpid()}.jsonl"
+            path = (
+                Path(self.config.buffering.spill_dir) / f"{name}-notify-{stamp}-{os.getpid()}.jsonl"
+            )
             self._notifier = Notifier(self.notify, self.config.database, path)
             logger.info(
                 "Item notifications: %s via %s", self.notify.task, self._notifier.shown_broker
@@ -154,10 +161,10 @@ class MongoPipeline:
         logger.info(
             "MongoDB: items go to %s.%s at %s (batches of up to %d, every %.2fs at most)",
             self.config.database,
-            self._default_collection,
+            self._docs.default_collection,
             self.config.shown_uri,
-            self.config.batch_size,
-            self.config.flush_interval,
+            self.config.buffering.batch_size,
+            self.config.buffering.flush_interval,
         )
         if self.revisits and self.config.key_fields:
             logger.warning(
@@ -166,23 +173,15 @@ class MongoPipeline:
                 "fetches and its items will be on different documents"
             )
         # first contact in the background: the crawl does not wait for MongoDB to start
-        self._io.run(self._writer.prepare, self._default_collection).addErrback(
+        self._io.run(self._writer.prepare, self._docs.default_collection).addErrback(
             self._report.unreachable_at_open
         )
 
     async def process_item(self, item: Any) -> Any:
-        pending = _Pending(
-            document_for(
-                item,
-                self.config,
-                self._default_collection,
-                self._fingerprint,
-                revisits=self.revisits,
-            )
-        )
-        if self._queued() >= self.config.max_buffer:
+        pending = _Pending(document_for(item, self._docs, revisits=self.revisits))
+        if self._queued() >= self.config.buffering.max_buffer:
             self._report.inc("waited_for_room")
-            while self._queued() >= self.config.max_buffer:
+            while self._queued() >= self.config.buffering.max_buffer:
                 room: Deferred[None] = Deferred()
                 self._space.append(room)
                 await maybe_deferred_to_future(room)
@@ -232,9 +231,9 @@ class MongoPipeline:
             if not self._queued():
                 self._fire_drained()
             return
-        wait = self._buffer[0].since + self.config.flush_interval - time.monotonic()
+        wait = self._buffer[0].since + self.config.buffering.flush_interval - time.monotonic()
         if (
-            len(self._buffer) >= self.config.batch_size
+            len(self._buffer) >= self.config.buffering.batch_size
             or wait <= 0
             or self._closing_since is not None
         ):
@@ -257,7 +256,7 @@ class MongoPipeline:
 
     def _write(self) -> None:
         assert self._writer is not None
-        batch = self._take(self.config.batch_size)
+        batch = self._take(self.config.buffering.batch_size)
         started = time.monotonic()
         d = self._io.run(self._writer.write, [p.doc for p in batch])
         d.addCallbacks(
@@ -299,7 +298,7 @@ class MongoPipeline:
             self._notifier.deliver,
             stored,
             lambda: self._closing_since is not None or _engine.closing(self.crawler),
-            self.config.close_timeout,
+            self.config.buffering.close_timeout,
         )
 
         def done(outcome: Any) -> None:
@@ -369,9 +368,9 @@ class MongoPipeline:
                     "MongoDB still unavailable while the crawl closes: %d items wait for "
                     "it; in %.0fs they go to the spill file",
                     self._queued(),
-                    max(0.0, self.config.close_timeout - waited),
+                    max(0.0, self.config.buffering.close_timeout - waited),
                 )
-            if waited >= self.config.close_timeout:
+            if waited >= self.config.buffering.close_timeout:
                 self._spill_all()
                 return
         if now >= self._retry_at:

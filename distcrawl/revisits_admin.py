@@ -97,13 +97,10 @@ class DomainRevisits:
 
 
 @dataclass
-class RevisitStatus:
-    """The crawl's revisits, all shards added up."""
+class RevisitTotals:
+    """Revisits by when they are due, all shards added up: exact (ZCARD, ZCOUNT), unlike
+    the per-domain rows, which come from scans while workers lease and commit."""
 
-    namespace: str
-    shards: int
-    #: server time of the first shard read (s)
-    now: float = 0.0
     #: waiting in ``revisits`` for their due time
     waiting: int = 0
     #: due, in ``revisit_queue`` for their slot's turn
@@ -112,16 +109,30 @@ class RevisitStatus:
     due: int = 0
     #: not yet due, due within the hour
     next_hour: int = 0
+
+    @property
+    def scheduled(self) -> int:
+        return self.waiting + self.queued
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"scheduled": self.scheduled, **dataclasses.asdict(self)}
+
+
+@dataclass
+class RevisitStatus:
+    """The crawl's revisits, all shards added up."""
+
+    namespace: str
+    shards: int
+    #: server time of the first shard read (s)
+    now: float = 0.0
+    totals: RevisitTotals = field(default_factory=RevisitTotals)
     #: how late the most overdue waiting revisit is (s); None: none is
     overdue_seconds: float | None = None
     #: waiting revisits without a record, and records or queue entries that do not parse
     missing: int = 0
     unparsable: int = 0
     domains: dict[str, DomainRevisits] = field(default_factory=dict)
-
-    @property
-    def scheduled(self) -> int:
-        return self.waiting + self.queued
 
     def top(self, limit: int) -> list[DomainRevisits]:
         """The domains with the most revisits due now, then due within the hour."""
@@ -139,11 +150,7 @@ class RevisitStatus:
             "namespace": self.namespace,
             "shards": self.shards,
             "time": self.now,
-            "scheduled": self.scheduled,
-            "waiting": self.waiting,
-            "queued": self.queued,
-            "due": self.due,
-            "next_hour": self.next_hour,
+            **self.totals.as_dict(),
             "overdue_seconds": self.overdue_seconds,
             "missing_records": self.missing,
             "unparsable": self.unparsable,
@@ -169,10 +176,11 @@ def revisit_status(client: redis.Redis, keys: FrontierKeys, page: int = PAGE) ->
         pipe.zcount(k.revisits, "-inf", now)
         pipe.zcount(k.revisits, f"({now}", now + HOUR_MS)
         due, next_hour = pipe.execute()
-        out.waiting += int(waiting)
-        out.queued += int(queued)
-        out.due += int(due) + int(queued)
-        out.next_hour += int(next_hour)
+        totals = out.totals
+        totals.waiting += int(waiting)
+        totals.queued += int(queued)
+        totals.due += int(due) + int(queued)
+        totals.next_hour += int(next_hour)
         if oldest and oldest[0][1] <= now:
             late = round((now - oldest[0][1]) / 1000, 3)
             out.overdue_seconds = max(out.overdue_seconds or 0.0, late)

@@ -123,7 +123,7 @@ def test_status_reads_in_pages(redis_client, redis_url, capsys, monkeypatch):
     frontier = Frontier(redis_client, SITE)
     frontier.commit([], [revisit(f"http://h{i % 5}.test/{i}", 0) for i in range(300)])
     status = revisits_admin.revisit_status(redis_client, SITE, page=7)
-    assert status.waiting == status.due == 300
+    assert status.totals.waiting == status.totals.due == 300
     assert sum(d.scheduled for d in status.domains.values()) == 300
     assert {d.domain: d.due for d in status.domains.values()} == {
         f"h{i}.test": 60 for i in range(5)

@@ -23,6 +23,7 @@ from distcrawl.items import PageFetch, PageItem
 from distcrawl.mongo import (
     SPILL_FORMAT,
     SPILL_FORMAT_OPS,
+    DocContext,
     MongoConfig,
     SpillFile,
     check_update,
@@ -111,9 +112,9 @@ def test_tracking_update_of_each_kind_of_fetch() -> None:
 
 
 def test_a_fetch_updates_the_document_its_page_item_is_keyed_by() -> None:
-    config = MongoConfig(uri="mongodb://db/")
-    page = document_for(PageItem(URL, 200, title="T"), config, "site", fp, revisits=True)
-    fetch = fetch_document(first(), config, "site", fp)
+    docs = DocContext(MongoConfig(uri="mongodb://db/"), "site", fp)
+    page = document_for(PageItem(URL, 200, title="T"), docs, revisits=True)
+    fetch = fetch_document(first(), docs)
     assert fetch.key == page.key == ("fp:" + URL).encode().hex()
     assert (fetch.collection, page.collection) == ("site", "site")
     assert fetch.tracking and not page.tracking
@@ -123,20 +124,20 @@ def test_a_fetch_updates_the_document_its_page_item_is_keyed_by() -> None:
     assert page.update is not None and page.filter is None
     assert page.update["$set"]["title"] == "T" and "_id" not in page.update["$set"]
     # revisits off: a replacement, as always
-    assert document_for(PageItem(URL, 200), config, "site", fp, revisits=False).update is None
+    assert document_for(PageItem(URL, 200), docs, revisits=False).update is None
 
     # the collection: PageFetch's own mapping, else DISTCRAWL_MONGO_COLLECTION, else default
     mapped = MongoConfig(uri="x", collections=(("PageFetch", "pages"), ("PageItem", "pages")))
-    assert fetch_document(first(), mapped, "site", fp).collection == "pages"
+    assert fetch_document(first(), DocContext(mapped, "site", fp)).collection == "pages"
     one = MongoConfig(uri="x", collection="c")
-    assert fetch_document(first(), one, "site", fp).collection == "c"
+    assert fetch_document(first(), DocContext(one, "site", fp)).collection == "c"
     # DISTCRAWL_MONGO_KEY_FIELDS does not change a fetch's key: it is always the URL's
     keyed = MongoConfig(uri="x", key_fields=("sku",))
-    assert fetch_document(first(), keyed, "site", fp).key == fetch.key
+    assert fetch_document(first(), DocContext(keyed, "site", fp)).key == fetch.key
 
 
 def test_a_fetch_that_cannot_be_written_is_dead_lettered_not_lost() -> None:
-    config = MongoConfig(uri="mongodb://db/")
+    docs = DocContext(MongoConfig(uri="mongodb://db/"), "site", fp)
     for bad, reason in [
         (PageFetch("", T0, 200, True, True, "s"), "no key"),
         (PageFetch(URL, float("nan"), 200, True, True, "s"), "fetched_at"),
@@ -144,21 +145,21 @@ def test_a_fetch_that_cannot_be_written_is_dead_lettered_not_lost() -> None:
         (PageFetch(URL, T0, "200", True, True, "s"), "status"),  # type: ignore[arg-type]
         (PageFetch("not a url", T0, 200, True, True, "s"), "no key"),
     ]:
-        doc = fetch_document(bad, config, "site", fp)
+        doc = fetch_document(bad, docs)
         assert doc.error is not None and reason in doc.error, (bad, doc.error)
         assert doc.tracking and doc.key is None
 
 
 def test_a_refused_fetch_has_a_dead_letter_of_its_own() -> None:
-    config = MongoConfig(uri="mongodb://db/")
-    item = document_for(PageItem(URL, 200), config, "site", fp, revisits=True)
+    docs = DocContext(MongoConfig(uri="mongodb://db/"), "site", fp)
+    item = document_for(PageItem(URL, 200), docs, revisits=True)
     records = [
         dead_record(d, "refused", 121, database="db", source="w")["_id"]
         for d in (
             item,
-            fetch_document(first(), config, "site", fp),
-            fetch_document(changed(), config, "site", fp),
-            fetch_document(changed(), config, "site", fp),
+            fetch_document(first(), docs),
+            fetch_document(changed(), docs),
+            fetch_document(changed(), docs),
         )
     ]
     assert records[0] == item.key
@@ -178,10 +179,10 @@ def test_check_update_refuses_what_an_update_would_store_otherwise() -> None:
 
 
 def test_spill_records_say_their_operation_and_old_files_still_read(tmp_path) -> None:
-    config = MongoConfig(uri="mongodb://db/")
-    page = document_for({"url": URL, "title": "T"}, config, "site", fp, revisits=True)
-    fetch = fetch_document(first(), config, "site", fp)
-    plain = document_for({"url": URL, "title": "T"}, config, "site", fp, revisits=False)
+    docs = DocContext(MongoConfig(uri="mongodb://db/"), "site", fp)
+    page = document_for({"url": URL, "title": "T"}, docs, revisits=True)
+    fetch = fetch_document(first(), docs)
+    plain = document_for({"url": URL, "title": "T"}, docs, revisits=False)
     spill = SpillFile(tmp_path / "s.jsonl")
     spill.append(doc_record("db", d, "down") for d in (page, fetch, plain))
     records = [r for _, r in read_spill(spill.path)]
@@ -238,10 +239,10 @@ def test_tracking_updates_send_no_item_notifications() -> None:
     pipe = MongoPipeline.from_crawler(crawler)
     pipe._notifier = Notifier()  # type: ignore[assignment]
     pipe._io = SyncIO()  # type: ignore[assignment]
-    config = pipe.config
+    docs = DocContext(pipe.config, "items", fp)
     batch = [
-        _Pending(document_for(PageItem(URL, 200), config, "items", fp, revisits=True)),
-        _Pending(document_for(first(), config, "items", fp, revisits=True)),
+        _Pending(document_for(PageItem(URL, 200), docs, revisits=True)),
+        _Pending(document_for(first(), docs, revisits=True)),
     ]
     pipe._notify(batch, ["upserted", "updated"])
     assert sent == [("items", batch[0].doc.key)]

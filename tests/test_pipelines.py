@@ -102,7 +102,12 @@ def test_mongo_config_defaults_and_errors_name_the_setting() -> None:
     assert config.key_fields == ("sku", "store")
     assert config.collection_for(Product, "site") == "products"
     assert config.collection_for(dict, "site") == "site"
-    assert (config.batch_size, config.max_buffer, config.flush_interval) == (500, 5000, 0.1)
+    buffering = config.buffering
+    assert (buffering.batch_size, buffering.max_buffer, buffering.flush_interval) == (
+        500,
+        5000,
+        0.1,
+    )
     assert "pw" not in config.shown_uri
     assert (
         MongoConfig.from_settings(

@@ -97,7 +97,7 @@ def cmd_import_scrapy_redis(args: argparse.Namespace, ctx: Any) -> int:
         _emit_json(report.as_dict())
     else:
         print(report.text())
-    return EXIT_PARTIAL if (report.dead or report.full) and not args.dry_run else EXIT_OK
+    return EXIT_PARTIAL if report.not_imported and not args.dry_run else EXIT_OK
 
 
 #: the import's on/off options, and what each turns on

@@ -55,12 +55,13 @@ def _seconds(value: float | None) -> str:
 
 def _status_text(status: RevisitStatus, limit: int) -> str:
     shards = f" ({status.shards} shards)" if status.shards > 1 else ""
+    totals = status.totals
     lines = [
         f"revisits of {status.namespace!r}{shards}",
-        f"  scheduled   {status.scheduled:>10}   (waiting {status.waiting}, "
-        f"due in the revisit queue {status.queued})",
-        f"  due now     {status.due:>10}",
-        f"  next hour   {status.next_hour:>10}",
+        f"  scheduled   {totals.scheduled:>10}   (waiting {totals.waiting}, "
+        f"due in the revisit queue {totals.queued})",
+        f"  due now     {totals.due:>10}",
+        f"  next hour   {totals.next_hour:>10}",
         f"  most late   {_seconds(status.overdue_seconds):>10}   (of those still waiting)",
     ]
     if status.missing or status.unparsable:

@@ -177,18 +177,26 @@ class _Route(NamedTuple):
     headers: tuple[tuple[bytes, bytes], ...] = ()
 
 
-class SiteConfig(NamedTuple):
-    pages: int
-    links: int
-    seed: int
-    delay: float
-    crawl_delay: float | None
+class Faults(NamedTuple):
+    """Answers the site gets wrong on purpose, for the tests of retries and of throttling."""
+
+    #: a share of the pages, chosen by seed, fail their first ``fail_times`` requests: a 503,
+    #: or with ``fail_mode`` "drop" a connection dropped in the middle of the answer
     fail_rate: float = 0.0
     fail_times: int = 2
     fail_mode: str = "503"
     #: the n-th request of a page answers 429 with Retry-After: retry_after (0: never)
     throttle_at: int = 0
     retry_after: float = 0.0
+
+
+class SiteConfig(NamedTuple):
+    pages: int
+    links: int
+    seed: int
+    delay: float
+    crawl_delay: float | None
+    faults: Faults = Faults()
     #: the home page also links to /leaf/0 .. /leaf/(leaves-1), tiny pages without links
     leaves: int = 0
     #: URLs listed on HOSTILE_PAGE, which the home page links to when there are some
@@ -202,9 +210,10 @@ class SiteConfig(NamedTuple):
 def fails_first(path: str, cfg: SiteConfig) -> bool:
     """Whether ``path`` is one of the pages that fail their first ``fail_times`` requests:
     a deterministic share ``fail_rate`` of the pages, chosen by seed."""
-    if cfg.fail_rate <= 0 or not path.startswith("/page/"):
+    rate = cfg.faults.fail_rate
+    if rate <= 0 or not path.startswith("/page/"):
         return False
-    return random.Random(f"fail:{cfg.seed}:{path}").random() < cfg.fail_rate
+    return random.Random(f"fail:{cfg.seed}:{path}").random() < rate
 
 
 def route(path: str, cfg: SiteConfig) -> _Route:

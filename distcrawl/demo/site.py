@@ -37,6 +37,7 @@ from distcrawl.demo.pages import (
     PDF_BODY,
     SPECIAL_EVERY,
     SPECIAL_REMAINDER,
+    Faults,
     SiteConfig,
     bfs_from_home,
     expected_pages,
@@ -182,13 +183,13 @@ def _build_site(cfg: SiteConfig, request_log: RequestLog) -> Any:
             path = request.path.decode("utf-8", "replace")
             if path.startswith("/page/"):
                 counters["pages"] += 1
-                if counters["pages"] == cfg.throttle_at:
+                if counters["pages"] == cfg.faults.throttle_at:
                     request.setResponseCode(429)
-                    request.setHeader(b"retry-after", b"%d" % cfg.retry_after)
+                    request.setHeader(b"retry-after", b"%d" % cfg.faults.retry_after)
                     return b"<html><body>slow down</body></html>"
-            if fails_first(path, cfg) and attempts.get(path, 0) < cfg.fail_times:
+            if fails_first(path, cfg) and attempts.get(path, 0) < cfg.faults.fail_times:
                 attempts[path] = attempts.get(path, 0) + 1
-                if cfg.fail_mode == "drop":
+                if cfg.faults.fail_mode == "drop":
                     # the connection dies in the middle of the answer: the client sees data
                     # loss (a reset before any byte would make Twisted's HTTP client re-send
                     # the request at once by itself, hiding the failure from the crawler)
@@ -312,11 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         args.seed,
         args.delay,
         args.crawl_delay,
-        args.fail_rate,
-        args.fail_times,
-        args.fail_mode,
-        args.throttle_at,
-        args.retry_after,
+        Faults(args.fail_rate, args.fail_times, args.fail_mode, args.throttle_at, args.retry_after),
         args.leaves,
         tuple(args.hostile_link),
         args.fresh_pages,
@@ -471,6 +468,7 @@ __all__ = [
     "SPECIAL_EVERY",
     "SPECIAL_REMAINDER",
     "DemoSite",
+    "Faults",
     "LogLine",
     "RequestLog",
     "SiteConfig",

@@ -18,13 +18,20 @@ MongoDB later. Every public name is importable from here.
 
 from __future__ import annotations
 
-from distcrawl.mongo._config import DEFAULT_DATABASE, MongoConfig, client_options, uri_database
+from distcrawl.mongo._config import (
+    DEFAULT_DATABASE,
+    Buffering,
+    MongoConfig,
+    client_options,
+    uri_database,
+)
 from distcrawl.mongo._documents import (
     CODEC_OPTIONS,
     DEAD_ITEM_MAX_CHARS,
     JSON_OPTIONS,
     MAX_DOCUMENT_BYTES,
     Doc,
+    DocContext,
     FlushResult,
     NoKey,
     check_document,
@@ -83,7 +90,9 @@ __all__ = [
     "TRACKING_FIELDS",
     "TRANSIENT_CODES",
     "UNAUTHORIZED",
+    "Buffering",
     "Doc",
+    "DocContext",
     "FlushResult",
     "MongoConfig",
     "MongoIO",

@@ -86,6 +86,20 @@ def _non_negative(kind: Callable[[Any], T]) -> Callable[[Any], T]:
 
 
 @dataclass(frozen=True)
+class Buffering:
+    """How the pipeline holds items between two writes, and where it keeps them when MongoDB
+    cannot take them (``DISTCRAWL_MONGO_BATCH_SIZE`` ... ``DISTCRAWL_MONGO_SPILL_DIR``)."""
+
+    batch_size: int = 500
+    flush_interval: float = 0.1
+    #: items held at most; ``process_item`` waits for room above it
+    max_buffer: int = 5000
+    #: seconds the closing spider waits for MongoDB before it spills what is left
+    close_timeout: float = 30.0
+    spill_dir: str = "mongo-spill"
+
+
+@dataclass(frozen=True)
 class MongoConfig:
     """The parsed MongoDB settings; see the README for what each one does."""
 
@@ -95,11 +109,7 @@ class MongoConfig:
     collections: tuple[tuple[str, str], ...] = ()
     key_fields: tuple[str, ...] = ()
     url_field: str = "url"
-    batch_size: int = 500
-    flush_interval: float = 0.1
-    max_buffer: int = 5000
-    close_timeout: float = 30.0
-    spill_dir: str = "mongo-spill"
+    buffering: Buffering = Buffering()
     timeout: float = 5.0
 
     @property
@@ -145,15 +155,17 @@ class MongoConfig:
             collections=tuple((str(k), str(v)) for k, v in collections.items()),
             key_fields=_get(settings, "DISTCRAWL_MONGO_KEY_FIELDS", (), _field_names),
             url_field=_get(settings, "DISTCRAWL_MONGO_URL_FIELD", "url", str) or "url",
-            batch_size=batch_size,
-            flush_interval=_get(
-                settings, "DISTCRAWL_MONGO_FLUSH_INTERVAL", 0.1, _non_negative(float)
+            buffering=Buffering(
+                batch_size=batch_size,
+                flush_interval=_get(
+                    settings, "DISTCRAWL_MONGO_FLUSH_INTERVAL", 0.1, _non_negative(float)
+                ),
+                max_buffer=max_buffer,
+                close_timeout=_get(
+                    settings, "DISTCRAWL_MONGO_CLOSE_TIMEOUT", 30.0, _non_negative(float)
+                ),
+                spill_dir=_get(settings, "DISTCRAWL_MONGO_SPILL_DIR", "mongo-spill", str),
             ),
-            max_buffer=max_buffer,
-            close_timeout=_get(
-                settings, "DISTCRAWL_MONGO_CLOSE_TIMEOUT", 30.0, _non_negative(float)
-            ),
-            spill_dir=_get(settings, "DISTCRAWL_MONGO_SPILL_DIR", "mongo-spill", str),
             timeout=_get(settings, "DISTCRAWL_MONGO_TIMEOUT", 5.0, _positive(float)),
         )
 

@@ -97,15 +97,21 @@ class FlushResult:
         return self.outcomes.count(outcome)
 
 
-def item_document(
-    item: Any,
-    config: MongoConfig,
-    default_collection: str,
-    fingerprint: Callable[[Request], bytes],
-) -> Doc:
+@dataclass(frozen=True)
+class DocContext:
+    """What turns an item into its Doc, the same for every item of a crawl: the settings
+    (which collection, which key), the collection of the items they do not place (the
+    spider's name), and the request fingerprinter that keys an item by its URL."""
+
+    config: MongoConfig
+    default_collection: str
+    fingerprint: Callable[[Request], bytes]
+
+
+def item_document(item: Any, ctx: DocContext) -> Doc:
     """The Doc of a scraped item, keyed; an item that cannot be one (not an item, no key)
     still becomes a Doc, with ``error`` set, so that it is dead-lettered, not lost."""
-    collection, type_name = placed(item, config, default_collection)
+    collection, type_name = placed(item, ctx)
     if not ItemAdapter.is_item(item):
         return Doc(
             collection,
@@ -115,7 +121,7 @@ def item_document(
         )
     data = ItemAdapter(item).asdict()
     try:
-        key = item_key(data, config, fingerprint)
+        key = item_key(data, ctx.config, ctx.fingerprint)
     except NoKey as exc:
         return Doc(collection, data, item_type=type_name, error=f"no key: {exc}")
     doc: dict[str, Any] = {"_id": key}
@@ -123,11 +129,11 @@ def item_document(
     return Doc(collection, doc, key=key, item_type=type_name)
 
 
-def placed(item: Any, config: MongoConfig, default_collection: str) -> tuple[str, str]:
+def placed(item: Any, ctx: DocContext) -> tuple[str, str]:
     """The collection ``item`` goes to and the dotted name of its type, which its Doc (and
     any dead letter of it) records: the same for items and PageFetches."""
     item_type = type(item)
-    collection = config.collection_for(item_type, default_collection)
+    collection = ctx.config.collection_for(item_type, ctx.default_collection)
     return collection, f"{item_type.__module__}.{item_type.__qualname__}"
 
 

@@ -20,16 +20,14 @@ existing ``_id``, and that duplicate key is read as "already recorded" (``skippe
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
 from itemadapter import ItemAdapter
-from scrapy import Request
 
 from distcrawl.items import PageFetch
 from distcrawl.mongo._config import MongoConfig
-from distcrawl.mongo._documents import Doc, NoKey, item_document, item_key, placed
+from distcrawl.mongo._documents import Doc, DocContext, NoKey, item_document, item_key, placed
 
 #: the fields a PageFetch maintains on its page's document
 TRACKING_FIELDS = (
@@ -94,23 +92,18 @@ def _fetch_error(fetch: PageFetch) -> str | None:
     return None
 
 
-def fetch_document(
-    fetch: PageFetch,
-    config: MongoConfig,
-    default_collection: str,
-    fingerprint: Callable[[Request], bytes],
-) -> Doc:
+def fetch_document(fetch: PageFetch, ctx: DocContext) -> Doc:
     """The Doc of a PageFetch: the tracking update of its page's document, in the collection
     of PageFetch items (DISTCRAWL_MONGO_COLLECTIONS may map PageFetch itself; else
     DISTCRAWL_MONGO_COLLECTION or the spider's name, where page items go by default). A
     PageFetch that cannot be one still becomes a Doc with ``error`` set: dead-lettered."""
-    collection, type_name = placed(fetch, config, default_collection)
+    collection, type_name = placed(fetch, ctx)
     data = ItemAdapter(fetch).asdict()
     error = _fetch_error(fetch)
     key = None
     if error is None:
         try:
-            key = item_key({"url": fetch.url}, _URL_KEY, fingerprint)
+            key = item_key({"url": fetch.url}, _URL_KEY, ctx.fingerprint)
         except NoKey as exc:
             error = f"no key: {exc}"
     if error is not None:
@@ -134,17 +127,10 @@ def content_update(doc: Doc) -> Doc:
     return doc
 
 
-def document_for(
-    item: Any,
-    config: MongoConfig,
-    default_collection: str,
-    fingerprint: Callable[[Request], bytes],
-    *,
-    revisits: bool,
-) -> Doc:
+def document_for(item: Any, ctx: DocContext, *, revisits: bool) -> Doc:
     """The Doc the pipeline writes for ``item``: a PageFetch's tracking update; an item's
     replacement, or with ``revisits`` its ``$set`` update."""
     if isinstance(item, PageFetch):
-        return fetch_document(item, config, default_collection, fingerprint)
-    doc = item_document(item, config, default_collection, fingerprint)
+        return fetch_document(item, ctx)
+    doc = item_document(item, ctx)
     return content_update(doc) if revisits else doc
