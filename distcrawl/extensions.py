@@ -18,6 +18,7 @@ import os
 import socket
 import time
 from collections import Counter, deque
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -72,6 +73,16 @@ IGNORED = "downloader/exception_type_count/scrapy.exceptions.IgnoreRequest"
 
 def _same(reply: Any) -> Any:
     return reply
+
+
+@dataclass
+class Beat:
+    """What one beat sends: the counters' growth since the last beat, the pages fetched per
+    domain, and the heartbeat; the counts go with the next beat when this one fails."""
+
+    deltas: dict[str, int]
+    domains: dict[str, int]
+    heartbeat: dict[str, Any]
 
 
 def counters(stats: Any) -> dict[str, int]:
@@ -146,14 +157,14 @@ class WorkerMonitor:
             try:
                 from scrapy.utils.defer import maybe_deferred_to_future
 
-                await maybe_deferred_to_future(self.io.run(self._publish, *self._snapshot(reason)))
+                await maybe_deferred_to_future(self.io.run(self._publish, self._snapshot(reason)))
             except redis.RedisError as exc:
                 logger.warning("Last heartbeat not stored: %s", redact_error(exc, self.io.url))
         self.io.stop()
 
     # -- the beat ------------------------------------------------------------------------
 
-    def _snapshot(self, state: str) -> tuple[dict[str, int], dict[str, int], dict[str, Any]]:
+    def _snapshot(self, state: str) -> Beat:
         now = counters(self.crawler.stats)
         deltas = {k: v - self.sent[k] for k, v in now.items() if v != self.sent[k]}
         domains, self.domains = dict(self.domains), Counter()
@@ -171,7 +182,7 @@ class WorkerMonitor:
             **now,
         }
         self.sent.update(deltas)
-        return deltas, domains, heartbeat
+        return Beat(deltas, domains, heartbeat)
 
     def _pages_per_minute(self) -> float:
         if len(self.history) < 2:
@@ -184,7 +195,7 @@ class WorkerMonitor:
             return
         scheduler = scheduler_of(self.crawler)
         state = "paused" if scheduler is not None and scheduler.paused else "running"
-        deltas, domains, heartbeat = self._snapshot(state)
+        snapshot = self._snapshot(state)
         self._busy = True
         memory = time.monotonic() >= self._next_memory_check
         if memory:
@@ -193,23 +204,17 @@ class WorkerMonitor:
         # round trip of its own. Not on a cluster: a batch's pipeline is no MULTI there, and
         # redis-py would send the counters again after a lost reply (and INFO has no key)
         if self.frontier is not None and not is_cluster(self.io.client):
-            ops = self._ops(deltas, domains, heartbeat)
+            ops = self._ops(snapshot)
             if memory:
                 ops.append(Op("", [], ["INFO", "memory"], _same))
-            rider = Rider(ops, lambda replies: self._rode(replies, deltas, domains, memory))
+            rider = Rider(ops, lambda replies: self._rode(replies, snapshot, memory))
             rider.wait = self.config.lease.heartbeat
             if scheduler is not None and scheduler.ride(rider):
                 return
-        d = self.io.run(self._publish, deltas, domains, heartbeat, memory)
-        d.addCallbacks(self._published, self._failed, errbackArgs=(deltas, domains))
+        d = self.io.run(self._publish, snapshot, memory)
+        d.addCallbacks(self._published, self._failed, errbackArgs=(snapshot,))
 
-    def _ops(
-        self,
-        deltas: dict[str, int],
-        domains: dict[str, int],
-        heartbeat: dict[str, Any],
-        parts: bool = True,
-    ) -> list[Op[Any]]:
+    def _ops(self, beat: Beat, parts: bool = True) -> list[Op[Any]]:
         """The beat's commands; two read the pause flag and the dead letters, then (with
         ``parts``) the reads of every part's sizes and revisit gauges (:meth:`_part_ops`)."""
         assert self.keys is not None
@@ -218,13 +223,13 @@ class WorkerMonitor:
             Op(
                 "",
                 [],
-                ["HSET", k.workers, self.id, json.dumps(heartbeat, separators=(",", ":"))],
+                ["HSET", k.workers, self.id, json.dumps(beat.heartbeat, separators=(",", ":"))],
                 _same,
             )
         ]
-        ops += [Op("", [], ["HINCRBY", k.stats, n, d], _same) for n, d in deltas.items()]
-        ops += [Op("", [], ["ZINCRBY", k.domains, c, dom], _same) for dom, c in domains.items()]
-        if domains:
+        ops += [Op("", [], ["HINCRBY", k.stats, n, d], _same) for n, d in beat.deltas.items()]
+        ops += [Op("", [], ["ZINCRBY", k.domains, c, d], _same) for d, c in beat.domains.items()]
+        if beat.domains:
             ops.append(Op("", [], ["ZREMRANGEBYRANK", k.domains, 0, -DOMAINS_KEPT - 1], _same))
         ops.append(Op("", [], ["EXISTS", k.paused], _same))
         ops.append(Op("", [], ["LLEN", k.dead], _same))
@@ -315,13 +320,7 @@ class WorkerMonitor:
             return {}
         return self._part_gauges(replies)
 
-    def _publish(
-        self,
-        deltas: dict[str, int],
-        domains: dict[str, int],
-        heartbeat: dict[str, Any],
-        memory: bool = False,
-    ) -> tuple[bool, dict[str, Any]]:
+    def _publish(self, beat: Beat, memory: bool = False) -> tuple[bool, dict[str, Any]]:
         """Runs on the Redis thread: one round trip (when no scheduler batch takes it)."""
         assert self.keys is not None
         if self.frontier is None:
@@ -334,7 +333,7 @@ class WorkerMonitor:
         # lost reply, which would count these HINCRBYs twice (one slot: MULTI is allowed)
         cluster = is_cluster(self.io.client)
         pipe = self.io.client.pipeline(transaction=cluster)
-        for op in self._ops(deltas, domains, heartbeat, parts=not cluster):
+        for op in self._ops(beat, parts=not cluster):
             pipe.execute_command(*op.args)
         if memory:
             # on its own: a full Redis refuses the writes above, and this must still be said
@@ -344,9 +343,7 @@ class WorkerMonitor:
             sizes.update(self._cluster_parts())
         return paused, sizes
 
-    def _rode(
-        self, replies: list[Any], deltas: dict[str, int], domains: dict[str, int], memory: bool
-    ) -> None:
+    def _rode(self, replies: list[Any], beat: Beat, memory: bool) -> None:
         """The beat rode with a scheduler batch: each command's reply, or its error."""
         if memory:
             info = replies.pop()
@@ -358,7 +355,7 @@ class WorkerMonitor:
         count = part_replies(len(self._parts()))
         error = next((r for r in replies[:-count] if isinstance(r, BaseException)), None)
         if error is not None:
-            self._failed(Failure(error), deltas, domains)
+            self._failed(Failure(error), beat)
         else:
             self._published(self._read(replies))
 
@@ -430,12 +427,12 @@ class WorkerMonitor:
         if scheduler is not None and paused != scheduler.paused:
             scheduler.pause() if paused else scheduler.resume()
 
-    def _failed(self, failure: Any, deltas: dict[str, int], domains: dict[str, int]) -> None:
+    def _failed(self, failure: Any, beat: Beat) -> None:
         """Redis is away: the counts are sent with the next beat instead."""
         self._busy = False
-        for name, delta in deltas.items():
+        for name, delta in beat.deltas.items():
             self.sent[name] -= delta
-        self.domains.update(domains)
+        self.domains.update(beat.domains)
         if failure.check(redis.exceptions.NoPermissionError):
             # not an outage that passes: the heartbeat, totals and pause never work
             if not self._refused:

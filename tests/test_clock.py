@@ -224,9 +224,9 @@ def test_the_heartbeat_names_the_schedulers_liveness_tag():
 
     crawler = Crawler()
     monitor = WorkerMonitor(crawler, DistcrawlConfig(), RedisIO("redis://127.0.0.1:1/0"))  # type: ignore[arg-type]
-    assert monitor._snapshot("running")[2]["tag"] is None  # no distcrawl scheduler
+    assert monitor._snapshot("running").heartbeat["tag"] is None  # no distcrawl scheduler
     _SCHEDULERS[crawler] = SimpleNamespace(tag="0a1b2c3d")  # type: ignore[assignment]
     try:
-        assert monitor._snapshot("running")[2]["tag"] == "0a1b2c3d"
+        assert monitor._snapshot("running").heartbeat["tag"] == "0a1b2c3d"
     finally:
         del _SCHEDULERS[crawler]

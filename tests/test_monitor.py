@@ -249,6 +249,7 @@ def monitor_of(redis_url: str, shards: int, cluster: bool = False) -> tuple[Any,
 def test_revisit_gauges_count_the_backlog_and_its_age(redis_client, redis_url, shards):
     """distcrawl_revisits, distcrawl_revisits_due, distcrawl_revisits_overdue_seconds: read
     in the beat's round trip, per shard, on the server's clock."""
+    from distcrawl.extensions import Beat
     from distcrawl.frontier import Entry, EntryKind, Frontier, make_entry
     from distcrawl.keys import FrontierKeys
 
@@ -270,7 +271,7 @@ def test_revisit_gauges_count_the_backlog_and_its_age(redis_client, redis_url, s
     monitor, io = monitor_of(redis_url, shards)
     try:
         for _ in range(2):  # the first beat asks the server's time before it counts
-            paused, monitor.sizes = monitor._publish({}, {}, {"state": "running"})
+            paused, monitor.sizes = monitor._publish(Beat({}, {}, {"state": "running"}))
             assert not paused
     finally:
         io.stop()
@@ -293,6 +294,7 @@ def test_frontier_gauges_add_up_every_shard(request, redis_client, redis_url, sh
     a cluster in other slots than the beat's, read in a pipeline of their own)."""
     from redis.cluster import RedisCluster
 
+    from distcrawl.extensions import Beat
     from distcrawl.frontier import Entry, EntryKind, Frontier
     from distcrawl.keys import FrontierKeys
 
@@ -331,7 +333,7 @@ def test_frontier_gauges_add_up_every_shard(request, redis_client, redis_url, sh
 
     monitor, io = monitor_of(redis_url, shards, cluster=cluster)
     try:
-        paused, monitor.sizes = monitor._publish({}, {}, {"state": "running"})
+        paused, monitor.sizes = monitor._publish(Beat({}, {}, {"state": "running"}))
     finally:
         io.stop()
         if cluster:

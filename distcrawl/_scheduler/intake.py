@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from scrapy import Request, Spider
@@ -34,23 +35,17 @@ logger = logging.getLogger("distcrawl.scheduler")
 RETRY_DELAY_META = "distcrawl_retry_delay"
 
 
+@dataclass
 class Intake:
     """Entries from requests and ``start_urls`` entries, with the crawl's checks."""
 
-    def __init__(
-        self,
-        config: DistcrawlConfig,
-        df: RedisDupeFilter | None,
-        codec: RequestCodec,
-        spider: Spider,
-        report: Reporter,
-    ) -> None:
-        self.config = config
-        self.df = df
-        self.codec = codec
-        self.spider = spider
-        self._report = report
-        self.stats = report.stats
+    config: DistcrawlConfig
+    #: None when the crawl's DUPEFILTER_CLASS is not distcrawl's: no duplicate is dropped here
+    df: RedisDupeFilter | None
+    codec: RequestCodec
+    spider: Spider
+    #: the scheduler's stats and warnings: a refused request is counted and said there
+    report: Reporter
 
     def entry(self, request: Request) -> Entry | None:
         """The entry that stores a request the engine scheduled (a retry to store for
@@ -60,7 +55,7 @@ class Intake:
         # first of all: a page can link to file://, and Scrapy would read the file
         why = refused_scheme(request.url, self.config.allowed_schemes)
         if why is not None:
-            self._report.refused_scheme(request, why)
+            self.report.refused_scheme(request, why)
             return None
         fp = b""
         if not request.dont_filter and self.df is not None:
@@ -195,5 +190,6 @@ class Intake:
         return Entry(EntryKind.BAD_START, b"", 0, record, raw)
 
     def _inc(self, key: str, count: int = 1) -> None:
-        if count and self.stats is not None:
-            self.stats.inc_value(key, count)
+        stats = self.report.stats
+        if count and stats is not None:
+            stats.inc_value(key, count)

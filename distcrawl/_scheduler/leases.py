@@ -67,14 +67,7 @@ class Leases:
 
     def busy(self) -> bool:
         """Some lease is held, or some report is due."""
-        return bool(
-            self._ready
-            or self._active
-            or self._reserves
-            or self._sent
-            or self._freed
-            or self._swapped
-        )
+        return bool(self._ready or self._active or self._reserves or self._sent) or self.unreported
 
     def _reserve_count(self) -> int:
         return sum(len(q) for q in self._reserves.values())

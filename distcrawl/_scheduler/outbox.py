@@ -46,7 +46,7 @@ class Outbox:
 
     def pending(self) -> bool:
         """Anything to store: waiting, or in the commit being sent."""
-        return bool(self._outgoing or self._acks or self.commit)
+        return self.due or self.commit is not None
 
     def counts(self) -> tuple[int, int]:
         """Pushes and acknowledgements not yet stored, the commit being sent included."""

@@ -13,6 +13,7 @@ import os
 import shutil
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote_plus
@@ -36,6 +37,7 @@ def _default_binary() -> str:
 MONGO_BINARY = os.environ.get("DISTCRAWL_MONGO_SERVER") or _default_binary()
 
 
+@dataclass(eq=False, repr=False, kw_only=True)
 class MongoServer(ServerProcess):
     """One ``secantusd-py`` subprocess on loopback, with a storage directory that may outlive it.
 
@@ -51,25 +53,14 @@ class MongoServer(ServerProcess):
     DIRECTORY_PREFIX = "distcrawl-mongo-"
     LOG_NAME = "secantusd.log"
 
-    def __init__(
-        self,
-        port: int | None = None,
-        directory: str | os.PathLike[str] | None = None,
-        *,
-        standalone: bool = True,
-        auth: bool = False,
-        tls: tuple[str, str, str] | None = None,
-        binary: str = MONGO_BINARY,
-        extra_args: Sequence[str] = (),
-    ) -> None:
-        super().__init__(port, directory, binary)
-        self.standalone = standalone
-        self.auth = auth
-        #: (certificate file, key file, CA file) to serve TLS
-        self.tls = tls
-        self.extra_args = list(extra_args)
-        #: (user, password) the readiness check and :meth:`client` use when ``auth`` is on
-        self.credentials: tuple[str, str] | None = None
+    standalone: bool = True
+    auth: bool = False
+    #: (certificate file, key file, CA file) to serve TLS
+    tls: tuple[str, str, str] | None = None
+    binary: str = MONGO_BINARY
+    extra_args: Sequence[str] = ()
+    #: (user, password) the readiness check and :meth:`client` use when ``auth`` is on
+    credentials: tuple[str, str] | None = field(init=False, default=None)
 
     # ------------------------------------------------------------------ properties
 
@@ -127,7 +118,7 @@ class MongoServer(ServerProcess):
         if self.tls is not None:
             cert, key, ca = self.tls
             cmd += ["--tls-cert-file", cert, "--tls-key-file", key, "--tls-ca-file", ca]
-        return cmd + self.extra_args
+        return [*cmd, *self.extra_args]
 
     def enable_auth(self, user: str, password: str) -> MongoServer:
         """Create a root user, then restart with ``--auth``; :attr:`uri` then carries them."""

@@ -11,12 +11,14 @@ a log file, and readiness by asking the server itself.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import signal
 import socket
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, TypeVar
@@ -91,11 +93,13 @@ class ManagedProcess:
         self.stop()
 
 
+@dataclass(eq=False, repr=False)
 class ServerProcess(ManagedProcess):
     """A server on a loopback port, writing to ``<directory>/<LOG_NAME>``.
 
     A directory it was not given is a temporary one it owns and removes at :meth:`stop`; a
-    given one is kept, so a test can restart the server on its data.
+    given one is kept, so a test can restart the server on its data. A dataclass, as are
+    the servers: their options are fields, the process' state is not (``init=False``).
     """
 
     START_TIMEOUT = 10.0
@@ -105,14 +109,20 @@ class ServerProcess(ManagedProcess):
     DIRECTORY_PREFIX = "distcrawl-server-"
     LOG_NAME = "server.log"
 
-    def __init__(self, port: int | None, directory: str | Any | None, binary: str) -> None:
+    #: None: a free port, another one tried when some other process takes it first
+    port: int | None = None
+    #: its data directory, a str once made (None: a temporary one, see above)
+    directory: str | os.PathLike[str] | None = None
+    #: the server's executable, the first word of :meth:`command`
+    binary: str = field(default="", kw_only=True)
+    _fixed_port: bool = field(init=False, default=False)
+    _owns_directory: bool = field(init=False, default=False)
+
+    def __post_init__(self) -> None:
         super().__init__()
-        #: the server's executable, the first word of :meth:`command`
-        self.binary = binary
-        self.port = port
-        self._fixed_port = port is not None
-        self.directory = str(directory) if directory is not None else None
-        self._owns_directory = False
+        self._fixed_port = self.port is not None
+        if self.directory is not None:
+            self.directory = os.fspath(self.directory)
 
     @property
     def log_path(self) -> Path | None:

@@ -10,6 +10,7 @@ import logging
 import os
 import shutil
 import signal
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
@@ -27,6 +28,7 @@ REDIS_BINARY = os.environ.get(
 __all__ = ["HOST", "RedisServer", "find_free_port"]
 
 
+@dataclass(eq=False, repr=False, kw_only=True)
 class RedisServer(ServerProcess):
     """One ``redis-server`` subprocess bound to loopback, in a directory that may outlive it."""
 
@@ -35,22 +37,12 @@ class RedisServer(ServerProcess):
     DIRECTORY_PREFIX = "distcrawl-redis-"
     LOG_NAME = "redis.log"
 
-    def __init__(
-        self,
-        port: int | None = None,
-        directory: str | os.PathLike[str] | None = None,
-        appendonly: bool = False,
-        password: str | None = None,
-        appendfsync: str = "everysec",
-        binary: str = REDIS_BINARY,
-        unixsocket: str | os.PathLike[str] | None = None,
-    ) -> None:
-        super().__init__(port, directory, binary)
-        self.appendonly = appendonly
-        self.password = password
-        self.appendfsync = appendfsync
-        #: also listen on this unix socket (keep the path short: about 100 bytes at most)
-        self.unixsocket = str(unixsocket) if unixsocket is not None else None
+    appendonly: bool = False
+    password: str | None = None
+    appendfsync: str = "everysec"
+    binary: str = REDIS_BINARY
+    #: also listen on this unix socket (keep the path short: about 100 bytes at most)
+    unixsocket: str | os.PathLike[str] | None = None
 
     # ------------------------------------------------------------------ properties
 
@@ -78,13 +70,14 @@ class RedisServer(ServerProcess):
 
     def command(self) -> list[str]:
         assert self.port is not None and self.directory is not None
-        cmd = [self.binary, "--port", str(self.port), "--bind", HOST, "--dir", self.directory]
-        cmd += ["--save", "", "--appendonly", "yes" if self.appendonly else "no"]
+        cmd = [self.binary, "--port", str(self.port), "--bind", HOST]
+        cmd += ["--dir", os.fspath(self.directory), "--save", ""]
+        cmd += ["--appendonly", "yes" if self.appendonly else "no"]
         cmd += ["--appendfsync", self.appendfsync, "--daemonize", "no"]
         if self.password:
             cmd += ["--requirepass", self.password]
         if self.unixsocket:
-            cmd += ["--unixsocket", self.unixsocket, "--unixsocketperm", "700"]
+            cmd += ["--unixsocket", os.fspath(self.unixsocket), "--unixsocketperm", "700"]
         return cmd
 
     def kill(self) -> None:
