@@ -34,7 +34,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import redis
@@ -73,19 +73,35 @@ class KeyInfo:
     bytes: int | None = None
 
 
-@dataclass
-class Outcome:
-    """What a run did, printed (or as JSON) by the command."""
+@dataclass(kw_only=True)
+class RunOutcome:
+    """How a copy-then-verify run of ``distcrawl migrate`` ended, to another Redis
+    (:class:`Outcome`) or into other shards (``reshard.ReshardOutcome``): what differs after
+    the copy (nothing is switched nor removed then), the source keys removed, whether an
+    earlier run had done it all, and how long it took."""
 
-    keys: int = 0
-    copied: int = 0
-    unchanged: int = 0
-    #: keys that expired (robots.txt, locks) between the listing and their copy
-    expired: int = 0
     mismatches: list[str] = field(default_factory=list)
     deleted: int = 0
     already_done: bool = False
     seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        """As ``--json`` prints it: the run's own counts first, then how it ended."""
+        own = asdict(self)
+        ending = {f.name: own.pop(f.name) for f in fields(RunOutcome)}
+        return own | ending
+
+
+@dataclass
+class Outcome(RunOutcome):
+    """What a run to another Redis did, printed (or as JSON) by the command."""
+
+    #: the crawl's keys listed on the source (each then copied, unchanged or expired)
+    keys: int
+    copied: int = 0
+    unchanged: int = 0
+    #: keys that expired (robots.txt, locks) between the listing and their copy
+    expired: int = 0
 
 
 @dataclass
@@ -124,6 +140,32 @@ def _text(fields: Any) -> dict[str, str]:
 
 def _str(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def server_ms(client: redis.Redis, keys: FrontierKeys) -> int:
+    """The clock (ms) of the node holding the crawl's worker beats, by which the workers'
+    reaper ages them."""
+    return int(node_info(client, "server", keys.alive)["server_time_usec"]) // 1000
+
+
+def not_stopped(
+    client: redis.Redis, keys: FrontierKeys, worker_timeout: float, why: str = ""
+) -> list[str]:
+    """Why the crawl is not stopped for a move (empty: it is): it is not paused, or some
+    worker beat within the last ``worker_timeout`` seconds (``why``: what that worker
+    would spoil)."""
+    out = []
+    if not client.exists(keys.paused):
+        out.append(f"the crawl {keys.namespace!r} is not paused (distcrawl pause {keys.namespace})")
+    since = server_ms(client, keys) - int(worker_timeout * 1000)
+    live: list[Any] = client.zrange(keys.alive, since, "+inf", byscore=True)
+    if live:
+        tags = ", ".join(_str(t) for t in live)
+        out.append(
+            f"{len(live)} worker(s) beat within the last {worker_timeout:g}s ({tags}): "
+            f"stop every worker first{why}"
+        )
+    return out
 
 
 def describe(side: Side, names: Sequence[str], *, memory: bool = False) -> list[KeyInfo]:
@@ -233,19 +275,8 @@ class Migration:
         src, k = self.source, self.source.keys
         if not src.client.exists(*k.all()):
             return [f"no crawl {k.namespace!r} at the source (moved with --delete-source?)"]
-        out = []
-        if not src.client.exists(k.paused):
-            out.append(f"the crawl {k.namespace!r} is not paused (distcrawl pause {k.namespace})")
-        # ages on the clock of the node holding the beats, as the workers' reaper reads them
-        now = int(node_info(src.client, "server", k.alive)["server_time_usec"]) // 1000
-        since = now - int(self.worker_timeout * 1000)
-        live: list[Any] = src.client.zrange(k.alive, since, "+inf", byscore=True)
-        if live:
-            tags = ", ".join(_str(t) for t in live)
-            out.append(
-                f"{len(live)} worker(s) beat within the last {self.worker_timeout:g}s ({tags}): "
-                "stop every worker first (their leases would be acknowledged on the source)"
-            )
+        why = " (their leases would be acknowledged on the source)"
+        out = not_stopped(src.client, k, self.worker_timeout, why)
         shards = _text(src.client.hgetall(k.meta)).get("shards", "1")
         if shards != "1":
             out.append(f"the frontier has {shards} shards: only 1 can move yet")

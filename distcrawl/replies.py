@@ -76,6 +76,9 @@ class SweepResult(NamedTuple):
 
 
 class RequeueResult(NamedTuple):
+    """requeue.lua's reply, in the order of its header's "Returns", then what unclaim.lua
+    gave back of the claims it names (``unclaimed``)."""
+
     requeued: int = 0
     #: leases that had no record (removed)
     orphans: int = 0
@@ -83,10 +86,10 @@ class RequeueResult(NamedTuple):
     dead_workers: int = 0
     #: leases of those workers given back
     released: int = 0
-    #: start_urls entries claimed by workers no longer alive, given back to start_urls
-    unclaimed: int = 0
     #: tags of the workers no longer alive that hold claims (given back by unclaim.lua)
     orphan_claims: tuple[str, ...] = ()
+    #: start_urls entries claimed by workers no longer alive, given back to start_urls
+    unclaimed: int = 0
 
 
 class Drained(NamedTuple):
@@ -194,7 +197,7 @@ def parse_sweep(res: Any) -> SweepResult:
 def parse_requeue(res: Any) -> RequeueResult:
     requeued, orphans, dead, released = (int(x) for x in res[:4])
     lapsed = tuple(worker_tags(res[4])) if len(res) > 4 else ()
-    return RequeueResult(requeued, orphans, dead, released, orphan_claims=lapsed)
+    return RequeueResult(requeued, orphans, dead, released, lapsed)
 
 
 def first_int(res: Any) -> int:

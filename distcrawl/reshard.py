@@ -33,15 +33,16 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import redis
 
 from distcrawl._reshard_copy import BATCH, copy_bloom, copy_per_slot
-from distcrawl.connection import is_cluster, node_info
+from distcrawl.connection import is_cluster
 from distcrawl.deadrecord import dead_letter
 from distcrawl.keys import MAX_SHARDS, FrontierKeys
+from distcrawl.migrate import RunOutcome, not_stopped, server_ms
 from distcrawl.seen import BloomState, part_keys
 from distcrawl.serialize import DecodeError, RequestCodec
 from distcrawl.shards import shard_keys, shard_of_url
@@ -67,7 +68,7 @@ class ReshardRefused(Exception):
 
 
 @dataclass
-class ReshardOutcome:
+class ReshardOutcome(RunOutcome):
     """What a run did, printed (or as JSON) by the command."""
 
     from_shards: int = 1
@@ -76,10 +77,6 @@ class ReshardOutcome:
     retries: int = 0
     dead_lettered: int = 0
     seen: int = 0
-    deleted: int = 0
-    mismatches: list[str] = field(default_factory=list)
-    already_done: bool = False
-    seconds: float = 0.0
 
 
 def _str(value: Any) -> str:
@@ -154,19 +151,7 @@ class Resharding:
         k, client = self.crawl, self.client
         if not client.exists(k.meta):
             return [f"no crawl {k.namespace!r} here (no layout record {k.meta})"]
-        out = []
-        if not force and not client.exists(k.paused):
-            out.append(f"the crawl {k.namespace!r} is not paused (distcrawl pause {k.namespace})")
-        if not force:
-            now = int(node_info(client, "server", k.alive)["server_time_usec"]) // 1000
-            since = now - int(self.worker_timeout * 1000)
-            live: list[Any] = client.zrange(k.alive, since, "+inf", byscore=True)
-            if live:
-                tags = ", ".join(_str(t) for t in live)
-                out.append(
-                    f"{len(live)} worker(s) beat within the last {self.worker_timeout:g}s "
-                    f"({tags}): stop every worker first"
-                )
+        out = [] if force else not_stopped(client, k, self.worker_timeout)
         source = int(self.record().get(PREFIX + "from") or self.recorded_shards())
         leased = sum(int(client.zcard(s.leases)) for s in self._layout(source))
         if leased:
@@ -251,7 +236,7 @@ class Resharding:
             pipe.get(k.seq)
         replies = pipe.execute()
         base = max(int(v or 0) for v in replies[2 * source :])
-        now = int(node_info(self.client, "server", self.crawl.alive)["server_time_usec"]) // 1000
+        now = server_ms(self.client, self.crawl)
         rec = {
             "id": uuid.uuid4().hex,
             "from": str(source),

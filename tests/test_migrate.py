@@ -382,6 +382,18 @@ def test_the_same_server_as_target_is_refused(redis_url, redis_client, capsys):
     assert contents(redis_client, PLAIN) == before
 
 
+def test_the_json_outcomes_give_the_runs_counts_then_how_it_ended():
+    """``--json`` prints each run's own counts first, then the fields the two runs share."""
+    ending = ["mismatches", "deleted", "already_done", "seconds"]
+    moved = migrate.Outcome(keys=3, copied=2, unchanged=1, deleted=3).as_dict()
+    assert list(moved) == ["keys", "copied", "unchanged", "expired", *ending]
+    assert (moved["keys"], moved["deleted"], moved["mismatches"]) == (3, 3, [])
+    resharded = reshard.ReshardOutcome(1, 4, queued=7, seconds=0.5).as_dict()
+    shards = ["from_shards", "to_shards", "queued", "retries", "dead_lettered", "seen"]
+    assert list(resharded) == [*shards, *ending]
+    assert (resharded["to_shards"], resharded["queued"], resharded["seconds"]) == (4, 7, 0.5)
+
+
 def test_copy_batches_are_bounded_in_keys_and_bytes(monkeypatch):
     """A hundred large Bloom parts must not travel (and sit in memory) in one pipeline."""
     monkeypatch.setattr(migrate, "BATCH_BYTES", 100)

@@ -109,32 +109,31 @@ def cmd_mongo_replay(args: argparse.Namespace, ctx: Context) -> int:
         what = mongo_auth_refusal(exc) or "MongoDB"
         print(f"error: {what} at {shown}: {scrub(str(exc), uri)}", file=sys.stderr)
         return EXIT_PARTIAL
-    refused = result.dead + result.spilled
+    dead, spilled, skipped = (result.count(o) for o in ("dead", "spilled", "skipped"))
     if ctx.as_json:
         _emit_json(
             {
                 "documents": result.documents,
-                "upserted": result.upserted,
-                "updated": result.updated,
-                "dead": result.dead,
-                "rejected": result.spilled,
-                "already_recorded": result.skipped,
+                "upserted": result.count("upserted"),
+                "updated": result.count("updated"),
+                "dead": dead,
+                "rejected": spilled,
+                "already_recorded": skipped,
             }
         )
     else:
         print(
             f"replayed {result.documents} documents from {len(result.files)} file(s) into "
-            f"{shown}: {result.upserted} new, {result.updated} updated, "
-            f"{result.dead} dead-lettered"
-            + (f", {result.skipped} fetches already recorded" if result.skipped else "")
+            f"{shown}: {result.count('upserted')} new, {result.count('updated')} updated, "
+            f"{dead} dead-lettered" + (f", {skipped} fetches already recorded" if skipped else "")
         )
-        if result.spilled:
+        if spilled:
             print(
-                f"{result.spilled} documents could not even be dead-lettered: see "
+                f"{spilled} documents could not even be dead-lettered: see "
                 f"{args.files[0]}.rejected.jsonl",
                 file=sys.stderr,
             )
-    return EXIT_PARTIAL if refused else EXIT_OK
+    return EXIT_PARTIAL if dead or spilled else EXIT_OK
 
 
 def cmd_notify_replay(args: argparse.Namespace, ctx: Context) -> int:

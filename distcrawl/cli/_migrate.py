@@ -29,9 +29,9 @@ from distcrawl.cli._common import (
     redis_failure,
 )
 from distcrawl.connection import make_redis
-from distcrawl.migrate import KeyInfo, Migration, MigrationRefused, Outcome
+from distcrawl.migrate import KeyInfo, Migration, MigrationRefused, RunOutcome
 from distcrawl.redact import redact_text, redact_url, url_secrets
-from distcrawl.reshard import Resharding, ReshardOutcome, ReshardRefused
+from distcrawl.reshard import Resharding, ReshardRefused
 
 
 def _print_plan(infos: Sequence[KeyInfo], as_json: bool) -> None:
@@ -45,12 +45,10 @@ def _print_plan(infos: Sequence[KeyInfo], as_json: bool) -> None:
     print(f"{len(infos)} keys, {total} bytes (MEMORY USAGE); nothing written (--dry-run)")
 
 
-def _print_outcome(
-    ctx: Context, outcome: Outcome | ReshardOutcome, already_done: str, summary: str
-) -> None:
+def _print_outcome(ctx: Context, outcome: RunOutcome, already_done: str, summary: str) -> None:
     """What a run did: the outcome as JSON, or the line that says it."""
     if ctx.as_json:
-        _emit_json(asdict(outcome))
+        _emit_json(outcome.as_dict())
     else:
         print(already_done if outcome.already_done else summary)
 

@@ -5,6 +5,7 @@ records name, whose tracking updates are guarded; so replaying twice is harmless
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -15,14 +16,22 @@ from distcrawl.mongo._writer import MongoWriter
 
 @dataclass
 class ReplayResult:
-    documents: int = 0
-    upserted: int = 0
-    updated: int = 0
-    dead: int = 0
-    spilled: int = 0
-    #: tracking updates already recorded (a file replayed twice): nothing to write
-    skipped: int = 0
+    """What a replay did: the files it read, and what became of their documents."""
+
     files: list[str] = field(default_factory=list)
+    #: documents by what became of them, as :meth:`MongoWriter.write` says (``FlushResult``):
+    #: "upserted" (new), "updated", "dead" (dead-lettered), "spilled" (not even that: in
+    #: ``<file>.rejected.jsonl``), "skipped" (a tracking update already recorded, as in a file
+    #: replayed twice: nothing to write)
+    outcomes: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def documents(self) -> int:
+        return self.outcomes.total()
+
+    def count(self, outcome: str) -> int:
+        """How many documents had ``outcome`` (as ``FlushResult.count``)."""
+        return self.outcomes[outcome]
 
 
 def replay(
@@ -75,10 +84,4 @@ def _replay_batch(
             uri, database, spill=spill, source="replay", timeout=timeout
         )
     writer.spill_file = spill
-    outcome = writer.write(batch)
-    result.documents += len(batch)
-    result.upserted += outcome.count("upserted")
-    result.updated += outcome.count("updated")
-    result.dead += outcome.count("dead")
-    result.spilled += outcome.count("spilled")
-    result.skipped += outcome.count("skipped")
+    result.outcomes.update(writer.write(batch).outcomes)
