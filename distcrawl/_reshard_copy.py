@@ -9,16 +9,13 @@ from typing import Any
 import redis
 
 from distcrawl.keys import FrontierKeys
+from distcrawl.migrate import text_of
 from distcrawl.seen import BloomState, part_keys
 
 #: members or fields per call
 BATCH = 1000
 #: bytes of a Bloom part copied per GETRANGE/SETRANGE
 BLOOM_CHUNK = 1 << 20
-
-
-def _str(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def copy_bloom(
@@ -29,7 +26,7 @@ def copy_bloom(
     state = BloomState.parse(client.hgetall(s.bloom))
     if not state.layers:
         return 0
-    fields = {_str(k): _str(v) for k, v in client.hgetall(s.bloom).items()}
+    fields = {text_of(k): text_of(v) for k, v in client.hgetall(s.bloom).items()}
     moved: dict[Any, Any] = {}
     for name, value in fields.items():
         layer, sep, what = name.partition(":")

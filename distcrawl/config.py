@@ -138,7 +138,8 @@ class ThrottleSettings:
     """The cluster-wide AutoThrottle (commit.lua): a slot whose share of ``codes`` answers
     passes ``share`` slows down, from ``start_delay`` up to ``max_delay``."""
 
-    codes: tuple[int, ...] = (429, 503)
+    #: a set: a response is judged by membership
+    codes: frozenset[int] = frozenset((429, 503))
     start_delay: float = 1.0
     max_delay: float = 60.0
     #: answers a slot's throttled share is averaged over (an exponential moving average)
@@ -151,9 +152,9 @@ class ThrottleSettings:
 
 def throttle_settings(settings: BaseSettings) -> ThrottleSettings:
     """DISTCRAWL_THROTTLE_*, defaulting to Scrapy's AUTOTHROTTLE_* where it has one."""
-    codes = settings.getlist("DISTCRAWL_THROTTLE_HTTP_CODES", list(ThrottleSettings.codes))
+    codes = settings.getlist("DISTCRAWL_THROTTLE_HTTP_CODES", sorted(ThrottleSettings.codes))
     try:
-        status_codes = tuple(int(c) for c in codes)
+        status_codes = frozenset(int(c) for c in codes)
     except (TypeError, ValueError):
         raise ConfigError(
             f"DISTCRAWL_THROTTLE_HTTP_CODES={codes!r}: expected status codes"

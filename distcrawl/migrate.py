@@ -135,10 +135,11 @@ def _by_size(infos: Sequence[KeyInfo]) -> Iterator[list[KeyInfo]]:
 
 def _text(fields: Any) -> dict[str, str]:
     """A HASH read from Redis, as text."""
-    return {_str(k): _str(v) for k, v in dict(fields).items()}
+    return {text_of(k): text_of(v) for k, v in dict(fields).items()}
 
 
-def _str(value: Any) -> str:
+def text_of(value: Any) -> str:
+    """A Redis reply as text (bytes decoded, with a stand-in for what is not UTF-8)."""
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
@@ -160,7 +161,7 @@ def not_stopped(
     since = server_ms(client, keys) - int(worker_timeout * 1000)
     live: list[Any] = client.zrange(keys.alive, since, "+inf", byscore=True)
     if live:
-        tags = ", ".join(_str(t) for t in live)
+        tags = ", ".join(text_of(t) for t in live)
         out.append(
             f"{len(live)} worker(s) beat within the last {worker_timeout:g}s ({tags}): "
             f"stop every worker first{why}"

@@ -96,7 +96,7 @@ class FeedbackBuffer:
     record per slot and batch, not one per response."""
 
     def __init__(self, config: DistcrawlConfig) -> None:
-        self.codes = frozenset(config.throttle.codes)
+        self.codes = config.throttle.codes
         self.retry_after_max = config.retry.after_max
         self.by_ip = config.slots_by_ip
         self._slots: dict[str, list[int]] = {}

@@ -42,7 +42,7 @@ from distcrawl._reshard_copy import BATCH, copy_bloom, copy_per_slot
 from distcrawl.connection import is_cluster
 from distcrawl.deadrecord import dead_letter
 from distcrawl.keys import MAX_SHARDS, FrontierKeys
-from distcrawl.migrate import RunOutcome, not_stopped, server_ms
+from distcrawl.migrate import RunOutcome, not_stopped, server_ms, text_of
 from distcrawl.seen import BloomState, part_keys
 from distcrawl.serialize import DecodeError, RequestCodec
 from distcrawl.shards import shard_keys, shard_of_url
@@ -77,10 +77,6 @@ class ReshardOutcome(RunOutcome):
     retries: int = 0
     dead_lettered: int = 0
     seen: int = 0
-
-
-def _str(value: Any) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 def _split(member: bytes) -> tuple[int, bytes] | None:
@@ -137,7 +133,7 @@ class Resharding:
 
     def record(self) -> dict[str, str]:
         raw = self.client.hgetall(self.crawl.migration)
-        return {_str(k): _str(v) for k, v in raw.items() if _str(k).startswith(PREFIX)}
+        return {text_of(k): text_of(v) for k, v in raw.items() if text_of(k).startswith(PREFIX)}
 
     def recorded_shards(self) -> int:
         return int(self.client.hget(self.crawl.meta, "shards") or 1)
@@ -170,7 +166,7 @@ class Resharding:
                 f"{revisits} page revisit(s) scheduled (DISTCRAWL_RECRAWL_INTERVAL): "
                 "re-sharding does not move revisits yet"
             )
-        serializer = _str(client.hget(k.meta, "serializer") or b"")
+        serializer = text_of(client.hget(k.meta, "serializer") or b"")
         if serializer == "pickle" and not self.trust_pickle:
             out.append("the crawl's requests are pickled: add --trust-pickle to read their URLs")
         if source != self.to_shards:
@@ -351,7 +347,7 @@ class Resharding:
                 shard, cut, _ = self._entry(entry) if record else ("retry without record", 0, b"")
                 if isinstance(shard, str):
                     dead[f"{PREFIX}dead:d:{src.j}:{pos}"] = dead_letter(
-                        shard, raw=entry or old, source="retry", moved="reshard", id=_str(old)
+                        shard, raw=entry or old, source="retry", moved="reshard", id=text_of(old)
                     )
                     continue
                 new = src.first_id + pos
