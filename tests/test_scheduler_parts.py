@@ -40,6 +40,7 @@ def test_a_reserve_takes_the_place_of_a_request_of_its_slot_that_left_the_downlo
 
     assert leases.left(first_request) is True
     assert leases.hand_out() is reserve_request
+    assert leases.unreported == 2  # the place freed, and the reserve sent in it
     batch = Batch()
     leases.report(batch)
     assert (batch.freed, batch.taken) == ([first_ref], [reserve_ref])
@@ -55,7 +56,7 @@ def test_a_request_without_a_reserve_frees_its_place_and_is_acknowledged_once_do
     assert leases.left(request) is False
     assert leases.finished(in_progress={request}) == []
     assert leases.finished(in_progress=set()) == [ref]
-    assert leases.unreported and not leases.active  # only the place report is left
+    assert leases.unreported == 1 and not leases.active  # only the place report is left
 
 
 def test_a_paced_request_goes_first_and_is_reported_when_it_reaches_the_downloader():

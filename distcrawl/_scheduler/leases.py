@@ -61,13 +61,13 @@ class Leases:
         return bool(self._active)
 
     @property
-    def unreported(self) -> bool:
-        """Places freed or taken that Redis has yet to hear about."""
-        return bool(self._freed or self._swapped)
+    def unreported(self) -> int:
+        """Places freed or taken that Redis has yet to hear about (0: none)."""
+        return len(self._freed) + len(self._swapped)
 
     def busy(self) -> bool:
         """Some lease is held, or some report is due."""
-        return bool(self._ready or self._active or self._reserves or self._sent) or self.unreported
+        return bool(self._ready or self._active or self._reserves or self._sent or self.unreported)
 
     def _reserve_count(self) -> int:
         return sum(len(q) for q in self._reserves.values())
