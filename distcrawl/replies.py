@@ -4,6 +4,7 @@ the batch runner through ``Op.parse``)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -136,8 +137,11 @@ class CommitResult:
     not_stored: tuple[int, ...] = ()
 
     def __add__(self, other: CommitResult) -> CommitResult:
-        """The totals of two commits of one batch (``not_stored`` is not combined)."""
-        return CommitResult.of([a + b for a, b in zip(self.counts(), other.counts(), strict=True)])
+        """Two commits run one after the other on one queue (a batch's commits, the pieces of
+        a split one): their counts summed, and ``other``'s queue size, the later reading of
+        the same queue. ``not_stored`` is not combined."""
+        total = CommitResult.of([a + b for a, b in zip(self.counts(), other.counts(), strict=True)])
+        return dataclasses.replace(total, queue_size=other.queue_size)
 
     @classmethod
     def of(cls, counts: Sequence[int], not_stored: Sequence[int] = ()) -> CommitResult:

@@ -26,6 +26,7 @@ are removed, so a crash in between can copy a record twice but never lose one.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
@@ -330,15 +331,19 @@ def _part(
 
 
 def merge_commits(parts: Sequence[CommitPart], results: Sequence[CommitResult]) -> CommitResult:
-    """One CommitResult for the parts of a commit: counts summed, positions of the entries
-    not stored mapped back to the whole commit's."""
+    """One CommitResult for the parts of a commit: counts summed, the queue size as the
+    shards' queues add up (each shard's last reading: a shard can have a part in two
+    phases), positions of the entries not stored mapped back to the whole commit's."""
     total = CommitResult()
+    sizes: dict[int, int] = {}
     not_stored: list[int] = []
     for part, result in zip(parts, results, strict=True):
         total += result
+        sizes[part.shard] = result.queue_size
         for p in result.not_stored:
             # p for a duplicate, -p - 1 for one dropped at the cap (commit.lua)
             not_stored.append(part.positions[p] if p >= 0 else -part.positions[-p - 1] - 1)
+    total = dataclasses.replace(total, queue_size=sum(sizes.values()))
     return CommitResult.of(
         total.counts(), sorted(not_stored, key=lambda p: p if p >= 0 else -p - 1)
     )

@@ -117,6 +117,17 @@ def test_replies_read_by_name():
     assert item.ref == LeaseRef((42).to_bytes(6, "big").hex(), b"12345678")
 
 
+def test_commits_added_up_keep_the_later_queue_size():
+    """A batch's commits run one after the other on one queue: the later reply's size is
+    the queue's, not the sum of two readings of it."""
+    from distcrawl.replies import CommitResult
+
+    first = CommitResult(enqueued=3, duplicates=1, queue_size=40)
+    second = CommitResult(enqueued=2, late=1, queue_size=42)
+    total = first + second
+    assert (total.enqueued, total.duplicates, total.late, total.queue_size) == (5, 1, 1, 42)
+
+
 def test_a_redrive_kind_is_sent_as_its_letter():
     source = (Path(distcrawl.lua.__file__).parent / "redrive.lua").read_text()
     for kind in RedriveKind:

@@ -6,6 +6,7 @@ shards; every count comes from the sites' own request logs."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections import Counter
@@ -767,3 +768,18 @@ def test_commit_lua_holds_a_shards_start_request_back_at_the_cap_and_says_where(
     assert (result.held, result.enqueued, result.not_stored) == (1, 1, (-1,))
     # no claim list of the shard was touched: the claim is the crawl's
     assert redis_client.keys(f"{PARTS[1].prefix}claims*") == []
+
+
+def test_a_merged_commit_counts_each_shards_queue_once_at_its_last_reading():
+    shards = _shards()
+    a, b = _request(_url_in(0), EntryKind.REQUEST), _request(_url_in(1), EntryKind.REQUEST)
+    (phase,) = shards.plan("c", [], [a, b], [])
+    first, second = sorted(phase, key=lambda p: p.shard)
+    later = dataclasses.replace(first, id="c:later")
+    results = [
+        CommitResult(enqueued=1, queue_size=10),
+        CommitResult(enqueued=1, queue_size=20),
+        CommitResult(queue_size=11),  # shard 0 again, read after its first part
+    ]
+    merged = merge_commits([first, second, later], results)
+    assert (merged.enqueued, merged.queue_size) == (2, 31)
