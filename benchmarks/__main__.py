@@ -219,7 +219,7 @@ def protocol_pass(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 def storage_pass(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     from benchmarks.redisstats import calibrate
     from benchmarks.storage import distcrawl_storage, scrapy_redis_storage
-    from distcrawl.demo.redis_server import RedisServer
+    from distcrawl.testing.redis_server import RedisServer
 
     print(f"Storage pass: {args.fill} requests into each frontier ...")
     (workdir / "storage").mkdir(parents=True, exist_ok=True)

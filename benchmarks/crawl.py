@@ -3,7 +3,7 @@
 Every configuration gets its own redis-server and site process (same pages, links and seed),
 so no counter, log line, cache or half-closed connection leaks from one crawl into the next.
 The workers are the same subprocesses the tests and the quick start use
-(:class:`distcrawl.demo.workers.Worker`, one User-Agent each); only their settings differ.
+(:class:`distcrawl.testing.workers.Worker`, one User-Agent each); only their settings differ.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from benchmarks.redisstats import (
 )
 from benchmarks.sitelog import FetchStats, count_lines, fetch_stats
 from benchmarks.spiders import SPIDER_NAME
-from distcrawl.demo.redis_server import RedisServer
 from distcrawl.demo.site import DemoSite
-from distcrawl.demo.workers import Worker
+from distcrawl.testing.redis_server import RedisServer
+from distcrawl.testing.workers import Worker
 
 Attach = Callable[[list[Worker]], list[subprocess.Popen[bytes]]]
 LINKS = 17

@@ -56,11 +56,11 @@ import redis
 
 from distcrawl.batch import Batch, Commit, Runner
 from distcrawl.connection import make_redis
-from distcrawl.demo.redis_server import RedisServer
 from distcrawl.frontier import Entry, EntryKind, Frontier, Politeness
 from distcrawl.keys import FrontierKeys, key_slot
 from distcrawl.sharded_batch import ShardedRunner
 from distcrawl.shards import Shards, shard_of_url
+from distcrawl.testing.redis_server import RedisServer
 
 RESULTS = Path(__file__).resolve().parent / "results"
 NAMESPACE = "load"

@@ -36,10 +36,10 @@ from typing import Any
 import redis
 
 from benchmarks.redisstats import SCRIPT_COMMANDS, Snapshot, own_traffic, traffic
-from distcrawl.demo.redis_server import RedisServer
 from distcrawl.demo.site import DemoSite
-from distcrawl.demo.workers import Worker
 from distcrawl.keys import FrontierKeys
+from distcrawl.testing.redis_server import RedisServer
+from distcrawl.testing.workers import Worker
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMESPACE = "site"
@@ -55,7 +55,7 @@ class CodeWorker(Worker):
     def start(self) -> Worker:
         if self.code is None:
             return super().start()
-        import distcrawl.demo.workers as workers
+        import distcrawl.testing.workers as workers
 
         saved = workers.ROOT
         workers.ROOT = self.code  # cwd and PYTHONPATH of the child

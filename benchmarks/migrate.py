@@ -22,8 +22,8 @@ from typing import Any
 import redis
 
 from distcrawl.cli import main as distcrawl
-from distcrawl.demo.redis_server import RedisServer
 from distcrawl.keys import FrontierKeys
+from distcrawl.testing.redis_server import RedisServer
 from tests.cluster import RedisClusterNodes
 
 SLOW_US = 5000

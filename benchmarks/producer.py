@@ -19,8 +19,8 @@ from typing import Any
 
 from scrapy.settings import Settings
 
-from distcrawl.demo.redis_server import RedisServer
 from distcrawl.producer import Outcome, Producer
+from distcrawl.testing.redis_server import RedisServer
 
 TARGET = 20_000
 

@@ -31,7 +31,7 @@ from typing import Any
 
 from benchmarks.crawl import Attach, Config, run_crawl
 from benchmarks.metrics import crawl_metrics
-from distcrawl.demo.workers import Worker
+from distcrawl.testing.workers import Worker
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"

@@ -160,13 +160,13 @@ def revisit_storage(count: int, workdir: Path) -> dict[str, Any]:
     from scrapy.utils.request import RequestFingerprinter
 
     from benchmarks.storage import BATCH, SLOT, key_bytes, sample_requests, used_memory
-    from distcrawl.demo.redis_server import RedisServer
     from distcrawl.dupefilter import FINGERPRINT_BYTES
     from distcrawl.frontier import Entry, EntryKind, Frontier
     from distcrawl.keys import FrontierKeys
     from distcrawl.revisit import STATE_META, RevisitState
     from distcrawl.serialize import RequestCodec
     from distcrawl.spiders.site import SiteSpider
+    from distcrawl.testing.redis_server import RedisServer
 
     workdir.mkdir(parents=True, exist_ok=True)
     with RedisServer(directory=workdir) as server:

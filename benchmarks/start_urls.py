@@ -127,7 +127,7 @@ def run_config(
     shards: int = 1,
 ) -> dict[str, Any]:
     """``count`` entries, ``workers`` processes, one fresh Redis."""
-    from distcrawl.demo.redis_server import RedisServer
+    from distcrawl.testing.redis_server import RedisServer
 
     where = workdir / f"workers-{workers}"
     where.mkdir(parents=True, exist_ok=True)

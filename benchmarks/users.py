@@ -51,9 +51,9 @@ from benchmarks.procs import ProcSampler
 from benchmarks.redisstats import Snapshot, Traffic, own_traffic, traffic
 from benchmarks.sitelog import FetchStats, count_lines, fetch_stats
 from distcrawl import settings as project_settings
-from distcrawl.demo.redis_server import RedisServer
 from distcrawl.demo.site import DemoSite, LogLine
-from distcrawl.demo.workers import Worker
+from distcrawl.testing.redis_server import RedisServer
+from distcrawl.testing.workers import Worker
 
 #: nothing over the project's settings (the add-on, 16 requests, 16 per domain, robots.txt,
 #: LOG_LEVEL INFO): the kinds add only what selects the crawler (scheduler, dupefilter, spider)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import redis
 
-from distcrawl.demo.redis_server import HOST, REDIS_BINARY, find_free_port
+from distcrawl.testing.redis_server import HOST, REDIS_BINARY, find_free_port
 
 
 def _free(port: int) -> bool:

@@ -16,10 +16,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # lets a bare `pytest` import the uninstalled checkout
     sys.path.insert(0, str(ROOT))
 
-from distcrawl.demo.mongo_server import MongoServer  # noqa: E402
-from distcrawl.demo.redis_server import RedisServer  # noqa: E402
 from distcrawl.demo.site import DemoSite  # noqa: E402
-from distcrawl.demo.workers import Worker  # noqa: E402
+from distcrawl.testing.mongo_server import MongoServer  # noqa: E402
+from distcrawl.testing.redis_server import RedisServer  # noqa: E402
+from distcrawl.testing.workers import Worker  # noqa: E402
 from tests.cluster import RedisClusterNodes  # noqa: E402
 from tests.redis_proxy import RedisProxy  # noqa: E402
 

@@ -23,8 +23,8 @@ import redis
 from distcrawl import acl
 from distcrawl.cli import main
 from distcrawl.connection import make_redis
-from distcrawl.demo.redis_server import RedisServer
 from distcrawl.keys import FrontierKeys
+from distcrawl.testing.redis_server import RedisServer
 from tests.support import page_fetches, wait_until
 
 PACKAGE = Path(acl.__file__).resolve().parent

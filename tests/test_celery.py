@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from distcrawl.demo.redis_server import RedisServer
 from distcrawl.frontier import parse_entry
 from distcrawl.keys import FrontierKeys
 from distcrawl.serialize import RequestCodec
+from distcrawl.testing.redis_server import RedisServer
 from tests.support import page_fetches, wait_until
 
 pytest.importorskip("celery")

@@ -18,12 +18,12 @@ import scrapy
 
 import distcrawl
 from distcrawl.cli import main
-from distcrawl.demo.redis_server import RedisServer
 from distcrawl.frontier import Entry, EntryKind, Frontier, dead_letter
 from distcrawl.frontier import parse_entry as parse_queue_entry
 from distcrawl.keys import FrontierKeys
 from distcrawl.serialize import RequestCodec
 from distcrawl.start_urls import parse_entry
+from distcrawl.testing.redis_server import RedisServer
 
 pytestmark = pytest.mark.timeout(60)
 

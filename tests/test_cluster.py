@@ -19,8 +19,8 @@ from redis.cluster import RedisCluster
 
 from distcrawl.cli import main
 from distcrawl.connection import make_redis
-from distcrawl.demo.workers import worker_agent
 from distcrawl.keys import FrontierKeys
+from distcrawl.testing.workers import worker_agent
 from tests.cluster import REDIS_CLI, RedisClusterNodes
 from tests.support import (
     assert_only_the_victims_leases_refetched,
@@ -348,8 +348,8 @@ def test_acl_users_created_on_every_node_suffice(
 def test_a_worker_started_before_redis_connects_once_it_answers(tmp_path, demo_site):
     """DISTCRAWL_REDIS_CLUSTER=auto needs an answer before anything is named: a worker whose
     Redis is not up yet keeps retrying the connection, then crawls as usual."""
-    from distcrawl.demo.redis_server import RedisServer, find_free_port
-    from distcrawl.demo.workers import Worker
+    from distcrawl.testing.redis_server import RedisServer, find_free_port
+    from distcrawl.testing.workers import Worker
 
     port = find_free_port()
     url = f"redis://127.0.0.1:{port}/0"

@@ -2,7 +2,7 @@ import pytest
 import redis
 
 from distcrawl.connection import RedisIO, make_redis, redact_url
-from distcrawl.demo.redis_server import RedisServer
+from distcrawl.testing.redis_server import RedisServer
 
 
 @pytest.mark.parametrize(

@@ -16,10 +16,10 @@ import time
 
 import pytest
 
-from distcrawl.demo.workers import worker_agent
 from distcrawl.frontier import parse_entry
 from distcrawl.lua import script_source
 from distcrawl.serialize import RequestCodec
+from distcrawl.testing.workers import worker_agent
 from tests.hooks import EXIT_STATUS
 from tests.support import page_fetches, stat, wait_until
 

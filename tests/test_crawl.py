@@ -12,9 +12,9 @@ import subprocess
 import time
 from collections import Counter
 
-from distcrawl.demo.workers import worker_agent
 from distcrawl.frontier import make_entry
 from distcrawl.keys import FrontierKeys
+from distcrawl.testing.workers import worker_agent
 from tests.support import (
     assert_only_the_victims_leases_refetched,
     leases_held_by,

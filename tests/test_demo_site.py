@@ -15,7 +15,6 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from distcrawl.demo.redis_server import RedisServer, find_free_port
 from distcrawl.demo.site import (
     DemoSite,
     LogLine,
@@ -29,6 +28,7 @@ from distcrawl.demo.site import (
     read_log,
     route,
 )
+from distcrawl.testing.redis_server import RedisServer, find_free_port
 
 UA = "distcrawl-test/1.0"
 HREF = re.compile(r'href="([^"]+)"')

@@ -20,11 +20,11 @@ from scrapy_redis.dupefilter import RFPDupeFilter
 from benchmarks.spiders import SPIDER_NAME
 from distcrawl import importer
 from distcrawl.cli import main
-from distcrawl.demo.workers import worker_agent
 from distcrawl.frontier import parse_entry
 from distcrawl.keys import FrontierKeys
 from distcrawl.producer import Producer, RedriveResult
 from distcrawl.serialize import RequestCodec
+from distcrawl.testing.workers import worker_agent
 from tests.support import page_fetches
 
 pytestmark = pytest.mark.timeout(180)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from distcrawl.demo.redis_server import RedisServer
 from distcrawl.frontier import Frontier
 from distcrawl.keys import FrontierKeys
 from distcrawl.layout import FORMAT_VERSION, Layout, LayoutMismatch
+from distcrawl.testing.redis_server import RedisServer
 from tests.support import page_fetches
 
 LAYOUT = Layout(shards=1, seen="set", serializer="msgpack", fingerprinter="a.Fingerprinter")

@@ -155,7 +155,7 @@ def test_a_redis_restart_is_survived(make_liveness, redis_server, redis_client, 
 
 @pytest.mark.integration
 def test_the_password_never_reaches_the_log(caplog, tmp_path):
-    from distcrawl.demo.redis_server import RedisServer
+    from distcrawl.testing.redis_server import RedisServer
 
     with RedisServer(directory=tmp_path / "secret", password="s3cret") as server:
         liveness = Liveness(server.url, KEYS, TAG, interval=0.05, socket_timeout=1.0)

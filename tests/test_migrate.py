@@ -19,11 +19,11 @@ from scrapy import Request
 
 from distcrawl import migrate, reshard
 from distcrawl.cli import main
-from distcrawl.demo.redis_server import RedisServer
 from distcrawl.frontier import Frontier
 from distcrawl.keys import FrontierKeys
 from distcrawl.serialize import RequestCodec
 from distcrawl.shards import shard_keys, shard_of_url
+from distcrawl.testing.redis_server import RedisServer
 from tests.cluster import RedisClusterNodes
 from tests.support import page_fetches, wait_until
 

@@ -18,7 +18,6 @@ from scrapy.utils.test import get_crawler
 from twisted.internet.defer import succeed
 
 from distcrawl import cli
-from distcrawl.demo.mongo_server import MongoServer
 from distcrawl.items import PageFetch, PageItem
 from distcrawl.mongo import (
     SPILL_FORMAT,
@@ -39,6 +38,7 @@ from distcrawl.mongo import (
     tracking_update,
 )
 from distcrawl.pipelines import MongoPipeline, _Pending
+from distcrawl.testing.mongo_server import MongoServer
 from tests.test_pipelines import (
     ItemsSpider,
     feed,

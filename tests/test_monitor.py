@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from distcrawl import cli
-from distcrawl.demo.redis_server import find_free_port
-from distcrawl.demo.workers import worker_agent
+from distcrawl.testing.redis_server import find_free_port
+from distcrawl.testing.workers import worker_agent
 from tests.support import page_fetches, wait_until
 
 FAST = {"DISTCRAWL_HEARTBEAT_INTERVAL": 0.5}

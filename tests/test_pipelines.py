@@ -24,9 +24,9 @@ from twisted.internet import task
 from distcrawl import cli
 from distcrawl.addon import Addon
 from distcrawl.config import ConfigError
-from distcrawl.demo.mongo_server import MongoServer
 from distcrawl.mongo import MongoConfig, read_spill
 from distcrawl.pipelines import MongoPipeline
+from distcrawl.testing.mongo_server import MongoServer
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -21,9 +21,6 @@ from pymongo.errors import OperationFailure
 
 from distcrawl import mongo
 from distcrawl.connection import auth_refusal
-from distcrawl.demo.mongo_server import MongoServer
-from distcrawl.demo.redis_server import RedisServer
-from distcrawl.demo.workers import ROOT, Worker
 from distcrawl.redact import (
     RedactedTraceback,
     is_secret_name,
@@ -33,6 +30,9 @@ from distcrawl.redact import (
     redacted_exc_info,
     url_secrets,
 )
+from distcrawl.testing.mongo_server import MongoServer
+from distcrawl.testing.redis_server import RedisServer
+from distcrawl.testing.workers import ROOT, Worker
 from tests.conftest import worker_settings
 from tests.support import page_fetches
 

@@ -13,7 +13,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from distcrawl.demo.redis_server import RedisServer, find_free_port
+from distcrawl.testing.redis_server import RedisServer, find_free_port
 from tests.redis_proxy import ProtocolError, RedisProxy, command_end, reply_end
 from tests.support import wait_until
 

@@ -211,9 +211,9 @@ def wait_for_pages(site: DemoSite, count: int, timeout: float = 60) -> None:
 
 @pytest.mark.parametrize("shards", [1, 4])
 def test_redis_restart_mid_crawl_loses_nothing(shards, demo_site, tmp_path):
-    from distcrawl.demo.redis_server import RedisServer
-    from distcrawl.demo.workers import Worker
     from distcrawl.keys import FrontierKeys
+    from distcrawl.testing.redis_server import RedisServer
+    from distcrawl.testing.workers import Worker
 
     site = demo_site(pages=500, delay=0.05)
     with RedisServer(directory=tmp_path / "aof", appendonly=True) as server:
@@ -251,8 +251,8 @@ def test_redis_restart_mid_crawl_loses_nothing(shards, demo_site, tmp_path):
 
 
 def test_redis_down_for_ten_seconds_workers_survive_and_finish(demo_site, tmp_path):
-    from distcrawl.demo.redis_server import RedisServer
-    from distcrawl.demo.workers import Worker
+    from distcrawl.testing.redis_server import RedisServer
+    from distcrawl.testing.workers import Worker
 
     site = demo_site(pages=400, delay=0.05)
     with RedisServer(directory=tmp_path / "aof", appendonly=True) as server:

@@ -14,11 +14,11 @@ from scrapy import Request, signals
 from scrapy.crawler import AsyncCrawlerRunner
 from twisted.internet import task
 
-from distcrawl.demo.redis_server import RedisServer, find_free_port
-from distcrawl.demo.workers import worker_agent
 from distcrawl.scheduler import Scheduler
 from distcrawl.spiders import RedisSpider
 from distcrawl.spiders.site import SiteSpider
+from distcrawl.testing.redis_server import RedisServer, find_free_port
+from distcrawl.testing.workers import worker_agent
 from tests.support import crawl, crawl_settings, fetched, run, stat
 
 

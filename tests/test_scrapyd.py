@@ -30,9 +30,9 @@ import redis
 
 from distcrawl import scrapyd
 from distcrawl.cli import main
-from distcrawl.demo.mongo_server import MongoServer
-from distcrawl.demo.redis_server import HOST, RedisServer, find_free_port
 from distcrawl.demo.site import DemoSite
+from distcrawl.testing.mongo_server import MongoServer
+from distcrawl.testing.redis_server import HOST, RedisServer, find_free_port
 from tests.support import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]

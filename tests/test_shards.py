@@ -14,11 +14,11 @@ from collections import Counter
 import pytest
 from redis.crc import key_slot
 
-from distcrawl.demo.workers import worker_agent
 from distcrawl.frontier import CommitResult, Entry, EntryKind, Feedback, LeaseRef
 from distcrawl.keys import FrontierKeys, shard_tag
 from distcrawl.sharded_batch import stored_start_entries
 from distcrawl.shards import Shards, merge_commits, shard_of_site, shard_of_url, site_of
+from distcrawl.testing.workers import worker_agent
 from tests.support import (
     leases_held_by,
     page_fetches,
@@ -373,7 +373,7 @@ def _waits(client) -> int:
 def test_children_in_other_shards_wait_for_a_replica_before_the_ack(
     demo_site, workers, redis_server, redis_client, tmp_path
 ):
-    from distcrawl.demo.redis_server import RedisServer
+    from distcrawl.testing.redis_server import RedisServer
 
     replica = RedisServer(directory=tmp_path / "replica").start()
     try:

@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from distcrawl import cli
-from distcrawl.demo.mongo_server import MongoServer
-from distcrawl.demo.redis_server import RedisServer
 from distcrawl.demo.site import DemoSite
-from distcrawl.demo.workers import Worker, worker_agent
 from distcrawl.redact import redact_url
+from distcrawl.testing.mongo_server import MongoServer
+from distcrawl.testing.redis_server import RedisServer
+from distcrawl.testing.workers import Worker, worker_agent
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -56,7 +56,7 @@ from distcrawl.demo.pages import (
     robots_txt,
     route,
 )
-from distcrawl.demo.process import ManagedProcess
+from distcrawl.testing.process import ManagedProcess
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from urllib.parse import quote_plus
 import pymongo
 from pymongo.errors import PyMongoError
 
-from distcrawl.demo.process import HOST, ServerProcess
+from distcrawl.testing.process import HOST, ServerProcess
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from distcrawl.demo.process import ManagedProcess
+from distcrawl.testing.process import ManagedProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 

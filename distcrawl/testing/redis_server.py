@@ -18,7 +18,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from distcrawl.demo.process import HOST, ServerProcess, find_free_port
+from distcrawl.testing.process import HOST, ServerProcess, find_free_port
 
 logger = logging.getLogger(__name__)
 
