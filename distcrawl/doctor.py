@@ -333,13 +333,18 @@ class Doctor:
                 finding.repaired += int(requeued) + int(dead)
 
     def _queue(self, report: Report) -> None:
-        """Unparsable members, and slots with members that are missing from ``ready``."""
+        """Unparsable members, and slots with members that are missing from ``ready``, in
+        the queue and in the revisit queue (due revisits share their slot's turns)."""
+        missing: set[bytes] = set()
+        for queue in (self.keys.queue, self.keys.revisit_queue):
+            self._queue_members(report, queue, missing)
+
+    def _queue_members(self, report: Report, queue: str, missing: set[bytes]) -> None:
         k = self.keys
         bad = report.findings["unparsable"]
         unready = report.findings["slot_not_ready"]
         found: set[bytes] = set()
-        missing: set[bytes] = set()
-        for items in self._scan(report, k.queue):
+        for items in self._scan(report, queue):
             poison: list[bytes] = []
             slots: set[bytes] = set()
             for member, _ in items:
@@ -350,14 +355,15 @@ class Doctor:
                 if member in found:
                     continue
                 found.add(member)
-                reason = f"unparsable queue entry: {problem}"
+                what = "queue" if queue == k.queue else "revisit queue"
+                reason = f"unparsable {what} entry: {problem}"
                 bad.add(
                     {"reason": reason, "length": len(member), "hex": _hex(member)}, self.samples
                 )
                 poison += [member, dead_letter(reason, raw=member, source="doctor")]
             if poison and report.repair:
                 moved = self.scripts.quarantine(
-                    keys=k.script_keys("doctor_quarantine"), args=poison
+                    keys=k.script_keys("doctor_quarantine", queue), args=poison
                 )
                 bad.repaired += int(moved)
             self._check_ready(report, sorted(slots - missing), missing, unready)
@@ -376,11 +382,13 @@ class Doctor:
         pipe = self.client.pipeline(transaction=True)
         for slot in suspects:
             pipe.zscore(k.ready, slot)
-            pipe.zlexcount(k.queue, b"[" + slot + b"\0", b"(" + slot + b"\1")
+            for queue in (k.queue, k.revisit_queue):
+                pipe.zlexcount(queue, b"[" + slot + b"\0", b"(" + slot + b"\1")
         replies = pipe.execute()
         confirmed = []
         for i, slot in enumerate(suspects):
-            score, queued = replies[2 * i : 2 * i + 2]
+            score, requests, revisits = replies[3 * i : 3 * i + 3]
+            queued = requests + revisits
             if score is None and queued:
                 missing.add(slot)
                 confirmed.append(slot)

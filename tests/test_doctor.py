@@ -125,7 +125,13 @@ def test_report_names_exactly_the_problems_and_changes_nothing(redis_client):
     }
     inflight = {s["slot"]: (s["stored"], s["leases"]) for s in f["inflight_mismatch"].samples}
     assert inflight == {"e.example": (5, 1), "g.example": (None, 1), "ghost.example": (2, 0)}
-    assert report.scanned == {"leases": 4, "delayed": 2, "requests": 7, "queue": 9}
+    assert report.scanned == {
+        "leases": 4,
+        "delayed": 2,
+        "requests": 7,
+        "queue": 9,
+        "revisit_queue": 0,
+    }
 
 
 def test_repair_fixes_everything_and_keeps_the_healthy_state(redis_client):
@@ -175,6 +181,28 @@ def test_repair_fixes_everything_and_keeps_the_healthy_state(redis_client):
 
     again = Doctor(redis_client, k).examine()
     assert again.clean and again.problems == 0
+
+
+def test_the_revisit_queue_is_examined_and_repaired_as_the_queue_is(redis_client):
+    """Due revisits wait in ``revisit_queue`` for their slot's turn in ``ready``: a slot
+    holding only revisits that is missing from ``ready`` would never be leased."""
+    k = SITE
+    redis_client.zadd(k.queue, {entry("a.example", 1): 0})
+    redis_client.zadd(k.ready, {b"a.example": 1})  # not empty: lease.lua's own check is off
+    redis_client.zadd(k.revisit_queue, {entry("fresh.example", 2): 0, POISON_NO_SEP: 0})
+    report = Doctor(redis_client, k).examine()
+    assert report.findings["slot_not_ready"].samples == [{"slot": "fresh.example", "queued": 1}]
+    reasons = [s["reason"] for s in report.findings["unparsable"].samples]
+    assert reasons == ["unparsable revisit queue entry: no \\0 after the slot"]
+    assert report.scanned["revisit_queue"] == 2
+
+    repaired = Doctor(redis_client, k).examine(repair=True)
+    assert repaired.resolved
+    assert redis_client.zrange(k.revisit_queue, 0, -1) == [entry("fresh.example", 2)]
+    assert redis_client.zscore(k.ready, b"fresh.example") is not None
+    (letter,) = [json.loads(raw) for raw in redis_client.lrange(k.dead, 0, -1)]
+    assert (letter["reason"], letter["raw"]) == (reasons[0], POISON_NO_SEP.decode())
+    assert Doctor(redis_client, k).examine().clean
 
 
 def test_repairs_recheck_each_item(redis_client):

@@ -97,5 +97,6 @@ def test_script_keys_takes_the_tag_or_netloc_a_key_is_for() -> None:
 def test_on_a_cluster_each_script_keys_share_one_hash_slot(name: str) -> None:
     """No CROSSSLOT: every script touches one slot, that of ``<ns>:start_urls``."""
     k = FrontierKeys("site", cluster=True)
-    keys = k.script_keys(name, k.queue if name == "doctor_unrecorded" else "w1")
+    caller_gives_a_key = {"doctor_unrecorded", "doctor_quarantine"}
+    keys = k.script_keys(name, k.queue if name in caller_gives_a_key else "w1")
     assert {key_slot(k.encode()) for k in keys} <= {key_slot(b"site:start_urls")}

@@ -60,8 +60,8 @@ KEYS: dict[str, tuple[str, ...]] = {
         *("throttle_state", "placeless", "claimants", "wake", "revisits", "revisit_of"),
     ),
     "doctor_inflight": ("leases", "requests", "inflight", "placeless"),
-    "doctor_quarantine": ("queue", "dead", "stats"),
-    "doctor_ready": ("queue", "ready", "slots"),
+    "doctor_quarantine": ("members", "dead", "stats"),
+    "doctor_ready": ("queue", "ready", "slots", "revisit_queue"),
     "doctor_records": (
         *("requests", "leases", "delayed", "queue", "ready", "slots", "dead", "stats"),
         "revisits",
@@ -90,7 +90,7 @@ KEYS: dict[str, tuple[str, ...]] = {
     "unclaim": ("start_urls", "claimants", "alive"),
 }
 #: names in KEYS that are not FrontierKeys members: the caller passes the key itself
-PASSED_BY_CALLER = frozenset({"ids"})
+PASSED_BY_CALLER = frozenset({"ids", "members"})
 
 #: how many KEYS commit.lua takes itself; the Bloom filter's keys follow them
 COMMIT_KEYS = len(KEYS["commit"])

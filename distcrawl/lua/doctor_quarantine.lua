@@ -1,10 +1,10 @@
--- doctor_quarantine.lua: move queue members that cannot be parsed to the dead letters
--- (distcrawl doctor --repair). Each member moves only if ZREM still removes it, so a member
--- that a worker or a second doctor took meanwhile is not dead-lettered twice.
+-- doctor_quarantine.lua: move queue (or revisit queue) members that cannot be parsed to the
+-- dead letters (distcrawl doctor --repair). Each member moves only if ZREM still removes it,
+-- so a member that a worker or a second doctor took meanwhile is not dead-lettered twice.
 --
--- KEYS[1] queue  ZSET  queue entries (see lib.lua), all scores 0
--- KEYS[2] dead   LIST  dead-letter records (JSON), newest first
--- KEYS[3] stats  HASH  crawl-wide counters; 'quarantined' counts the members moved here
+-- KEYS[1] members  ZSET  the queue or the revisit queue (entries as lib.lua lays them out)
+-- KEYS[2] dead     LIST  dead-letter records (JSON), newest first
+-- KEYS[3] stats    HASH  crawl-wide counters; 'quarantined' counts the members moved here
 --
 -- ARGV: 2 arguments per member:
 --   member  the queue member, exactly as stored
