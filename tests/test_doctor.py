@@ -224,7 +224,7 @@ def test_repairs_recheck_each_item(redis_client):
     assert doctor.scripts.records(keys=keys, args=[rid(2), record, b""]) == [0, 0]
     assert redis_client.zcard(k.queue) == 0
     # the slot's last entry was leased meanwhile: not made ready
-    assert doctor.scripts.ready(keys=[k.queue, k.ready, k.slots], args=[b"b.example"]) == 0
+    assert doctor.scripts.ready(keys=k.script_keys("doctor_ready"), args=[b"b.example"]) == 0
     assert redis_client.zcard(k.ready) == 0
 
 
