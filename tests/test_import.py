@@ -22,6 +22,7 @@ from distcrawl import importer
 from distcrawl.cli import main
 from distcrawl.frontier import parse_entry
 from distcrawl.keys import FrontierKeys
+from distcrawl.lua import Scripts
 from distcrawl.producer import Producer, RedriveResult
 from distcrawl.serialize import RequestCodec
 from distcrawl.testing.workers import worker_agent
@@ -274,11 +275,11 @@ def test_an_interrupted_import_resumes_without_queueing_twice(
     real = Producer.push_requests
     calls = []
 
-    def failing(self: Producer, requests: Any) -> Any:
+    def failing(self: Producer, requests: Any, once: Any = None) -> Any:
         calls.append(1)
         if len(calls) == 2:
             raise redis.ConnectionError("connection lost")
-        return real(self, requests)
+        return real(self, requests, once)
 
     monkeypatch.setattr(Producer, "push_requests", failing)
     code, _, err = run_import(capsys, redis_url, "--namespace", "mig", "--trust-pickle")
@@ -362,7 +363,37 @@ def test_the_seen_set_is_rebuilt_from_pages_stored_in_mongodb(
     assert report["fingerprints"] == "scrapy-redis"
     assert (report["seen_urls"], report["seen_added"], report["stored_in_dupefilter"]) == (3, 3, 3)
     assert report["queued_in_dupefilter"] == 1 and report["unaccounted"] == 1
+    assert report["legacy"] == 5  # every fingerprint, the one lost in flight too
     producer = Producer(redis_client, SPIDER_NAME, _settings(), namespace="mig")
     assert (
         producer.frontier.has_seen([producer.fingerprint(Request(u)) for u in stored]) == [True] * 3
     )
+
+
+def test_a_lost_reply_to_the_store_step_queues_nothing_twice(
+    redis_proxy, redis_client, redis_url, capsys, monkeypatch
+):
+    """The commit that stores a page of the queue ran, but its reply was lost (the RESP
+    proxy drops it), so the import never recorded that page as done: the run again must
+    not queue its ``dont_filter`` requests (scrapy-redis' plain URLs) a second time."""
+    seed(
+        redis_client,
+        [Request(f"http://a.test/{i}", dont_filter=True) for i in range(5)],
+        kind="FifoQueue",
+    )
+    monkeypatch.setattr(importer, "PAGE", 2)
+    Scripts.register(redis_client).load(redis_client)  # the first EVALSHA is the commit
+    keys = FrontierKeys("mig")
+    redis_proxy.drop_reply_once(lambda args: args[0].upper() == b"EVALSHA")
+    code, _, err = run_import(capsys, redis_proxy.url, "--namespace", "mig", "--trust-pickle")
+    assert code == 3, err  # the lost reply: Redis unreachable, as far as the import knows
+    assert redis_client.zcard(keys.queue) == 2  # yet the first page was stored
+
+    code, report, err = run_import(capsys, redis_url, "--namespace", "mig", "--trust-pickle")
+    assert code == 0, err
+    assert report["queued"] + report["seen"] == 5 - report["already_imported"]
+    urls = Counter(
+        RequestCodec("msgpack", QueueSpider(), ("parse",)).decode(parse_entry(m).payload).url
+        for m in redis_client.zrange(keys.queue, 0, -1)
+    )
+    assert urls == Counter(f"http://a.test/{i}" for i in range(5))  # each queued once
