@@ -42,8 +42,9 @@ class Conversion:
 
 @dataclass
 class Rebuild:
-    """``--rebuild-seen``: the URLs of the stored pages marked seen, which is what stands
-    for scrapy-redis' own fingerprints (those cannot be converted)."""
+    """``--rebuild-seen``: the URLs of the stored pages marked seen in distcrawl's own
+    seen-set (scrapy-redis' own fingerprints do not convert; they are kept as the legacy
+    seen-set)."""
 
     seen_urls: int = 0
     seen_added: int = 0

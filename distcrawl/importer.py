@@ -18,9 +18,12 @@ worker applies to what it reads from Redis (callbacks, errbacks, request class) 
 committed with its fingerprint, so a request already seen stores nothing. What cannot be
 imported becomes a dead letter (``source: "import"``) with its reason. A digest of every
 member stored goes to ``<ns>:import:done``, so that a run again (after an interruption)
-skips it: the seen-set alone would let a ``dont_filter`` request in twice. A dead-lettered
-member is tried again by the next run (the spider may have been fixed), without a second
-dead letter.
+skips it. That record is written after the commit that stores the page, so a page whose
+commit ran but whose reply was lost (or whose importer died in between) is committed again
+by the next run: each member carries an id into the seen-set in that same commit (its
+fingerprint, or :func:`replay_id` for a ``dont_filter`` request, which has none), so the
+commit sent again stores nothing. A dead-lettered member is tried again by the next run (the
+spider may have been fixed), without a second dead letter.
 
 Fingerprints: scrapy-redis 0.9.1's ``RFPDupeFilter.request_fingerprint`` is its own SHA1
 of ``{"body", "method", "url"}`` as JSON; it never asks ``crawler.request_fingerprinter``.
@@ -28,14 +31,17 @@ Scrapy's (2.7+) fingerprint, which distcrawl stores (its first 12 bytes), hashes
 ``{"body", "headers", "method", "url"}``: the same request gets a different hash, and a
 hash cannot be turned back into its URL. The import checks this on the queued requests
 (:func:`detect`) rather than assuming it: where the dupefilter holds the crawl's own
-fingerprints (a patched scrapy-redis) they are copied; where not, ``--rebuild-seen``
-marks the pages already stored as seen instead.
+fingerprints (a patched scrapy-redis) they are copied; where it holds scrapy-redis' own,
+they are kept as the crawl's legacy seen-set (``<ns>:seen:legacy``, flagged in
+``<ns>:meta``), against which the workers check scrapy-redis' fingerprint of each new
+request (commit.lua), so that no page crawled before is fetched again. ``--rebuild-seen``
+also marks the pages already stored as seen in distcrawl's own seen-set.
 
 A sharded crawl (DISTCRAWL_SHARDS above 1, in the project's settings as in the crawl's
 layout record) gets each request in the shard of its URL and each URL ``--rebuild-seen``
 marks in that shard's seen-set, as the producer stores them. A copied fingerprint tells no
-URL, so no shard: it is copied into every shard's seen-set (each shard then drops that
-request, wherever its URL belongs), at the memory of one copy per shard.
+URL, so no shard: it is copied into every shard's seen-set (or legacy seen-set; each shard
+then drops that request, wherever its URL belongs), at the memory of one copy per shard.
 """
 
 from __future__ import annotations
