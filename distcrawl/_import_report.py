@@ -27,20 +27,24 @@ class Requests:
 
 @dataclass
 class Conversion:
-    """Whose fingerprints the dupefilter holds, and so whether they could be copied into
-    the seen-set: only the crawl's own fingerprinter's can."""
+    """Whose fingerprints the dupefilter holds, and so what became of them: the crawl's own
+    fingerprinter's are copied into the seen-set, scrapy-redis' kept as the legacy
+    seen-set (the workers check scrapy-redis' fingerprint of each new request there)."""
 
     #: "scrapy-redis" (its own SHA1), "crawl" (this crawl's fingerprinter), "unknown"
     fingerprints: str = "unknown"
     #: queued requests whose scrapy-redis fingerprint is in the dupefilter
     queued_in_dupefilter: int = 0
     converted: int = 0
+    #: scrapy-redis fingerprints kept as the crawl's legacy seen-set (none fetched again)
+    legacy: int = 0
 
 
 @dataclass
 class Rebuild:
-    """``--rebuild-seen``: the URLs of the stored pages marked seen, which is what stands
-    for scrapy-redis' own fingerprints (those cannot be converted)."""
+    """``--rebuild-seen``: the URLs of the stored pages marked seen in distcrawl's own
+    seen-set (scrapy-redis' own fingerprints do not convert; they are kept as the legacy
+    seen-set)."""
 
     seen_urls: int = 0
     seen_added: int = 0
@@ -72,7 +76,8 @@ class Report:
     @property
     def unaccounted(self) -> int:
         """Dupefilter fingerprints neither queued nor matched to a stored page: pages
-        (fetched, or lost in flight) that workers fetch again if a link leads there."""
+        fetched, or lost in flight; the workers fetch them again if a link leads there,
+        unless they were kept as the legacy seen-set (then they are never fetched)."""
         if self.conversion.fingerprints == "crawl":
             return 0
         matched = self.conversion.queued_in_dupefilter + self.rebuild.stored_in_dupefilter
@@ -95,14 +100,21 @@ class Report:
             f"{done.already_imported} skipped (imported before), {done.full} over the "
             "pending cap",
             f"dupefilter: {self.dupefilter} fingerprints ({self.conversion.fingerprints}); "
-            f"{self.conversion.converted} copied to the seen-set",
+            f"{self.conversion.converted} copied to the seen-set, {self.conversion.legacy} "
+            "kept as the legacy seen-set",
         ]
         if rebuild.seen_urls:
             lines.append(
                 f"seen-set rebuilt from {rebuild.seen_urls} stored URLs: {rebuild.seen_added} "
                 f"new, {rebuild.stored_in_dupefilter} of them in the dupefilter"
             )
-        if self.unaccounted and not self.dry_run:
+        if self.unaccounted and not self.dry_run and self.conversion.legacy:
+            lines.append(
+                f"{self.unaccounted} dupefilter fingerprints match no queued or stored URL: "
+                "pages scrapy-redis fetched (or lost in flight, if it was not stopped "
+                "gracefully), not fetched again (the legacy seen-set)"
+            )
+        elif self.unaccounted and not self.dry_run:
             lines.append(
                 f"{self.unaccounted} dupefilter fingerprints match no queued or stored URL: "
                 "those pages are fetched again if a link leads there"

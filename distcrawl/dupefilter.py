@@ -10,6 +10,7 @@ per page that point to already-queued pages mostly never cost a byte of Redis tr
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import time
 from collections import OrderedDict
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from scrapy import Request, Spider
 from scrapy.dupefilters import BaseDupeFilter
+from scrapy.utils.python import to_unicode
 from scrapy.utils.request import RequestFingerprinter, referer_str
 from scrapy.utils.request import fingerprint as scrapy_fingerprint
 from w3lib.url import canonicalize_url
@@ -184,3 +186,21 @@ def get_fingerprint(url: str) -> bytes:
     ``Producer.push_many``. tests/test_producer.py compares the two on a table of URLs."""
     text = _GET_FINGERPRINT_JSON % encode_basestring_ascii(canonicalize_url(url))
     return hashlib.sha1(text.encode()).digest()  # SHA1: Scrapy's choice
+
+
+def scrapy_redis_fingerprint(method: str, url: str, body: bytes) -> str:
+    """scrapy-redis 0.9.1's ``RFPDupeFilter.request_fingerprint``, byte for byte: the SHA1,
+    in hex, of the JSON (sorted keys, ASCII) of the method, the canonical URL and the body
+    in hex; no headers, and never ``crawler.request_fingerprinter``. Copied so that the
+    optional package need not be installed (tests/test_import.py pins it against the
+    package and against known values)."""
+    data = {"method": to_unicode(method), "url": canonicalize_url(url), "body": body.hex()}
+    return hashlib.sha1(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+def legacy_fingerprint(request: Request) -> bytes:
+    """What the legacy seen-set (``FrontierKeys.legacy_seen``) holds for ``request``: the
+    first FINGERPRINT_BYTES of its scrapy-redis fingerprint, as ``distcrawl import``
+    stores the dupefilter's."""
+    hexdigest = scrapy_redis_fingerprint(request.method, request.url, request.body)
+    return bytes.fromhex(hexdigest)[:FINGERPRINT_BYTES]

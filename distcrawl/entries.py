@@ -205,7 +205,7 @@ class EntryMaker:
             raise Refused(f"{type(exc).__name__}: {exc}") from None
         return Made(request.url, Entry(EntryKind.REQUEST, fp, request.priority, payload, b"", slot))
 
-    def make_from_dict(self, data: Any) -> Made:
+    def make_from_dict(self, data: Any, once: bytes | None = None) -> Made:
         """The commit entry of a request dict of Scrapy's ``Request.to_dict`` (a scrapy-redis
         queue's): rebuilt by the worker's rules (:meth:`RequestCodec.from_scrapy_dict`),
         then :meth:`made`; :class:`Refused` with the reason otherwise."""
@@ -213,7 +213,7 @@ class EntryMaker:
             request = self.codec.from_scrapy_dict(data)
         except DecodeError as exc:
             raise Refused(str(exc)) from None
-        return self.made(request)
+        return self.made(request, once)
 
     def request_of(self, data: dict[str, Any]) -> Request:
         """The spider's request for an entry's validated ``data``, as a worker makes it of a

@@ -18,9 +18,12 @@ worker applies to what it reads from Redis (callbacks, errbacks, request class) 
 committed with its fingerprint, so a request already seen stores nothing. What cannot be
 imported becomes a dead letter (``source: "import"``) with its reason. A digest of every
 member stored goes to ``<ns>:import:done``, so that a run again (after an interruption)
-skips it: the seen-set alone would let a ``dont_filter`` request in twice. A dead-lettered
-member is tried again by the next run (the spider may have been fixed), without a second
-dead letter.
+skips it. That record is written after the commit that stores the page, so a page whose
+commit ran but whose reply was lost (or whose importer died in between) is committed again
+by the next run: each member carries an id into the seen-set in that same commit (its
+fingerprint, or :func:`replay_id` for a ``dont_filter`` request, which has none), so the
+commit sent again stores nothing. A dead-lettered member is tried again by the next run (the
+spider may have been fixed), without a second dead letter.
 
 Fingerprints: scrapy-redis 0.9.1's ``RFPDupeFilter.request_fingerprint`` is its own SHA1
 of ``{"body", "method", "url"}`` as JSON; it never asks ``crawler.request_fingerprinter``.
@@ -28,14 +31,17 @@ Scrapy's (2.7+) fingerprint, which distcrawl stores (its first 12 bytes), hashes
 ``{"body", "headers", "method", "url"}``: the same request gets a different hash, and a
 hash cannot be turned back into its URL. The import checks this on the queued requests
 (:func:`detect`) rather than assuming it: where the dupefilter holds the crawl's own
-fingerprints (a patched scrapy-redis) they are copied; where not, ``--rebuild-seen``
-marks the pages already stored as seen instead.
+fingerprints (a patched scrapy-redis) they are copied; where it holds scrapy-redis' own,
+they are kept as the crawl's legacy seen-set (``<ns>:seen:legacy``, flagged in
+``<ns>:meta``), against which the workers check scrapy-redis' fingerprint of each new
+request (commit.lua), so that no page crawled before is fetched again. ``--rebuild-seen``
+also marks the pages already stored as seen in distcrawl's own seen-set.
 
 A sharded crawl (DISTCRAWL_SHARDS above 1, in the project's settings as in the crawl's
 layout record) gets each request in the shard of its URL and each URL ``--rebuild-seen``
 marks in that shard's seen-set, as the producer stores them. A copied fingerprint tells no
-URL, so no shard: it is copied into every shard's seen-set (each shard then drops that
-request, wherever its URL belongs), at the memory of one copy per shard.
+URL, so no shard: it is copied into every shard's seen-set (or legacy seen-set; each shard
+then drops that request, wherever its URL belongs), at the memory of one copy per shard.
 """
 
 from __future__ import annotations
@@ -52,12 +58,12 @@ import redis
 from scrapy import Request
 from scrapy.settings import BaseSettings
 from scrapy.utils.python import to_unicode
-from w3lib.url import canonicalize_url
 
 from distcrawl._import_report import Report
-from distcrawl.dupefilter import FINGERPRINT_BYTES
+from distcrawl.dupefilter import FINGERPRINT_BYTES, scrapy_redis_fingerprint
 from distcrawl.frontier import dead_letter
 from distcrawl.keys import FrontierKeys
+from distcrawl.layout import LEGACY_SCRAPY_REDIS, LEGACY_SEEN
 from distcrawl.producer import Outcome, Producer
 
 #: Source field -> the scrapy-redis setting and its default in scrapy-redis 0.9.1: settings
@@ -126,11 +132,17 @@ class Source:
         return importlib.import_module(self.serializer).loads
 
 
-def scrapy_redis_fingerprint(method: str, url: str, body: bytes) -> str:
-    """scrapy-redis 0.9.1's ``RFPDupeFilter.request_fingerprint``, copied so that the
-    optional package need not be installed (tests/test_import.py checks they agree)."""
-    data = {"method": to_unicode(method), "url": canonicalize_url(url), "body": body.hex()}
-    return hashlib.sha1(json.dumps(data, sort_keys=True).encode()).hexdigest()
+def replay_id(member: bytes, position: int) -> bytes:
+    """What stands in the seen-set for the fingerprint of a queue member that has none
+    (``dont_filter``), so that storing it again (the commit's reply was lost, the import
+    was stopped before it recorded the page) stores nothing: a hash of the member and its
+    position in the source queue (a LIST may hold the same request twice, both to be
+    fetched), which no request's fingerprint equals. The source is not written while it is
+    imported (scrapy-redis stopped, or renamed by ``--move``), so a run again finds the same
+    member at the same position."""
+    digest = hashlib.sha1(b"distcrawl-import\0")  # SHA1 as the fingerprints: not for secrecy
+    digest.update(position.to_bytes(8, "big") + member)
+    return digest.digest()[:FINGERPRINT_BYTES]
 
 
 def _method(data: dict[str, Any]) -> str:
@@ -228,8 +240,9 @@ class Importer:
             )
         return key, kind
 
-    def _members(self, key: str, kind: str) -> Iterator[list[bytes]]:
-        """Pages of members: a ZSET best priority first, a LIST oldest first (its tail)."""
+    def _members(self, key: str, kind: str) -> Iterator[tuple[int, list[bytes]]]:
+        """Pages of members and the position of each page's first: a ZSET best priority
+        first, a LIST oldest first (its tail)."""
         at = 0
         while True:
             if kind == "zset":
@@ -238,7 +251,7 @@ class Importer:
                 page = list(reversed(self.client.lrange(key, -(at + PAGE), -(at + 1))))
             if not page:
                 return
-            yield page  # type: ignore[misc]
+            yield at, page  # type: ignore[misc]
             if len(page) < PAGE:
                 return
             at += PAGE
@@ -252,15 +265,17 @@ class Importer:
         report = self.report
         counts = report.requests
         loads = self.source.loads() if self.trust_pickle or not self.source.trusted_only else None
-        for page in self._members(key, kind):
+        for start, page in self._members(key, kind):
             digests = [hashlib.sha1(m).digest()[:DIGEST_BYTES] for m in page]
             marks = self.client.smismember(
                 self.keys.imported, [*digests, *(DEAD + d for d in digests)]
             )
             done, dead_before = marks[: len(page)], marks[len(page) :]
             todo = [
-                (m, d, bool(old_letter))
-                for m, d, old, old_letter in zip(page, digests, done, dead_before, strict=True)
+                (m, d, bool(old_letter), start + i)
+                for i, (m, d, old, old_letter) in enumerate(
+                    zip(page, digests, done, dead_before, strict=True)
+                )
                 if not old
             ]
             counts.already_imported += len(page) - len(todo)
@@ -269,7 +284,8 @@ class Importer:
             letters: list[tuple[bytes, bytes, bool]] = []  # (digest, letter, written before)
             handled: list[bytes] = []
             decoded: list[tuple[bytes, bytes, bool, dict[str, Any]]] = []
-            for member, digest, lettered in todo:
+            ids: list[bytes] = []
+            for member, digest, lettered, at in todo:
                 try:
                     data = loads(member)
                     if not isinstance(data, dict):
@@ -279,12 +295,15 @@ class Importer:
                     letters.append((digest, letter, lettered))
                     continue
                 decoded.append((member, digest, lettered, data))
+                ids.append(replay_id(member, at))
             self._count_known([d for *_, d in decoded])
             if self.dry_run:
                 counts.dead += len(letters)
                 counts.queued += len(decoded)
                 continue
-            results = self.producer.push_requests([d for *_, d in decoded])
+            # a commit whose reply is lost (or a crash before the record below) is sent
+            # again by the next run: the ids make that a no-op for dont_filter requests too
+            results = self.producer.push_requests([d for *_, d in decoded], once=ids)
             for (member, digest, lettered, data), result in zip(decoded, results, strict=True):
                 if result.outcome is Outcome.FULL:
                     counts.full += 1
@@ -335,10 +354,20 @@ class Importer:
             if not self.dry_run:
                 self._convert()
             return
-        if report.dupefilter:
+        if report.conversion.fingerprints == "scrapy-redis":
+            if not self.dry_run:
+                self._keep_legacy()
             report.notes.append(
                 "scrapy-redis 0.9.1 fingerprints (its own SHA1 of method, URL and body) differ "
-                "from Scrapy's, which distcrawl stores: they cannot be converted"
+                "from Scrapy's, which distcrawl stores: "
+                + ("they would be" if self.dry_run else "they were")
+                + " kept as the crawl's legacy seen-set, which the workers check each new "
+                "request against with scrapy-redis' fingerprint"
+            )
+        elif report.dupefilter:
+            report.notes.append(
+                "the dupefilter's fingerprints are neither the crawl's nor scrapy-redis "
+                "0.9.1's: they cannot be converted"
                 + ("" if self.rebuild_seen else "; --rebuild-seen marks the stored pages seen")
             )
         if self.rebuild_seen:
@@ -370,6 +399,32 @@ class Importer:
             self.report.conversion.converted += sum(new)
             if not cursor:
                 return
+
+    def _keep_legacy(self) -> None:
+        """Copy the dupefilter's fingerprints, cut to FINGERPRINT_BYTES, into the crawl's
+        legacy seen-set (every shard's: a fingerprint does not tell its URL's shard), then
+        say so in ``<ns>:meta``, which the workers read at open: only then do they compute
+        scrapy-redis' fingerprint of their requests, so that a crawl without one pays
+        nothing. A run again adds what is there again (no change)."""
+        cursor = 0
+        parts = self.producer.parts
+        while True:
+            cursor, values = self.client.sscan(self.source.dupefilter_key, cursor, count=PAGE)
+            fps = []
+            for value in values:
+                try:
+                    fps.append(bytes.fromhex(to_unicode(value))[:FINGERPRINT_BYTES])
+                except ValueError:
+                    continue
+            if fps:
+                pipe = self.client.pipeline(transaction=False)
+                for part in parts:
+                    pipe.sadd(part.keys.legacy_seen, *fps)
+                pipe.execute()
+            if not cursor:
+                break
+        self.report.conversion.legacy = int(self.client.scard(parts[0].keys.legacy_seen))
+        self.client.hset(self.keys.meta, LEGACY_SEEN, LEGACY_SCRAPY_REDIS)
 
     def _rebuild(self) -> None:
         rebuild = self.report.rebuild

@@ -210,6 +210,16 @@ class FrontierKeys:
         """SET of binary request fingerprints.""",
     )
 
+    legacy_seen = _Key(
+        "seen:legacy",
+        """SET of the first 12 bytes of another crawler's fingerprints of the pages it
+        crawled before this crawl took over: scrapy-redis 0.9.1's dupefilter, kept by
+        ``distcrawl import scrapy-redis`` (its fingerprints do not convert into the seen-set,
+        :func:`distcrawl.dupefilter.scrapy_redis_fingerprint`). Never written by the
+        workers: commit.lua drops a new request whose fingerprint of that kind is in it,
+        when ``meta``'s ``legacy_seen`` says the crawl has one.""",
+    )
+
     bloom = _Key(
         "bloom",
         """HASH describing the Bloom-filter seen-set (``DISTCRAWL_SEEN = "bloom"``): its
@@ -411,6 +421,7 @@ class FrontierKeys:
             self.revisit_queue,
             self.revisit_of,
             self.seen,
+            self.legacy_seen,
             self.bloom,
             self.seq,
             self.dead,

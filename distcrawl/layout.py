@@ -31,6 +31,15 @@ SOURCES = {
 }
 
 
+#: the field of ``<ns>:meta`` that says the crawl has a legacy seen-set
+#: (``FrontierKeys.legacy_seen``) and whose fingerprints it holds; not part of the layout
+#: a worker must agree on: it is the crawl's, written by ``distcrawl import scrapy-redis``
+LEGACY_SEEN = "legacy_seen"
+#: the one kind of legacy seen-set there is: scrapy-redis 0.9.1's fingerprints
+#: (distcrawl.dupefilter.scrapy_redis_fingerprint)
+LEGACY_SCRAPY_REDIS = "scrapy-redis"
+
+
 class LayoutMismatch(RuntimeError):
     """This worker's configuration disagrees with the layout recorded in ``<ns>:meta``."""
 

@@ -269,6 +269,8 @@ class Resharding:
         layers = 0
         for j, s in enumerate(sources):
             out.seen += self._seen(rec, j, s, targets)
+            # an imported crawl's legacy seen-set: a fingerprint does not tell its shard
+            self._seen(rec, j, s, targets, "legacy_seen")
             layers += copy_bloom(self.client, j, s, targets, layers)
         for s in sources:
             for name in PER_SLOT_COPIED:
@@ -360,23 +362,29 @@ class Resharding:
         return batch
 
     def _seen(
-        self, rec: dict[str, str], j: int, s: FrontierKeys, targets: list[FrontierKeys]
+        self,
+        rec: dict[str, str],
+        j: int,
+        s: FrontierKeys,
+        targets: list[FrontierKeys],
+        name: str = "seen",
     ) -> int:
-        """Every fingerprint of source ``s``'s seen SET into every target's; SSCAN's cursor
-        is recorded (a member returned twice is added twice: no change)."""
-        cursor = int(rec.get(f"{PREFIX}seen:{j}", 0))
+        """Every fingerprint of source ``s``'s seen SET (or its legacy seen-set, ``name``)
+        into every target's; SSCAN's cursor is recorded (a member returned twice is added
+        twice: no change)."""
+        cursor = int(rec.get(f"{PREFIX}{name}:{j}", 0))
         if cursor < 0:
             return 0
         copied = 0
         while True:
-            cursor, members = self.client.sscan(s.seen, cursor, count=BATCH)
+            cursor, members = self.client.sscan(getattr(s, name), cursor, count=BATCH)
             if members:
                 pipe = self.client.pipeline(transaction=False)
                 for t in targets:
-                    pipe.sadd(t.seen, *members)
+                    pipe.sadd(getattr(t, name), *members)
                 pipe.execute()
                 copied += len(members)
-            self._progress(f"seen:{j}", cursor or -1, {})
+            self._progress(f"{name}:{j}", cursor or -1, {})
             if not cursor:
                 return copied
 

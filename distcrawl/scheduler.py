@@ -220,7 +220,9 @@ class Scheduler(BaseScheduler, SignalHandlers, Pump, BatchBuilding):
                 removed,
                 self.frontier.keys.namespace,
             )
-        check_layout(self.frontier, self.config, self.crawler)
+        legacy_seen = check_layout(self.frontier, self.config, self.crawler)
+        assert self._intake is not None
+        self._intake.legacy_seen = legacy_seen and self.df is not None
         assert self.shards is not None
         check_durability(
             self.io.client,

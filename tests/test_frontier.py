@@ -989,3 +989,31 @@ def test_a_slot_swept_and_then_given_work_again_starts_afresh(frontier, redis_cl
     push(frontier, (b"fp-2", 0, b"two"))
     (item,) = frontier.lease(5, 10_000).items
     assert item.payload == b"two"
+
+
+@pytest.mark.parametrize("seen", ["set", "bloom"])
+def test_a_request_in_the_legacy_seen_set_is_a_duplicate(redis_client, seen):
+    """An imported crawl's legacy seen-set (scrapy-redis fingerprints in ``raw``): a request
+    found there is dropped like one in the seen-set; one without a legacy fingerprint
+    (``raw`` empty, as every request of a crawl without one) is not looked up there."""
+    keys = FrontierKeys("t")
+    frontier = Frontier(redis_client, keys, seen=seen, bloom_capacity=1000)
+    redis_client.sadd(keys.legacy_seen, b"old-page-fp1")
+
+    def entry(fp, legacy, payload):
+        return Entry(EntryKind.REQUEST, fp, 0, payload, legacy, "t.test")
+
+    r = frontier.commit(
+        [],
+        [
+            entry(b"fp-crawled-1", b"old-page-fp1", b"crawled before"),
+            entry(b"fp-new-00001", b"new-page-fp1", b"new"),
+            entry(b"fp-new-00002", b"", b"no legacy fingerprint"),
+            entry(b"", b"old-page-fp1", b"dont_filter"),  # never filtered
+        ],
+        positions=True,
+    )
+    assert (r.enqueued, r.duplicates, r.not_stored) == (3, 1, (0,))
+    payloads = {x.payload for x in frontier.lease(10, 10_000)[0]}
+    assert payloads == {b"new", b"no legacy fingerprint", b"dont_filter"}
+    assert redis_client.scard(keys.legacy_seen) == 1  # only read

@@ -4,6 +4,7 @@ request log counts the fetches."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import pickle
 from collections import Counter
@@ -20,8 +21,10 @@ from scrapy_redis.dupefilter import RFPDupeFilter
 from benchmarks.spiders import SPIDER_NAME
 from distcrawl import importer
 from distcrawl.cli import main
+from distcrawl.dupefilter import legacy_fingerprint, scrapy_redis_fingerprint
 from distcrawl.frontier import parse_entry
 from distcrawl.keys import FrontierKeys
+from distcrawl.lua import Scripts
 from distcrawl.producer import Producer, RedriveResult
 from distcrawl.serialize import RequestCodec
 from distcrawl.testing.workers import worker_agent
@@ -111,17 +114,103 @@ def test_scrapy_redis_fingerprints_are_its_own_not_scrapys() -> None:
         assert theirs != fingerprint(request).hex()  # Scrapy's hashes "headers" too
 
 
+#: scrapy-redis 0.9.1's RFPDupeFilter.request_fingerprint of a few requests: the SHA1 of
+#: the JSON written out here by hand (sorted keys; the canonical URL: query sorted, no
+#: fragment; the body in hex; no headers), which the package itself gives too
+SCRAPY_REDIS_FINGERPRINTS = [
+    (
+        Request("http://a.test/p?b=2&a=1"),
+        '{"body": "", "method": "GET", "url": "http://a.test/p?a=1&b=2"}',
+        "62bdc495fa932fad277faccf3e113df8016771f0",
+    ),
+    (
+        Request("http://a.test/p?a=1&b=2", headers={"X-A": "1"}),
+        '{"body": "", "method": "GET", "url": "http://a.test/p?a=1&b=2"}',
+        "62bdc495fa932fad277faccf3e113df8016771f0",
+    ),
+    (
+        Request("http://a.test/form", method="POST", body=b"q=1"),
+        '{"body": "713d31", "method": "POST", "url": "http://a.test/form"}',
+        "761fefe0ddfd7549b05071a795c2eb65e014a8a6",
+    ),
+    (
+        Request("https://b.test/caf%C3%A9#frag"),
+        '{"body": "", "method": "GET", "url": "https://b.test/caf%C3%A9"}',
+        "08031d32487617c45a0c13b957a04aa7947487a0",
+    ),
+]
+
+
+@pytest.mark.parametrize(("request_", "text", "expected"), SCRAPY_REDIS_FINGERPRINTS)
+def test_the_scrapy_redis_fingerprint_is_reproduced_byte_for_byte(
+    request_: Request, text: str, expected: str
+) -> None:
+    assert hashlib.sha1(text.encode()).hexdigest() == expected
+    assert RFPDupeFilter(server=None, key="k").request_fingerprint(request_) == expected
+    got = scrapy_redis_fingerprint(request_.method, request_.url, request_.body)
+    assert got == expected
+    assert legacy_fingerprint(request_) == bytes.fromhex(expected)[:12]
+
+
+def stop_half_done(site: Any, workers: Any, redis_client: redis.Redis, **settings: Any) -> int:
+    """A scrapy-redis crawl of ``site`` stopped after a few pages (CLOSESPIDER_PAGECOUNT, a
+    graceful stop); the requests it left queued."""
+    redis_client.lpush(f"{SPIDER_NAME}:start_urls", site.url + "/")
+    before = workers(1, spider=SPIDER_NAME, **{**SCRAPY_REDIS, **settings})
+    assert before.wait(90) == 0, before.log()[-3000:]
+    assert "closespider_pagecount" in before.log()
+    queued = int(redis_client.zcard(SOURCE))
+    assert queued > 0
+    assert 0 < len(page_fetches(site)) < len(site.expected_pages())
+    return queued
+
+
+def finish_on_distcrawl(site: Any, workers: Any) -> tuple[Counter[str], int, Counter[str]]:
+    """Two distcrawl workers finish the crawl: each page's fetches, how many pages were
+    fetched twice, and the pages each crawler fetched (by user agent)."""
+    after = workers(
+        2, spider=SPIDER_NAME, SPIDER_MODULES="tests.import_spider", DISTCRAWL_IDLE_TIMEOUT=2
+    )
+    assert after.wait(120) == 0, after.log()[-3000:]
+    fetches = page_fetches(site)
+    by = Counter(line.user_agent for line in site.read_log() if line.path in site.expected_pages())
+    return fetches, sum(n - 1 for n in fetches.values()), by
+
+
+def test_a_moved_crawl_fetches_nothing_scrapy_redis_crawled(
+    demo_site, workers, redis_client, redis_url, capsys
+):
+    """The crawl stored no items anywhere (no --rebuild-seen possible): the dupefilter's
+    scrapy-redis fingerprints, kept as the legacy seen-set, stop every page crawled before."""
+    site = demo_site(pages=60)
+    queued = stop_half_done(site, workers, redis_client, ITEM_PIPELINES="{}")
+    fingerprints = redis_client.scard(DUPEFILTER)
+
+    code, report, err = run_import(capsys, redis_url, "--trust-pickle", "--move")
+    assert code == 0, err
+    assert report["queued"] + report["seen"] == queued and report["dead"] == 0
+    assert report["fingerprints"] == "scrapy-redis"
+    assert report["legacy"] == fingerprints and report["moved"]
+    keys = FrontierKeys(SPIDER_NAME)
+    assert redis_client.hget(keys.meta, "legacy_seen") == b"scrapy-redis"
+    assert not redis_client.exists(DUPEFILTER)
+
+    fetches, duplicates, by = finish_on_distcrawl(site, workers)
+    print(
+        f"scrapy-redis fetched {by[worker_agent(1)]} pages, distcrawl {by[worker_agent(2)]}; "
+        f"{duplicates} fetched twice; report {report}"
+    )
+    assert set(fetches) == site.expected_pages()  # none missing
+    # at most what scrapy-redis had in flight at its stop (CONCURRENT_REQUESTS)
+    assert duplicates <= int(SCRAPY_REDIS["CONCURRENT_REQUESTS"])
+    assert by[worker_agent(2)] >= queued
+
+
 def test_a_half_done_scrapy_redis_crawl_finishes_on_distcrawl(
     demo_site, workers, redis_client, redis_url, capsys
 ):
     site = demo_site(pages=60)
-    redis_client.lpush(f"{SPIDER_NAME}:start_urls", site.url + "/")
-    before = workers(1, spider=SPIDER_NAME, **SCRAPY_REDIS)
-    assert before.wait(90) == 0, before.log()[-3000:]
-    assert "closespider_pagecount" in before.log()
-    queued = redis_client.zcard(SOURCE)
-    assert queued > 0
-    assert 0 < len(page_fetches(site)) < len(site.expected_pages())
+    queued = stop_half_done(site, workers, redis_client)
 
     # <spider>:requests is also distcrawl's own key: --move renames it out of the way
     code, report, err = run_import(capsys, redis_url, "--trust-pickle", "--move", "--rebuild-seen")
@@ -132,13 +221,7 @@ def test_a_half_done_scrapy_redis_crawl_finishes_on_distcrawl(
     assert report["seen_added"] > 0 and report["moved"]
     assert not redis_client.exists(DUPEFILTER, FrontierKeys(SPIDER_NAME).import_queue)
 
-    after = workers(
-        2, spider=SPIDER_NAME, SPIDER_MODULES="tests.import_spider", DISTCRAWL_IDLE_TIMEOUT=2
-    )
-    assert after.wait(120) == 0, after.log()[-3000:]
-    fetches = page_fetches(site)
-    by = Counter(line.user_agent for line in site.read_log() if line.path in site.expected_pages())
-    duplicates = sum(n - 1 for n in fetches.values())
+    fetches, duplicates, by = finish_on_distcrawl(site, workers)
     print(
         f"scrapy-redis fetched {by[worker_agent(1)]} pages, distcrawl {by[worker_agent(2)]}; "
         f"{duplicates} fetched twice; report {report}"
@@ -274,11 +357,11 @@ def test_an_interrupted_import_resumes_without_queueing_twice(
     real = Producer.push_requests
     calls = []
 
-    def failing(self: Producer, requests: Any) -> Any:
+    def failing(self: Producer, requests: Any, once: Any = None) -> Any:
         calls.append(1)
         if len(calls) == 2:
             raise redis.ConnectionError("connection lost")
-        return real(self, requests)
+        return real(self, requests, once)
 
     monkeypatch.setattr(Producer, "push_requests", failing)
     code, _, err = run_import(capsys, redis_url, "--namespace", "mig", "--trust-pickle")
@@ -362,7 +445,37 @@ def test_the_seen_set_is_rebuilt_from_pages_stored_in_mongodb(
     assert report["fingerprints"] == "scrapy-redis"
     assert (report["seen_urls"], report["seen_added"], report["stored_in_dupefilter"]) == (3, 3, 3)
     assert report["queued_in_dupefilter"] == 1 and report["unaccounted"] == 1
+    assert report["legacy"] == 5  # every fingerprint, the one lost in flight too
     producer = Producer(redis_client, SPIDER_NAME, _settings(), namespace="mig")
     assert (
         producer.frontier.has_seen([producer.fingerprint(Request(u)) for u in stored]) == [True] * 3
     )
+
+
+def test_a_lost_reply_to_the_store_step_queues_nothing_twice(
+    redis_proxy, redis_client, redis_url, capsys, monkeypatch
+):
+    """The commit that stores a page of the queue ran, but its reply was lost (the RESP
+    proxy drops it), so the import never recorded that page as done: the run again must
+    not queue its ``dont_filter`` requests (scrapy-redis' plain URLs) a second time."""
+    seed(
+        redis_client,
+        [Request(f"http://a.test/{i}", dont_filter=True) for i in range(5)],
+        kind="FifoQueue",
+    )
+    monkeypatch.setattr(importer, "PAGE", 2)
+    Scripts.register(redis_client).load(redis_client)  # the first EVALSHA is the commit
+    keys = FrontierKeys("mig")
+    redis_proxy.drop_reply_once(lambda args: args[0].upper() == b"EVALSHA")
+    code, _, err = run_import(capsys, redis_proxy.url, "--namespace", "mig", "--trust-pickle")
+    assert code == 3, err  # the lost reply: Redis unreachable, as far as the import knows
+    assert redis_client.zcard(keys.queue) == 2  # yet the first page was stored
+
+    code, report, err = run_import(capsys, redis_url, "--namespace", "mig", "--trust-pickle")
+    assert code == 0, err
+    assert report["queued"] + report["seen"] == 5 - report["already_imported"]
+    urls = Counter(
+        RequestCodec("msgpack", QueueSpider(), ("parse",)).decode(parse_entry(m).payload).url
+        for m in redis_client.zrange(keys.queue, 0, -1)
+    )
+    assert urls == Counter(f"http://a.test/{i}" for i in range(5))  # each queued once

@@ -44,6 +44,7 @@ def test_key_names_are_pinned():
     assert k.wake == "site:wake"
     assert k.import_queue == "site:import:queue"
     assert k.imported == "site:import:done"
+    assert k.legacy_seen == "site:seen:legacy"
     assert k.migration == "site:migration"
     assert k.wake_of("0a0b0c0d") == "site:wake:0a0b0c0d"
     assert k.robots_lock("a.test:8080") == "site:robotstxt:lock:a.test:8080"
@@ -60,6 +61,7 @@ def test_key_names_are_pinned():
         "site:revisit_queue",
         "site:revisit_of",
         "site:seen",
+        "site:seen:legacy",
         "site:bloom",
         "site:seq",
         "site:dead",

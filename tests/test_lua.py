@@ -67,7 +67,7 @@ def test_every_declared_name_is_a_key_the_keys_module_builds() -> None:
 
 def test_script_keys_pins_the_commit_script_keys() -> None:
     keys = FrontierKeys("site").script_keys("commit", "w1")
-    assert len(keys) == lua.COMMIT_KEYS == 21
+    assert len(keys) == lua.COMMIT_KEYS == 22
     assert keys[:6] == [
         "site:queue",
         "site:requests",
@@ -79,7 +79,7 @@ def test_script_keys_pins_the_commit_script_keys() -> None:
     assert keys[13] == "site:throttle:raised"
     assert keys[15] == "site:throttle:state"
     assert keys[18] == "site:wake"
-    assert keys[19:] == ["site:revisits", "site:revisit_of"]
+    assert keys[19:] == ["site:revisits", "site:revisit_of", "site:seen:legacy"]
 
 
 def test_script_keys_takes_the_tag_or_netloc_a_key_is_for() -> None:

@@ -503,6 +503,8 @@ def test_a_seeded_frontier_is_resharded_to_four_and_back_losing_nothing(
     redis_url, redis_client, capsys
 ):
     seed = seed_sharded(redis_client)
+    # an imported crawl's legacy seen-set (scrapy-redis fingerprints) goes with it
+    redis_client.sadd(PLAIN.legacy_seen, *(b"legacy-%06d" % i for i in range(30)))
     argv = ["--redis-url", redis_url, "migrate", "site", "--shards", "4"]
     code, out, err = run(capsys, *argv)
     assert code == 0, err
@@ -513,6 +515,7 @@ def test_a_seeded_frontier_is_resharded_to_four_and_back_losing_nothing(
     assert moved["retries"] == seed["retries"]
     for k in shards_of(4):
         assert redis_client.scard(k.seen) == 2500  # every shard holds the whole seen-set
+        assert redis_client.scard(k.legacy_seen) == 30
         assert redis_client.hgetall(k.limits) == {b"h1.example": b"500:1"}
         assert redis_client.hgetall(k.robots) == {b"h2.example": b"2000"}
         assert redis_client.zcard(k.queue) > 0
@@ -537,6 +540,7 @@ def test_a_seeded_frontier_is_resharded_to_four_and_back_losing_nothing(
     back = resharded(redis_client, 1)
     assert back["queued"] == seed["queued"] and back["retries"] == seed["retries"]
     assert redis_client.scard(PLAIN.seen) == 2500
+    assert redis_client.scard(PLAIN.legacy_seen) == 30
     assert redis_client.llen(PLAIN.dead) == 3
     assert int(redis_client.hget(PLAIN.stats, "quarantined")) == 3
     assert [k for k in redis_client.keys("*") if k.startswith(b"{")] == []

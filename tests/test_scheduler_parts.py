@@ -205,3 +205,35 @@ def test_a_dead_letter_keeps_what_the_codec_takes_of_a_request_whose_meta_it_ref
     assert (again.url, again.method, again.body, again.priority) == (request.url, "POST", b"q=1", 7)
     assert again.callback == spider.parse_post
     assert again.meta == {"site_scope": "blog.example", "depth": 2}
+
+
+def test_requests_carry_a_scrapy_redis_fingerprint_only_where_the_crawl_has_a_legacy_seen_set():
+    """An imported crawl's workers send each filtered request's scrapy-redis fingerprint to
+    the commit (``raw``), for the legacy seen-set; every other crawl computes and sends none."""
+    from types import SimpleNamespace
+
+    from scrapy import Spider
+    from scrapy.utils.request import RequestFingerprinter
+
+    from distcrawl._scheduler.intake import Intake
+    from distcrawl.dupefilter import RedisDupeFilter, legacy_fingerprint
+    from distcrawl.serialize import RequestCodec
+
+    spider = Spider(name="site")
+
+    def intake() -> Intake:
+        df = RedisDupeFilter(RequestFingerprinter())
+        codec = RequestCodec("msgpack", spider)
+        return Intake(DistcrawlConfig(), df, codec, spider, SimpleNamespace())
+
+    page = Request("http://a.test/p?b=2&a=1")
+    plain = intake().entry(page)
+    assert plain is not None and plain.kind is EntryKind.REQUEST and plain.raw == b""
+
+    imported = intake()
+    imported.legacy_seen = True
+    found = imported.entry(Request("http://a.test/p?a=1&b=2", headers={"X-A": "1"}))
+    assert found is not None and found.raw == legacy_fingerprint(page)
+    assert found.raw == bytes.fromhex("62bdc495fa932fad277faccf3e113df8016771f0")[:12]
+    again = imported.entry(Request("http://a.test/other", dont_filter=True))
+    assert again is not None and again.fingerprint == b"" and again.raw == b""  # never filtered

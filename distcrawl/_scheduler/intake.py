@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import base64
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from scrapy import Request, Spider
@@ -22,7 +22,7 @@ from distcrawl import entries
 from distcrawl._scheduler.report import Reporter
 from distcrawl.batch import refused_scheme
 from distcrawl.config import DistcrawlConfig
-from distcrawl.dupefilter import FINGERPRINT_BYTES, RedisDupeFilter
+from distcrawl.dupefilter import FINGERPRINT_BYTES, RedisDupeFilter, legacy_fingerprint
 from distcrawl.frontier import Entry, EntryKind, bad_slot, dead_letter
 from distcrawl.politeness import slot_of
 from distcrawl.serialize import RequestCodec, SerializationError
@@ -46,6 +46,10 @@ class Intake:
     spider: Spider
     #: the scheduler's stats and warnings: a refused request is counted and said there
     report: Reporter
+    #: whether the crawl has a legacy seen-set (read from ``<ns>:meta`` at open): each
+    #: filtered request then carries its scrapy-redis fingerprint for commit.lua to look
+    #: up there; off, nothing is computed nor sent
+    legacy_seen: bool = field(default=False, init=False)
 
     def entry(self, request: Request) -> Entry | None:
         """The entry that stores a request the engine scheduled (a retry to store for
@@ -88,7 +92,8 @@ class Intake:
             delay_ms = str(max(0, int(float(delay) * 1000))).encode()
             self._inc("distcrawl/retry/scheduled")
             return Entry(EntryKind.RETRY, b"", request.priority, payload, delay_ms, slot, request)
-        return Entry(EntryKind.REQUEST, fp, request.priority, payload, b"", slot, request)
+        legacy = legacy_fingerprint(request) if fp and self.legacy_seen else b""
+        return Entry(EntryKind.REQUEST, fp, request.priority, payload, legacy, slot, request)
 
     def revisit(self, request: Request, delay: float | None) -> Entry:
         """The entry that has a fetched page fetched again in ``delay`` seconds (None: never

@@ -27,7 +27,13 @@ from distcrawl.connection import RedisIO, node_info, redact_url
 from distcrawl.dupefilter import RedisDupeFilter
 from distcrawl.frontier import Frontier
 from distcrawl.keys import FrontierKeys
-from distcrawl.layout import Layout, LayoutMismatch, class_path
+from distcrawl.layout import (
+    LEGACY_SCRAPY_REDIS,
+    LEGACY_SEEN,
+    Layout,
+    LayoutMismatch,
+    class_path,
+)
 from distcrawl.liveness import Liveness
 from distcrawl.politeness import politeness
 from distcrawl.serialize import RequestCodec
@@ -67,9 +73,12 @@ def dupefilter_for(crawler: Crawler) -> RedisDupeFilter | BaseDupeFilter:
     )
 
 
-def check_layout(frontier: Frontier, config: DistcrawlConfig, crawler: Crawler) -> None:
+def check_layout(frontier: Frontier, config: DistcrawlConfig, crawler: Crawler) -> bool:
     """Join the crawl only if this worker lays the frontier out as the crawl does
-    (distcrawl/layout.py); on the Redis thread, before anything is leased."""
+    (distcrawl/layout.py); on the Redis thread, before anything is leased. Whether the
+    crawl has a legacy seen-set (``<ns>:meta``, written by ``distcrawl import``), read in
+    the same round trip: decided once, so that a crawl without one pays nothing per
+    request."""
     mine = Layout(
         shards=config.shards,
         seen=config.seen,
@@ -80,6 +89,22 @@ def check_layout(frontier: Frontier, config: DistcrawlConfig, crawler: Crawler) 
     differences = mine.differences(stored)
     if differences:
         raise LayoutMismatch(frontier.keys.namespace, differences)
+    legacy = stored.get(LEGACY_SEEN)
+    if legacy is not None and legacy != LEGACY_SCRAPY_REDIS:
+        logger.warning(
+            "%s: unknown legacy seen-set %r (this version knows %r): not checked",
+            frontier.keys.meta,
+            legacy[:100],
+            LEGACY_SCRAPY_REDIS,
+        )
+    if legacy == LEGACY_SCRAPY_REDIS:
+        logger.info(
+            "Frontier %r has a legacy seen-set (%s, scrapy-redis fingerprints): requests "
+            "crawled before the import are not fetched again",
+            frontier.keys.namespace,
+            frontier.keys.legacy_seen,
+        )
+    return legacy == LEGACY_SCRAPY_REDIS
 
 
 def check_durability(

@@ -115,8 +115,8 @@ _FLAGS = (
     ("--dry-run", "print counts, write nothing"),
     (
         "--rebuild-seen",
-        "mark the pages scrapy-redis stored (the items key, --mongo-collection) as seen: "
-        "its fingerprints cannot be converted",
+        "also mark the pages scrapy-redis stored (the items key, --mongo-collection) as "
+        "seen in distcrawl's seen-set (its own fingerprints are kept as the legacy seen-set)",
     ),
 )
 
@@ -134,7 +134,7 @@ def add_parser(commands: Any, common: argparse.ArgumentParser) -> None:
     )
     text = (
         "import a scrapy-redis crawl: its queued requests into distcrawl's queue, its "
-        "seen-set where it converts (or rebuilt from stored pages); run it again to resume"
+        "seen-set (converted, or kept as a legacy seen-set); run it again to resume"
     )
     sub = subcommand(sources, "scrapy-redis", text, [common])
     sub.add_argument(

@@ -58,6 +58,7 @@ KEYS: dict[str, tuple[str, ...]] = {
         *("queue", "requests", "seen", "seq", "leases", "claims", "dead", "delayed", "ready"),
         *("slots", "inflight", "throttle", "robots", "throttle_raised", "commits"),
         *("throttle_state", "placeless", "claimants", "wake", "revisits", "revisit_of"),
+        "legacy_seen",
     ),
     "doctor_inflight": ("leases", "requests", "inflight", "placeless"),
     "doctor_quarantine": ("members", "dead", "stats"),

@@ -29,7 +29,10 @@
 --                                 WAKE_TTL_MS, so a token nobody takes soon is gone
 -- KEYS[20] revisits       ZSET   request id -> when the page is due again (ms)
 -- KEYS[21] revisit_of     HASH   binary fingerprint -> id of the page's revisit in KEYS[20]
--- KEYS[22 ..]         the Bloom filter's keys with DISTCRAWL_SEEN = "bloom" (seen_bloom.lua)
+-- KEYS[22] legacy_seen     SET    fingerprints of another crawler (scrapy-redis) of the pages it
+--                                 crawled before this crawl took over (distcrawl import), read
+--                                 only for the 'r' entries that carry one in 'raw'
+-- KEYS[23 ..]         the Bloom filter's keys with DISTCRAWL_SEEN = "bloom" (seen_bloom.lua)
 --
 -- distcrawl/lua/__init__.py prepends the seen-set snippet (seen_set.lua or seen_bloom.lua),
 -- which defines seen_add(fp) and may end the script before anything is written.
@@ -74,7 +77,8 @@
 --            (O(claim list), at most a claim batch; start_urls is not touched); if it is no
 --            longer there (the worker was found dead and its claims went back to
 --            start_urls, for another worker) the entry is skipped; the delay in ms for 'l'
---            and 'v';
+--            and 'v'; for 'r', the request's fingerprint in KEYS[22] when the crawl has
+--            one (a duplicate if it is there, checked before the seen-set), else '';
 --            '' otherwise
 -- then                 number of feedback records (F), then 5 arguments per record:
 --   slot, responses, summed latency (ms), throttled answers (429/503), Retry-After (ms);
@@ -247,6 +251,11 @@ for i = 0, n - 1 do
       elseif kind == 'l' then
         stored_later(slot, prio, payload, KEYS[8], now + tonumber(raw))
         enqueued = enqueued + 1
+      elseif kind == 'r' and fp ~= '' and raw ~= ''
+          and redis.call('SISMEMBER', KEYS[22], raw) == 1 then
+        -- crawled by the crawler this one took over: a duplicate, seen-set or not
+        duplicates = duplicates + 1
+        if want_positions then not_stored[#not_stored + 1] = i end
       elseif fp == '' or seen_add(fp) == 1 then
         redis.call('ZADD', KEYS[1], 0, new_entry(slot, prio, payload))
         arm(KEYS[9], KEYS[10], slot, now, true)

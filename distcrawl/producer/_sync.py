@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -270,7 +270,11 @@ class Producer:
 
         return self._committer.store(made())
 
-    def push_requests(self, requests: Iterable[Mapping[str, Any]]) -> list[PushResult]:
+    def push_requests(
+        self,
+        requests: Iterable[Mapping[str, Any]],
+        once: Sequence[bytes] | None = None,
+    ) -> list[PushResult]:
         """Store requests given as dicts of Scrapy's ``Request.to_dict`` (another frontier's
         queue: ``distcrawl import scrapy-redis``), target "queue" only; a result per request.
 
@@ -278,15 +282,18 @@ class Producer:
         callback and errback by DISTCRAWL_ALLOWED_CALLBACKS, its class only if loaded), then
         stored like a pushed entry: its fingerprint checked against the seen-set atomically
         with the push, so storing the same requests again stores nothing twice (but those
-        with ``dont_filter``, which have no fingerprint)."""
+        with ``dont_filter``, which have no fingerprint). ``once``, one per request, stands
+        in the seen-set for the fingerprint of a request that has none, as push_many's
+        ``push_id`` does: the same requests stored again with the same ``once`` store nothing
+        twice, ``dont_filter`` or not (the import sends a page again after a lost reply)."""
         if self.target != "queue":
             raise ValueError("push_requests is for the 'queue' target")
         maker = self._entry_maker()
 
         def made() -> Iterator[Made | PushResult]:
-            for data in requests:
+            for at, data in enumerate(requests):
                 try:
-                    yield maker.make_from_dict(data)
+                    yield maker.make_from_dict(data, None if once is None else once[at])
                 except Refused as exc:
                     yield PushResult(Outcome.REFUSED, _url_of(data), str(exc))
 
