@@ -324,7 +324,9 @@ def test_a_celery_app_outside_the_project_pushes_start_urls_a_worker_crawls_them
     sender = Celery("sender", broker=broker.url, backend=broker.url, set_as_current=False)
     try:
         celery.start()
-        sent = [sender.send_task("distcrawl.push", ["barsite", url]) for url in urls]
+        first = {"priority": 5, "meta": {"source": "signup"}}
+        sent = [sender.send_task("distcrawl.push", ["barsite", urls[0]], first)]
+        sent += [sender.send_task("distcrawl.push", ["barsite", url]) for url in urls[1:]]
         outcomes = []
         for result in sent:
             try:
@@ -342,7 +344,9 @@ def test_a_celery_app_outside_the_project_pushes_start_urls_a_worker_crawls_them
         outcomes[:2],
         log[-2000:],
     )
-    assert redis_client.llen("barsite:start_urls") == len(urls)
+    entries = redis_client.lrange("barsite:start_urls", 0, -1)
+    assert len(entries) == len(urls)
+    assert json.loads(entries[-1]) == {"url": urls[0], **first}  # the oldest, taken first
     assert redis_client.zcard("barsite:queue") == 0
     assert log.count("pushes start URL entries") == 1, log[-3000:]
     assert "ERROR" not in log
