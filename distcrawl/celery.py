@@ -13,10 +13,10 @@ tasks in the broker, and how depends on the broker.
 A task checks and stores its entry with a :class:`~distcrawl.producer.Producer` (one per
 spider and worker process). With the spider's code (target "queue") a retried task stores
 nothing twice: the push of a URL already seen reports ``"seen"``; without it (target
-"start_urls") the push reports ``"accepted"`` and the workers drop a duplicate. When the frontier's Redis is unreachable the
-task is retried with exponential backoff and full jitter (``autoretry_for``); when the crawl
-is at its pending cap it is retried later. The result is ``PushResult.as_dict()`` (the URL
-redacted), or a list of them for ``push_many``.
+"start_urls") the push reports ``"accepted"`` and the workers drop a duplicate. When the
+frontier's Redis is unreachable the task is retried with exponential backoff and full jitter
+(``autoretry_for``); when the crawl is at its pending cap it is retried later. The result
+is ``PushResult.as_dict()`` (the URL redacted), or a list of them for ``push_many``.
 
 Configuration, read once per worker process, from the Celery app's conf:
 
