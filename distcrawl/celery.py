@@ -10,12 +10,13 @@ Install with ``pip install distcrawl[celery]`` and have the Celery app import th
 own message priority (``push.apply_async(args=[...], priority=5)``) only orders the push
 tasks in the broker, and how depends on the broker.
 
-A task checks and stores its entry with a :class:`~distcrawl.producer.Producer` (target
-"queue", one per spider and worker process), so a retried task stores nothing twice: the
-push of a URL already seen reports ``"seen"``. When the frontier's Redis is unreachable the
-task is retried with exponential backoff and full jitter (``autoretry_for``); when the crawl
-is at its pending cap it is retried later. The result is ``PushResult.as_dict()`` (the URL
-redacted), or a list of them for ``push_many``.
+A task checks and stores its entry with a :class:`~distcrawl.producer.Producer` (one per
+spider and worker process). With the spider's code (target "queue") a retried task stores
+nothing twice: the push of a URL already seen reports ``"seen"``; without it (target
+"start_urls") the push reports ``"accepted"`` and the workers drop a duplicate. When the
+frontier's Redis is unreachable the task is retried with exponential backoff and full jitter
+(``autoretry_for``); when the crawl is at its pending cap it is retried later. The result
+is ``PushResult.as_dict()`` (the URL redacted), or a list of them for ``push_many``.
 
 Configuration, read once per worker process, from the Celery app's conf:
 
@@ -27,7 +28,10 @@ Configuration, read once per worker process, from the Celery app's conf:
     a dict of Scrapy settings set over the project's (``SCRAPY_SETTINGS_MODULE``, or
     ``scrapy.cfg``), at the priority of ``scrapy crawl -s``.
 ``distcrawl_target``
-    ``"queue"`` (default) or ``"start_urls"`` (see distcrawl/producer/).
+    ``"queue"`` or ``"start_urls"`` (see distcrawl/producer/). Unset (or ``"auto"``): the
+    queue where the spider is importable (the project's ``SPIDER_MODULES``), else start
+    URL entries: a Celery app outside the Scrapy project pushes to ``<ns>:start_urls``, the
+    workers make the requests, and the worker process says so once per spider in its log.
 
 Note on the name: this module is ``distcrawl.celery``; it imports the ``celery`` package
 absolutely (``from __future__ import annotations`` and no relative imports), which Python 3
@@ -36,6 +40,7 @@ always does.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Mapping
@@ -48,6 +53,12 @@ from scrapy.utils.project import get_project_settings
 
 from distcrawl.entries import EntryLike
 from distcrawl.producer import Outcome, Producer
+from distcrawl.producer._sync import TARGETS, _spider_class
+
+logger = logging.getLogger(__name__)
+
+#: the target when the app's conf names none: "queue" if the spider imports, else "start_urls"
+AUTO = "auto"
 
 #: what makes a push worth retrying: Redis unreachable, too slow, or still loading its data
 RETRY_FOR = (redis.ConnectionError, redis.TimeoutError)
@@ -61,6 +72,8 @@ FULL_RETRY_DELAY = 30.0
 
 _producers: dict[tuple[int, str, int], Producer] = {}
 _lock = threading.Lock()
+#: the spiders this process pushes start URL entries for, the choice logged
+_fallbacks: set[str] = set()
 
 
 def producer_for(app: Any, spider: str) -> Producer:
@@ -81,8 +94,40 @@ def _make(conf: Mapping[str, Any], spider: str) -> Producer:
     for name, value in dict(overrides).items():
         settings.set(name, value, priority="cmdline")
     url = conf.get("distcrawl_redis_url") or os.environ.get("REDIS_URL") or None
-    target = conf.get("distcrawl_target") or "queue"
-    return Producer.from_url(url, spider, settings, target=target)
+    target, why = _target(conf.get("distcrawl_target"), settings, spider)
+    producer = Producer.from_url(url, spider, settings, target=target)
+    if why and _first_fallback(spider):
+        logger.info(
+            "distcrawl.push: %s; this Celery worker pushes start URL entries to %s (the "
+            "crawl's workers make the requests; give it the project's SCRAPY_SETTINGS_MODULE "
+            "to store requests in the queue)",
+            why,
+            producer.keys.start_urls,
+        )
+    return producer
+
+
+def _target(configured: object, settings: Settings, spider: str) -> tuple[str, str]:
+    """The target named in the app's conf, else the queue where the spider's code is here;
+    a Celery app outside the Scrapy project (no SCRAPY_SETTINGS_MODULE, no scrapy.cfg)
+    pushes start URL entries, which any worker of the spider turns into requests. The
+    second value says why the queue was not chosen ("" when it was, or was configured)."""
+    if configured is None or configured == AUTO:
+        spidercls, why = _spider_class(settings, spider)
+        return ("queue", "") if spidercls is not None else ("start_urls", why)
+    if configured not in TARGETS:
+        choices = ", ".join((*TARGETS, AUTO))
+        raise ValueError(f"distcrawl_target={configured!r}: expected one of {choices}")
+    return str(configured), ""
+
+
+def _first_fallback(spider: str) -> bool:
+    """True once per spider and process: the choice of start URL entries is logged once,
+    not once per thread of the pool (the caller holds ``_lock``)."""
+    if spider in _fallbacks:
+        return False
+    _fallbacks.add(spider)
+    return True
 
 
 def reset() -> None:
@@ -91,6 +136,7 @@ def reset() -> None:
         for producer in _producers.values():
             producer.close()
         _producers.clear()
+        _fallbacks.clear()
 
 
 #: both tasks: retried with exponential backoff and jitter while Redis cannot be reached (at

@@ -18,6 +18,11 @@ then, from any Python process with the same environment::
 With ``DISTCRAWL_CELERY_ITEM_TASK = "example.on_item"`` (and DISTCRAWL_CELERY_BROKER_URL) in
 the crawl's settings, ``on_item`` gets the key of every document the workers store.
 
+A Celery app of your own that imports no Scrapy project (no SCRAPY_SETTINGS_MODULE, no
+scrapy.cfg) can push too: with its spider not importable there, ``distcrawl.push`` stores
+start URL entries (``<ns>:start_urls``) that the crawl's workers make requests of, and the
+Celery worker says so once in its log (docs/producers.md).
+
 ``push`` retries with exponential backoff and jitter while the frontier's Redis is
 unreachable, and pushing a URL the crawl has seen is a no-op: see docs/producers.md.
 """

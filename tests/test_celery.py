@@ -30,21 +30,30 @@ SITE = FrontierKeys("site")
 
 
 class CeleryWorker:
-    """``celery -A examples.celery_app worker`` (solo pool), started and stopped by PID."""
+    """``celery -A examples.celery_app worker`` (or another app; solo pool), started and
+    stopped by PID."""
 
-    def __init__(self, env: dict[str, str], log_path: Path) -> None:
+    def __init__(
+        self,
+        env: dict[str, str],
+        log_path: Path,
+        app: str = "examples.celery_app",
+        cwd: Path = ROOT,
+    ) -> None:
         self.env = env
         self.log_path = log_path
+        self.app = app
+        self.cwd = cwd
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> CeleryWorker:
-        cmd = [sys.executable, "-m", "celery", "-A", "examples.celery_app", "worker"]
+        cmd = [sys.executable, "-m", "celery", "-A", self.app, "worker"]
         cmd += ["--pool=solo", "--loglevel=INFO", f"--logfile={self.log_path}"]
         cmd += ["--without-gossip", "--without-mingle", "--without-heartbeat"]
         cmd += ["-n", f"distcrawl-test-{os.getpid()}@localhost"]
         stderr = open(self.log_path.with_suffix(".stderr"), "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            cmd, cwd=str(ROOT), env=self.env, stdout=subprocess.DEVNULL, stderr=stderr
+            cmd, cwd=str(self.cwd), env=self.env, stdout=subprocess.DEVNULL, stderr=stderr
         )
         stderr.close()
         assert wait_until(lambda: "ready." in self.log() or self.proc.poll() is not None, 60)
@@ -270,6 +279,129 @@ def test_item_notifications_one_per_stored_document_none_for_dead_letters(
     keys = [m[2] for m in messages]
     assert sorted(keys) == sorted(stored)  # one per stored document, none for a dead letter
     assert "'distcrawl/mongo/notifications/sent': " + str(len(stored)) in worker.log()
+
+
+#: a Celery app of its own, as a web app's would be: no Scrapy project anywhere near it
+PLAIN_APP = """
+import os
+
+from celery import Celery
+
+app = Celery(
+    "plain",
+    broker=os.environ["CELERY_BROKER_URL"],
+    backend=os.environ["CELERY_BROKER_URL"],
+    include=["distcrawl.celery"],
+)
+app.conf.update(
+    distcrawl_redis_url=os.environ["FRONTIER_URL"], broker_connection_retry_on_startup=True
+)
+"""
+
+
+def test_a_celery_app_outside_the_project_pushes_start_urls_a_worker_crawls_them(
+    demo_site, workers, broker, redis_url, redis_client, tmp_path
+):
+    """``send_task("distcrawl.push", ["barsite", url])`` to a Celery worker whose app imports
+    no Scrapy project (no SCRAPY_SETTINGS_MODULE, no scrapy.cfg, no spider ``barsite``):
+    every push is a start URL entry (``accepted``), the worker says so once, and a worker of
+    the spider crawls every page once."""
+    from celery import Celery
+
+    site = demo_site(pages=30, links=2)
+    home = tmp_path / "plain"
+    home.mkdir()
+    (home / "plain_celery_app.py").write_text(PLAIN_APP)
+    env = {k: v for k, v in os.environ.items() if k not in ("SCRAPY_SETTINGS_MODULE", "REDIS_URL")}
+    env.update(
+        CELERY_BROKER_URL=broker.url,
+        FRONTIER_URL=redis_url,
+        PYTHONPATH=str(home),
+        TLDEXTRACT_PUBLIC_SUFFIX_LIST_URLS="",
+    )
+    celery = CeleryWorker(env, home / "celery.log", app="plain_celery_app", cwd=home)
+    urls = [site.url_for("/")] + [site.url_for(f"/page/{n}") for n in range(19)]
+    sender = Celery("sender", broker=broker.url, backend=broker.url, set_as_current=False)
+    try:
+        celery.start()
+        first = {"priority": 5, "meta": {"source": "signup"}}
+        sent = [sender.send_task("distcrawl.push", ["barsite", urls[0]], first)]
+        sent += [sender.send_task("distcrawl.push", ["barsite", url]) for url in urls[1:]]
+        outcomes = []
+        for result in sent:
+            try:
+                got = result.get(timeout=30, propagate=False, interval=0.05)
+                # a failed task's result is its exception
+                outcomes.append(got if isinstance(got, dict) else {"error": repr(got)})
+            except Exception as exc:  # a timeout: reported below
+                outcomes.append({"error": repr(exc)})
+    finally:
+        sender.close()
+        celery.stop()
+    log = celery.log()
+    print(f"{len(urls)} send_task(): {dict(Counter(str(o.get('outcome', o)) for o in outcomes))}")
+    assert [o.get("outcome") for o in outcomes] == ["accepted"] * len(urls), (
+        outcomes[:2],
+        log[-2000:],
+    )
+    entries = redis_client.lrange("barsite:start_urls", 0, -1)
+    assert len(entries) == len(urls)
+    assert json.loads(entries[-1]) == {"url": urls[0], **first}  # the oldest, taken first
+    assert redis_client.zcard("barsite:queue") == 0
+    assert log.count("pushes start URL entries") == 1, log[-3000:]
+    assert "ERROR" not in log
+
+    worker = workers(
+        1,
+        spider="barsite",
+        SPIDER_MODULES="distcrawl.spiders,tests.bar_spider",
+        DISTCRAWL_IDLE_TIMEOUT=3,
+    )
+    assert worker.wait(120) == 0, worker.log()[-3000:]
+    fetched = page_fetches(site)
+    assert set(fetched) == site.expected_pages()  # the start URLs and what they link to
+    assert max(fetched.values()) == 1
+    assert redis_client.llen("barsite:start_urls") == 0
+
+
+def test_the_push_target_is_the_queue_where_the_spider_imports_else_start_urls(
+    redis_url, redis_client, caplog
+):
+    """In one process: a spider of the project (``site``) is pushed to the queue, one it
+    does not have (``barsite``) as start URL entries, said once for two pushes; a target
+    named in the conf is kept, and a misspelt one is refused."""
+    from celery import Celery
+    from scrapy.settings import Settings
+
+    from distcrawl import celery as tasks
+
+    app = Celery("distcrawl_test", set_as_current=False)
+    app.conf.update(distcrawl_redis_url=redis_url)
+    push = app.tasks["distcrawl.push"]
+    try:
+        with caplog.at_level("INFO", logger="distcrawl.celery"):
+            run = [
+                push.apply([spider, f"http://a.test/{n}"]).get()
+                for n, spider in enumerate(["site", "barsite", "barsite"])
+            ]
+    finally:
+        tasks.reset()
+    assert [r["outcome"] for r in run] == ["queued", "accepted", "accepted"]
+    assert redis_client.zcard(SITE.queue) == 1 and redis_client.llen("barsite:start_urls") == 2
+    said = [r.getMessage() for r in caplog.records if "start URL entries" in r.getMessage()]
+    assert said == [
+        "distcrawl.push: spider 'barsite' is not in SPIDER_MODULES (distcrawl.spiders); this "
+        "Celery worker pushes start URL entries to barsite:start_urls (the crawl's workers "
+        "make the requests; give it the project's SCRAPY_SETTINGS_MODULE to store requests "
+        "in the queue)"
+    ]
+
+    bare = Settings()  # no project: SPIDER_MODULES empty
+    assert tasks._target(None, bare, "site")[0] == "start_urls"
+    assert tasks._target("auto", bare, "site")[0] == "start_urls"
+    assert tasks._target("queue", bare, "site") == ("queue", "")  # Producer then says why
+    with pytest.raises(ValueError, match="distcrawl_target='queu'"):
+        tasks._target("queu", bare, "site")
 
 
 def test_a_push_task_retried_stores_a_dont_filter_request_once(redis_url, redis_client):

@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,6 +32,7 @@ import redis
 from distcrawl import scrapyd
 from distcrawl.cli import main
 from distcrawl.demo.site import DemoSite
+from distcrawl.scrapyd._egg import _BUILD_IGNORE
 from distcrawl.testing.mongo_server import MongoServer
 from distcrawl.testing.redis_server import HOST, RedisServer, find_free_port
 from tests.support import wait_until
@@ -173,6 +175,38 @@ def test_listjobs_redacts_pending_jobs():
     assert pending["args"]["password"] == "***"
 
 
+def test_an_old_or_missing_setuptools_is_one_line_before_any_build(tmp_path):
+    """The build tool is checked against the project's [build-system] requires before the
+    build starts: one line naming the version, the Python and what to install."""
+    from packaging.specifiers import SpecifierSet
+
+    from distcrawl.scrapyd import _egg
+
+    assert _egg.required_setuptools(ROOT) == SpecifierSet(">=77")
+    assert _egg.build_tool_problem(ROOT, "80.9.0") is None
+    old = _egg.build_tool_problem(ROOT, "65.5.0")
+    assert old is not None and "\n" not in old
+    assert old.startswith(f"setuptools 65.5.0 of {sys.executable} does not satisfy setuptools>=77")
+    assert old.endswith("pip install 'setuptools>=77,<81' (the distcrawl[scrapyd] extra pins it)")
+    missing = _egg.build_tool_problem(ROOT, None)
+    assert missing is not None and missing.startswith("setuptools is not installed for ")
+    # no pyproject.toml, or one that names no setuptools: nothing to check before the build
+    assert _egg.build_tool_problem(tmp_path, "65.5.0") is None
+    (tmp_path / "pyproject.toml").write_text('[build-system]\nrequires = ["setuptools", "x y"]\n')
+    assert _egg.build_tool_problem(tmp_path, "65.5.0") is None
+    # a failure of the project's own code keeps its traceback
+    assert _egg._build_failure("Traceback ...\nNameError: name 'x' is not defined\n", "80") is None
+    # and the extra installs what the check asks for
+    assert _egg.SETUPTOOLS in scrapyd_extra()
+
+
+def scrapyd_extra() -> list[str]:
+    import tomllib
+
+    with open(ROOT / "pyproject.toml", "rb") as handle:
+        return tomllib.load(handle)["project"]["optional-dependencies"]["scrapyd"]
+
+
 @pytest.mark.integration
 def test_egg_is_built_outside_the_work_tree_and_runs_zipped(tmp_path):
     before = {p: p.stat().st_mtime for p in ROOT.glob("*.egg-info")}
@@ -192,6 +226,90 @@ def test_egg_is_built_outside_the_work_tree_and_runs_zipped(tmp_path):
     ).stdout.decode()
     path, size = out.split()
     assert path.startswith(str(egg)) and int(size) > 100
+
+
+def _run(cmd: list[str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = {**clean_env(), "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    env.pop("VIRTUAL_ENV", None)
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _setuptools_of(venv: Path) -> str:
+    code = "import importlib.metadata as m; print(m.version('setuptools'))"
+    return _run([str(venv / "bin" / "python"), "-c", code], venv).stdout.strip()
+
+
+def _old_setuptools(venv: Path) -> str:
+    """What installs a setuptools older than 77 here: the wheel ensurepip bundles (what
+    ``python -m venv`` put there on Python 3.11), else the index's."""
+    code = (
+        "import ensurepip, pathlib; "
+        "print(*sorted((pathlib.Path(ensurepip.__file__).parent / '_bundled')"
+        ".glob('setuptools-*.whl')))"
+    )
+    wheels = _run([str(venv / "bin" / "python"), "-c", code], venv).stdout.split()
+    return wheels[0] if wheels else "setuptools<77"
+
+
+@pytest.mark.integration
+def test_deploy_builds_the_egg_in_a_fresh_venv_made_as_the_docs_say(tmp_path):
+    """docs/scrapyd.md step 1 (``python3 -m venv``, ``pip install '.[scrapyd]'``) on a copy
+    of the project, then ``distcrawl scrapyd deploy --build-egg`` with that venv's own
+    command: the egg builds. With the build tool too old, then missing, the command fails
+    with one clear line, no traceback."""
+    src = tmp_path / "project"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(*_BUILD_IGNORE))
+    venv = tmp_path / "venv"
+    started = time.monotonic()
+    made = _run([sys.executable, "-m", "venv", str(venv)], tmp_path)
+    assert made.returncode == 0, made.stderr
+    fresh = _setuptools_of(venv)
+    made_in = time.monotonic() - started
+    pip = [str(venv / "bin" / "pip"), "install", "-q"]
+    installed = _run([*pip, ".[scrapyd]"], src, timeout=600)
+    assert installed.returncode == 0, installed.stderr[-3000:]
+    print(
+        f"fresh venv (setuptools {fresh or 'none'}) in {made_in:.1f}s, "
+        f"pip install '.[scrapyd]' in {time.monotonic() - started - made_in:.1f}s: "
+        f"setuptools {_setuptools_of(venv)}"
+    )
+    deploy = [str(venv / "bin" / "distcrawl"), "scrapyd", "deploy", "--build-egg"]
+    egg = tmp_path / "distcrawl.egg"
+    built = _run([*deploy, str(egg)], src, timeout=300)
+    assert built.returncode == 0, built.stderr[-3000:]
+    assert scrapyd.egg_settings_module(egg) == "distcrawl.settings"
+
+    downgraded = _run([*pip, "--no-deps", _old_setuptools(venv)], src)
+    assert downgraded.returncode == 0, downgraded.stderr[-3000:]
+    old = _setuptools_of(venv)
+    failed = _run([*deploy, str(tmp_path / "old.egg")], src)
+    print(f"with setuptools {old}: {failed.stderr.strip()}")
+    assert failed.returncode == 2
+    assert failed.stderr.count("\n") == 1 and "Traceback" not in failed.stderr
+    assert f"setuptools {old}" in failed.stderr and "setuptools>=77" in failed.stderr
+
+    # a project whose pyproject.toml names no setuptools floor: what the build itself says
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "scrapy.cfg").write_text("[settings]\ndefault = bare_settings\n")
+    (bare / "bare_settings.py").write_text("BOT_NAME = 'bare'\n")
+    (bare / "pyproject.toml").write_text(
+        '[project]\nname = "bare"\nversion = "1"\nlicense = "MIT"\n'
+    )
+    failed = _run([*deploy, str(tmp_path / "bare.egg")], bare)
+    print(f"a project without a floor, setuptools {old}: {failed.stderr.strip()}")
+    assert failed.returncode == 2
+    assert failed.stderr.count("\n") == 1 and "Traceback" not in failed.stderr
+    assert f"setuptools {old} cannot read pyproject.toml" in failed.stderr
+    assert "`project.license`" in failed.stderr and "setuptools>=77" in failed.stderr
+
+    removed = _run([str(venv / "bin" / "pip"), "uninstall", "-y", "-q", "setuptools"], src)
+    assert removed.returncode == 0, removed.stderr[-3000:]
+    failed = _run([*deploy, str(tmp_path / "none.egg")], src)
+    print(f"without setuptools: {failed.stderr.strip()}")
+    assert failed.returncode == 2
+    assert failed.stderr.count("\n") == 1 and "Traceback" not in failed.stderr
+    assert "setuptools is not installed" in failed.stderr
 
 
 # ---------------------------------------------------------------------- real Scrapyd nodes

@@ -5,6 +5,7 @@ without which Scrapyd cannot run it."""
 from __future__ import annotations
 
 import configparser
+import importlib.metadata
 import os
 import shutil
 import subprocess
@@ -13,7 +14,16 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import SpecifierSet
+
 from distcrawl.scrapyd._nodes import ConfigProblem
+
+#: what the ``scrapyd`` extra installs on the machine that deploys (pyproject.toml): from 77
+#: setuptools reads an SPDX ``project.license``; 81 removed the pkg_resources Scrapyd imports
+SETUPTOOLS = "setuptools>=77,<81"
+#: how to get it, in the one line a build tool's problem gets
+INSTALL_HINT = f"pip install '{SETUPTOOLS}' (the distcrawl[scrapyd] extra pins it)"
 
 _SETUP_PY = """\
 # written by distcrawl scrapyd deploy into a temporary copy of the project
@@ -80,12 +90,76 @@ def egg_settings_module(egg: Path) -> str | None:
     return cfg.get("scrapy", "settings", fallback=None)
 
 
+def setuptools_version() -> str | None:
+    """The setuptools of this Python (the one that builds the egg), None when it has none."""
+    try:
+        return importlib.metadata.version("setuptools")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def required_setuptools(root: Path) -> SpecifierSet | None:
+    """The setuptools versions the project's pyproject.toml asks for in ``[build-system]
+    requires``; None when it names none (or cannot be read here: the build then says)."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        return None
+    try:
+        with open(root / "pyproject.toml", "rb") as handle:
+            requires = tomllib.load(handle).get("build-system", {}).get("requires", [])
+    except (OSError, tomllib.TOMLDecodeError, AttributeError):
+        return None
+    for text in requires if isinstance(requires, list) else []:
+        try:
+            requirement = Requirement(str(text))
+        except InvalidRequirement:
+            continue
+        if requirement.name.lower() == "setuptools" and requirement.specifier:
+            return requirement.specifier
+    return None
+
+
+def build_tool_problem(root: Path, installed: str | None) -> str | None:
+    """Why the setuptools ``installed`` here (None: none) cannot build the project's egg,
+    in one line; None when it can. A build started anyway would end in a traceback of
+    setuptools' (an SPDX license read by a setuptools older than 77) or of Python's."""
+    python = sys.executable
+    if installed is None:
+        return (
+            f"setuptools is not installed for {python} (the egg is built with it): {INSTALL_HINT}"
+        )
+    wanted = required_setuptools(root)
+    if wanted is not None and not wanted.contains(installed, prereleases=True):
+        return (
+            f"setuptools {installed} of {python} does not satisfy setuptools{wanted}, which "
+            f"{root / 'pyproject.toml'} requires to build: {INSTALL_HINT}"
+        )
+    return None
+
+
+def _build_failure(output: str, installed: str | None) -> str | None:
+    """One line for a build that failed because of the build tool, None for another
+    failure (the project's own setup.py, say: its traceback is the user's to read)."""
+    if "No module named 'setuptools'" in output:
+        return f"setuptools is not installed for {sys.executable}: {INSTALL_HINT}"
+    for line in output.splitlines():
+        if line.startswith("ValueError: invalid pyproject.toml config"):
+            reason = line.removeprefix("ValueError: ").rstrip(".")
+            return f"setuptools {installed} cannot read pyproject.toml ({reason}): {INSTALL_HINT}"
+    return None
+
+
 def build_egg(root: Path, out_dir: Path) -> Path:
     """Build the project's egg from a temporary copy, so the work tree gets no ``setup.py``,
     ``build/`` or ``*.egg-info``; the copy's own ``setup.py`` is used if it has one, else
     the one ``scrapyd-deploy`` would write. Fails if the egg lacks the entry point Scrapyd
     needs (a pyproject.toml ``[project]`` table makes setuptools ignore setup.py's)."""
     settings = _settings_module(root)
+    installed = setuptools_version()
+    problem = build_tool_problem(root, installed)
+    if problem is not None:
+        raise ConfigProblem(f"cannot build the egg: {problem}")
     with tempfile.TemporaryDirectory(prefix="distcrawl-egg-") as tmp:
         copy = Path(tmp, "project")
         shutil.copytree(root, copy, ignore=shutil.ignore_patterns(*_BUILD_IGNORE), symlinks=True)
@@ -106,11 +180,11 @@ def build_egg(root: Path, out_dir: Path) -> Path:
             raise ConfigProblem(f"could not build the egg: {exc}") from None
         eggs = sorted(dist.glob("*.egg"))
         if result.returncode != 0 or not eggs:
-            output = (result.stderr or result.stdout).decode("utf-8", "replace")[-3000:]
-            hint = ""
-            if "No module named 'setuptools'" in output:
-                hint = " (install setuptools<81, e.g. pip install 'distcrawl[scrapyd]')"
-            raise ConfigProblem(f"could not build the egg{hint}:\n{output}")
+            output = (result.stderr or result.stdout).decode("utf-8", "replace")
+            problem = _build_failure(output, installed)
+            if problem is not None:
+                raise ConfigProblem(f"cannot build the egg: {problem}")
+            raise ConfigProblem(f"could not build the egg:\n{output[-3000:]}")
         out_dir.mkdir(parents=True, exist_ok=True)
         egg = out_dir / eggs[0].name
         shutil.copyfile(eggs[0], egg)
