@@ -134,6 +134,16 @@ class Batch:
         )
 
 
+@dataclass(frozen=True)
+class RedisMemory:
+    """Redis' INFO memory, read when a batch found it full: what the operator needs to know
+    to give it room."""
+
+    used: int
+    maxmemory: int
+    policy: str
+
+
 @dataclass
 class BatchResult:
     #: totals of the commits that succeeded (None: none did)
@@ -171,3 +181,5 @@ class BatchResult:
     riders: list[list[Any]] = field(default_factory=list)
     #: the first failure of a step other than the commits
     error: redis.RedisError | None = None
+    #: read when Redis refused the batch for being full (None otherwise, or unread)
+    memory: RedisMemory | None = None

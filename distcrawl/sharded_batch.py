@@ -264,6 +264,7 @@ class ShardedRunner(Runner):
                 res.drained = sh.drained()
             except redis.RedisError as exc:
                 res.error = res.error or exc
+        self._read_memory(res)
         return res
 
     def _places_fan(self, freed: list[LeaseRef], taken: list[LeaseRef]) -> Fan[Places]:
