@@ -177,8 +177,14 @@ def test_a_crawl_pauses_while_redis_is_full_and_goes_on_with_nothing_lost(
     time.sleep(2)  # the worker's batches fail; what it held is fetched
     during = len(page_fetches(site))
     leases = redis_client.zcard("site:leases")
+    # start URLs pushed meanwhile (a push is a write Redis refuses too: put there by an
+    # operator's hand, as it were, with room made for an instant)
+    redis_client.config_set("maxmemory", 0)
+    redis_client.lpush("site:start_urls", *[f"{site.url}/page/{n}" for n in range(5)])
+    fill(redis_client)
     time.sleep(3)
     after_hold = len(page_fetches(site))
+    unclaimed = redis_client.llen("site:start_urls")
     dead_while_full = redis_client.llen("site:dead")
     redis_client.config_set("maxmemory", 0)
     assert worker.wait(120) == 0, worker.log()[-3000:]
@@ -191,7 +197,8 @@ def test_a_crawl_pauses_while_redis_is_full_and_goes_on_with_nothing_lost(
         f"full Redis: dead letters {len(dead)} (while full {dead_while_full}), "
         f"distcrawl/dead/refused {stat(worker, 'distcrawl/dead/refused')}, missing "
         f"{len(missing)} of {len(site.expected_pages())}, pages fetched while full "
-        f"{after_hold - during} (leases held {leases}), 'is full' lines {len(full_lines)}"
+        f"{after_hold - during} (leases held {leases}), start URLs left unclaimed {unclaimed} "
+        f"of 5, 'is full' lines {len(full_lines)}"
     )
     assert not dead and stat(worker, "distcrawl/dead/refused") == 0
     assert "one part at a time" not in log  # no split: a full Redis says nothing of content
@@ -199,6 +206,7 @@ def test_a_crawl_pauses_while_redis_is_full_and_goes_on_with_nothing_lost(
     assert len(full_lines) == 1, log[-3000:]
     assert stat(worker, "distcrawl/redis_full") >= 1
     assert after_hold == during  # intake paused: nothing new leased or fetched while full
+    assert unclaimed == 5  # nor start URLs claimed, which could not be stored either
     assert "Redis takes writes again" in log
     assert redis_client.zcard("site:queue") == redis_client.zcard("site:leases") == 0
     assert redis_client.hlen("site:requests") == 0
