@@ -46,6 +46,8 @@ class Outage:
         self._retry_delay = 0.0
         self._failing = False
         self._writes_refused = False
+        self._began_refusing = False
+        self._said_full = False
 
     @property
     def failing(self) -> bool:
@@ -75,8 +77,12 @@ class Outage:
         self._writes_refused = reply_code(exc) is not None
         self._retry_delay = min(max(self._retry_delay * 2, 0.5), MAX_RETRY_DELAY)
         self._retry_at = time.monotonic() + self._retry_delay
-        if not self._failing:
+        if not self._failing or (code == "OOM" and not self._said_full):
+            # once per outage; and a full Redis is said even when it began otherwise
             self._log(exc, code, pushes, acks, memory)
+            self._said_full = code == "OOM"
+        if not self._failing:
+            self._began_refusing = self._writes_refused  # what its end is said as
         self._failing = True
 
     def _log(
@@ -146,13 +152,13 @@ class Outage:
         if self._failing:
             logger.info(
                 "Redis takes writes again at %s"
-                if self._writes_refused
+                if self._began_refusing
                 else "Redis is reachable again at %s",
                 redact_url(self.config.redis_url),
                 extra={"spider": self.spider},
             )
             self._failing = False
-            self._writes_refused = False
+            self._writes_refused = self._said_full = False
             self._retry_delay = 0.0
             self._inc("distcrawl/redis_reconnects")
 
