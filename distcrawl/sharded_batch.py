@@ -49,6 +49,7 @@ from distcrawl.frontier import (
     RequeueResult,
     SweepResult,
 )
+from distcrawl.refusals import reply_code
 from distcrawl.replicas import RECHECK, ReplicaWatch
 from distcrawl.replies import BadLease
 from distcrawl.shards import CommitPart, Fan, Shards, merge_commits
@@ -353,7 +354,7 @@ class ShardedRunner(Runner):
                     return True
         finally:
             res.replica_changes += self.replica_watch.take_changes()
-        if res.commit_error is not None and "MOVED" in str(res.commit_error):
+        if res.commit_error is not None and reply_code(res.commit_error) == "MOVED":
             # a slot moved: the node's own client does not follow; the next try asks anew
             client.nodes_manager.initialize()
         return False

@@ -16,6 +16,7 @@ import redis
 from redis._parsers.base import BaseParser
 
 from distcrawl.batch import Batch, Commit, Runner
+from distcrawl.connection import auth_refusal
 from distcrawl.frontier import Entry, EntryKind, Frontier
 from distcrawl.keys import FrontierKeys
 from distcrawl.refusals import outage_code, refused, reply_code
@@ -161,6 +162,7 @@ def test_nopermission_is_no_refusal_of_content(redis_server, redis_client):
         denied = error_of(lambda: Frontier(client, FrontierKeys("t")).commit([], [request(1)]))
     print("a real server's NOPERM:", type(denied).__name__, repr(str(denied)))
     assert reply_code(denied) == "NOPERM" and not refused(denied) and outage_code(denied) is None
+    assert auth_refusal(denied) == "Redis refused the user's permissions"  # what the log says
 
 
 def test_a_crawl_pauses_while_redis_is_full_and_goes_on_with_nothing_lost(
