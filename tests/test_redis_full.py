@@ -218,3 +218,26 @@ def stat_in_log(worker, _: str) -> bool:
     """The worker said its batches fail (before the fix: "refused"; after: "is full")."""
     log = worker.log()
     return " is full (" in log or "Redis refused a" in log
+
+
+def test_a_worker_on_a_replica_waits_for_its_promotion_and_dead_letters_nothing(
+    demo_site, workers, redis_server, redis_client, redis_replica
+):
+    """REDIS_URL names a read-only replica (a failover not yet done): every write is
+    refused with a real READONLY; once the replica is promoted the crawl goes on."""
+    site = demo_site(pages=30)
+    redis_client.lpush("site:start_urls", site.url + "/")
+    replica = redis_replica(redis_server)
+    with replica.client() as client:
+        assert wait_until(lambda: client.llen("site:start_urls") == 1, 10)
+        worker = workers(1, REDIS_URL=replica.url, ROBOTSTXT_OBEY=False, DISTCRAWL_IDLE_TIMEOUT=2)
+        assert worker.wait_for_log("read-only replica", timeout=30), worker.log()[-3000:]
+        time.sleep(2)  # batches refused, retried
+        assert not page_fetches(site) and client.llen("site:dead") == 0
+        client.replicaof("NO", "ONE")  # promoted
+        assert worker.wait(60) == 0, worker.log()[-3000:]
+        log = worker.log()
+        assert log.count("read-only replica") == 1 and "takes writes again" in log
+        assert "one part at a time" not in log
+        assert set(page_fetches(site)) == site.expected_pages()
+        assert client.llen("site:dead") == 0 and client.zcard("site:queue") == 0
