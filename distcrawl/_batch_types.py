@@ -30,6 +30,7 @@ from distcrawl.frontier import (
     RequeueResult,
     SweepResult,
 )
+from distcrawl.replicas import ReplicaChange
 
 
 class Ack(NamedTuple):
@@ -134,6 +135,20 @@ class Batch:
         )
 
 
+#: BatchResult.replicas when no WAIT was sent
+NO_WAIT = 1 << 30
+
+
+@dataclass(frozen=True)
+class RedisMemory:
+    """Redis' INFO memory, read when a batch found it full: what the operator needs to know
+    to give it room."""
+
+    used: int
+    maxmemory: int
+    policy: str
+
+
 @dataclass
 class BatchResult:
     #: totals of the commits that succeeded (None: none did)
@@ -162,8 +177,12 @@ class BatchResult:
     #: dead letters moved from the shards' quarantines to the crawl's (sharded_batch.py)
     dead_moved: int = 0
     #: the fewest replicas a WAIT behind a commit's first phase counted (DISTCRAWL_WAIT_REPLICAS;
-    #: a large number when none was sent)
-    replicas: int = 1 << 30
+    #: NO_WAIT when none was sent; 0 for a node with too few replicas to wait for)
+    replicas: int = NO_WAIT
+    #: nodes a commit's first phase went to without a WAIT: too few replicas connected
+    wait_skipped: int = 0
+    #: nodes that lost, or got back, the replicas DISTCRAWL_WAIT_REPLICAS asks for
+    replica_changes: list[ReplicaChange] = field(default_factory=list)
     drained: Drained | None = None
     #: the liveness beat that rode along reached Redis
     beat: bool = False
@@ -171,3 +190,5 @@ class BatchResult:
     riders: list[list[Any]] = field(default_factory=list)
     #: the first failure of a step other than the commits
     error: redis.RedisError | None = None
+    #: read when Redis refused the batch for being full (None otherwise, or unread)
+    memory: RedisMemory | None = None

@@ -23,7 +23,6 @@ here, are in _batch_types.py):
 from __future__ import annotations
 
 import base64
-import re
 from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
@@ -37,7 +36,9 @@ from distcrawl._batch_types import Batch as Batch
 from distcrawl._batch_types import BatchResult as BatchResult
 from distcrawl._batch_types import Commit as Commit
 from distcrawl._batch_types import LeasedRequest as LeasedRequest
+from distcrawl._batch_types import RedisMemory as RedisMemory
 from distcrawl._batch_types import Rider as Rider
+from distcrawl.connection import node_info
 from distcrawl.frontier import (
     START_KINDS,
     CommitResult,
@@ -50,43 +51,17 @@ from distcrawl.frontier import (
     Places,
     dead_letter,
 )
+from distcrawl.refusals import outage_code
+from distcrawl.refusals import refused as refused
 from distcrawl.serialize import DecodeError, RequestCodec
 
 if TYPE_CHECKING:
     from distcrawl.liveness import Liveness
 
-#: replies that say Redis cannot take any commit right now, not that this one is bad
-TRANSIENT_REPLIES = (
-    "OOM",
-    "BUSY",
-    "LOADING",
-    "READONLY",
-    "MASTERDOWN",
-    "NOREPLICAS",
-    "TRYAGAIN",
-    "CLUSTERDOWN",
-    "MOVED",
-    "ASK",
-    "NOSCRIPT",
-    "EXECABORT",
-    "NOAUTH",
-    "WRONGPASS",
-    "NOPERM",
-)
-_TRANSIENT = re.compile(r"(?<![A-Za-z])(" + "|".join(TRANSIENT_REPLIES) + r")(?![A-Za-z])")
 #: times a commit is refused for its content before it is split
 SPLIT_AFTER = 2
 
 T = TypeVar("T")
-
-
-def refused(exc: BaseException) -> bool:
-    """Whether Redis refused a commit for what it holds (a script error), as opposed to
-    being unreachable, busy, out of memory or read-only, when any commit would fail."""
-    if not isinstance(exc, redis.ResponseError):
-        return False
-    # a script's error wraps the reply of the command that failed inside it
-    return _TRANSIENT.search(str(exc)) is None
 
 
 class _Step(NamedTuple):
@@ -204,7 +179,23 @@ class Runner:
             except redis.RedisError as exc:
                 if res.error is None:
                     res.error = exc
+        self._read_memory(res)
         return res
+
+    def _read_memory(self, res: BatchResult) -> None:
+        """When Redis refused the batch for being full, how full: the scheduler's one line
+        about it says so (INFO memory, a round trip only while the outage lasts)."""
+        if not any(outage_code(e) == "OOM" for e in (res.commit_error, res.error) if e):
+            return
+        try:
+            info = node_info(self.frontier.client, "memory", self.frontier.keys.queue)
+        except redis.RedisError:
+            return  # INFO not granted, or Redis gone meanwhile: the line says less
+        res.memory = RedisMemory(
+            int(info.get("used_memory", 0)),
+            int(info.get("maxmemory", 0)),
+            str(info.get("maxmemory_policy", "")),
+        )
 
     def _wait_steps(self, batch: Batch, res: BatchResult) -> list[_Step]:
         """An idle poll's first steps, on the crawl's own keys: the claim first, so that start

@@ -14,6 +14,7 @@ from redis.retry import Retry
 
 from distcrawl._serial import SerialThread
 from distcrawl.redact import redact_url
+from distcrawl.refusals import reply_code
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -55,7 +56,8 @@ def auth_refusal(exc: BaseException) -> str | None:
     wrong password reported as "cannot reach Redis" sends the operator after the network.
     """
     reply = str(exc).lstrip().upper()
-    if isinstance(exc, redis.exceptions.NoPermissionError) or reply.startswith("NOPERM"):
+    # a script's ACL refusal has no code on Redis 7 (refusals.py knows its wording)
+    if isinstance(exc, redis.exceptions.NoPermissionError) or reply_code(exc) == "NOPERM":
         return "Redis refused the user's permissions"
     if isinstance(
         exc, redis.AuthenticationError | redis.exceptions.AuthenticationWrongNumberOfArgsError

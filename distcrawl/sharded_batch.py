@@ -24,6 +24,7 @@ from typing import Any
 import redis
 from redis.cluster import RedisCluster
 
+from distcrawl._batch_types import NO_WAIT
 from distcrawl.batch import (
     Batch,
     BatchResult,
@@ -48,6 +49,8 @@ from distcrawl.frontier import (
     RequeueResult,
     SweepResult,
 )
+from distcrawl.refusals import reply_code
+from distcrawl.replicas import RECHECK, ReplicaWatch
 from distcrawl.replies import BadLease
 from distcrawl.shards import CommitPart, Fan, Shards, merge_commits
 
@@ -106,6 +109,7 @@ class ShardedRunner(Runner):
         *args: Any,
         wait_replicas: int = 0,
         wait_replicas_ms: int = 1000,
+        replica_recheck: float = RECHECK,
         **kwargs: Any,
     ) -> None:
         super().__init__(shards.crawl, *args, **kwargs)
@@ -114,6 +118,8 @@ class ShardedRunner(Runner):
         #: (or the timeout pass) before its acknowledgements are sent
         self.wait_replicas = wait_replicas
         self.wait_replicas_ms = wait_replicas_ms
+        #: which nodes have the replicas to answer a WAIT (none after a failover, often)
+        self.replica_watch = ReplicaWatch(wait_replicas, recheck=replica_recheck)
         #: monotonic time from which each shard may have something to lease
         self._due = [0.0] * shards.count
         #: monotonic time of each shard's next slot turn or retry, as its last lease said
@@ -264,6 +270,7 @@ class ShardedRunner(Runner):
                 res.drained = sh.drained()
             except redis.RedisError as exc:
                 res.error = res.error or exc
+        self._read_memory(res)
         return res
 
     def _places_fan(self, freed: list[LeaseRef], taken: list[LeaseRef]) -> Fan[Places]:
@@ -332,25 +339,46 @@ class ShardedRunner(Runner):
         and lose the children (Redis replicates asynchronously). On a single server the
         shards share one replication stream, in order, so one WAIT covers them."""
         client = self.frontier.client
-        wait = (self.wait_replicas, self.wait_replicas_ms)
-        if not isinstance(client, RedisCluster):
-            return self._send(steps, res, wait=wait)
-        groups: dict[str, list[_Step]] = {}
-        nodes: dict[str, Any] = {}
-        for st in steps:
-            node = client.get_node_from_key(st.op.keys[0])
-            groups.setdefault(node.name, []).append(st)
-            nodes[node.name] = node
-        for name, group in groups.items():
-            down = self._send(
-                group, res, client=client.get_redis_connection(nodes[name]), wait=wait
-            )
-            if down:
-                return True
-        if res.commit_error is not None and "MOVED" in str(res.commit_error):
+        try:
+            if not isinstance(client, RedisCluster):
+                return self._send_to_node("", client, steps, res)
+            groups: dict[str, list[_Step]] = {}
+            nodes: dict[str, Any] = {}
+            for st in steps:
+                node = client.get_node_from_key(st.op.keys[0])
+                groups.setdefault(node.name, []).append(st)
+                nodes[node.name] = node
+            for name, group in groups.items():
+                node_client = client.get_redis_connection(nodes[name])
+                if self._send_to_node(name, node_client, group, res):
+                    return True
+        finally:
+            res.replica_changes += self.replica_watch.take_changes()
+        if res.commit_error is not None and reply_code(res.commit_error) == "MOVED":
             # a slot moved: the node's own client does not follow; the next try asks anew
             client.nodes_manager.initialize()
         return False
+
+    def _send_to_node(self, name: str, client: Any, steps: list[_Step], res: BatchResult) -> bool:
+        """``steps`` to one node, with a WAIT behind them unless the node has fewer
+        connected replicas than DISTCRAWL_WAIT_REPLICAS (replicas.py): then the commit goes
+        unreplicated at once instead of after the whole timeout."""
+        if not self.replica_watch.should_wait(name, lambda: client.info("replication")):
+            res.wait_skipped += 1
+            res.replicas = 0
+            return self._send(steps, res, client=client)
+        before, res.replicas = res.replicas, NO_WAIT
+        try:
+            down = self._send(steps, res, client=client, wait=self._wait)
+            if res.replicas != NO_WAIT:
+                self.replica_watch.waited(name, res.replicas)
+            return down
+        finally:
+            res.replicas = min(before, res.replicas)
+
+    @property
+    def _wait(self) -> tuple[int, int]:
+        return (self.wait_replicas, self.wait_replicas_ms)
 
     def _phases(self, commit: Commit) -> list[list[CommitPart]]:
         """The commit's phases, made once, less the parts already stored."""

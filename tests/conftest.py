@@ -25,7 +25,9 @@ from tests.redis_proxy import RedisProxy  # noqa: E402
 
 #: fixtures that start a process; a test using one (even through another fixture) is marked
 #: ``integration``, so that ``pytest -m "not integration"`` is the contributors' fast loop
-PROCESS_FIXTURES = frozenset({"redis_server", "redis_cluster", "demo_site", "mongo_server"})
+PROCESS_FIXTURES = frozenset(
+    {"redis_server", "redis_replica", "redis_cluster", "demo_site", "mongo_server"}
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -61,6 +63,29 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def redis_replica(tmp_path: Path) -> Iterator[Callable[..., RedisServer]]:
+    """Factory of replicas (``--replicaof``) of a test's redis-server (or of a port), each
+    stopped by PID; ``options`` are more redis-server options."""
+    started: list[RedisServer] = []
+
+    def factory(master: RedisServer | int, *options: str) -> RedisServer:
+        port = master if isinstance(master, int) else master.port
+        directory = tmp_path / f"replica-{len(started)}"
+        directory.mkdir()
+        replica = RedisServer(
+            directory=directory, options=("--replicaof", "127.0.0.1", str(port), *options)
+        )
+        started.append(replica)
+        return replica.start()
+
+    try:
+        yield factory
+    finally:
+        for replica in started:
+            replica.stop()
 
 
 @pytest.fixture(scope="module")

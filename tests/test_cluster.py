@@ -9,6 +9,7 @@ site's own log.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -145,6 +146,35 @@ def test_a_crawl_of_three_shards_spreads_over_the_three_masters(
     ]
     assert calls[0] > 100 and calls[1] < calls[0] / 20, calls
     assert sum(cluster_client.zcard(p.queue) + cluster_client.zcard(p.leases) for p in parts) == 0
+
+
+def test_wait_replicas_on_masters_without_a_replica_makes_no_commit_wait(
+    redis_cluster, demo_site, workers
+):
+    """DISTCRAWL_WAIT_REPLICAS=1 on three masters that have no replica: each node's INFO
+    replication says so before any WAIT, one warning per node, no commit waits the timeout."""
+    from tests.test_shards import _linked_sites
+
+    sites, args = _linked_sites(demo_site, count=3, pages=30)
+    for site in sites:
+        lpush_with_redis_cli(redis_cluster, site.url + "/")
+    w = workers(
+        1,
+        spider_args=args,
+        DISTCRAWL_SHARDS=3,
+        DISTCRAWL_WAIT_REPLICAS=1,
+        DISTCRAWL_WAIT_REPLICAS_TIMEOUT=2,
+        DISTCRAWL_IDLE_TIMEOUT=3,
+    )
+    assert w.wait(120) == 0, w.log()[-3000:]
+    for site in sites:
+        assert set(page_fetches(site)) == site.expected_pages()
+    stats = [redis_cluster.node(port).info("commandstats") for port in redis_cluster.ports]
+    assert sum(s.get("cmdstat_wait", {}).get("calls", 0) for s in stats) == 0
+    warned = re.findall(r"Redis at (\S+) has 0 connected replicas, fewer than", w.log())
+    assert warned and len(warned) == len(set(warned)) <= 3, warned
+    assert all(name.startswith("127.0.0.1:") for name in warned)
+    assert "'distcrawl/commit/wait_skipped'" in w.log()
 
 
 def test_memory_of_every_master_holding_a_shard_is_watched(redis_cluster, workers):

@@ -42,6 +42,10 @@ class BatchBuilding(SchedulerState):
         if self._drain_wanted:
             batch.drain = True
             self._drain_wanted = False
+        if commit is not None and self._outage.writes_refused:
+            # Redis takes no write (full, read-only...): what this worker would lease or
+            # claim now could not be stored either; the commit alone finds when it does
+            return batch
         if self._paused:
             if self._start_pending == 0 and not self._unclaimed:
                 # every start entry read is stored: what is still claimed goes back

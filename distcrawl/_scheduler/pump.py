@@ -68,7 +68,7 @@ class Pump(SchedulerState):
             # one lost pipeline, the commit's and the other steps' failure: counted once
             del errors[1]
         for error in errors:
-            self._outage.error(error, *self._outbox.counts())
+            self._outage.error(error, *self._outbox.counts(), memory=res.memory)
         if res.commit_error is None and res.error is None:
             self._outage.answered()
         self._inc("distcrawl/released", res.released)

@@ -20,6 +20,7 @@ from distcrawl.config import DistcrawlConfig
 from distcrawl.connection import redact_url
 from distcrawl.dupefilter import RedisDupeFilter
 from distcrawl.frontier import CommitResult, LeaseResult
+from distcrawl.replicas import ReplicaChange
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -143,10 +144,16 @@ class Reporter:
         """What only a sharded frontier does: dead letters moved from the shards'
         quarantines, and first phases that did not reach DISTCRAWL_WAIT_REPLICAS replicas."""
         self._inc("distcrawl/dead/moved", res.dead_moved)
+        for change in res.replica_changes:
+            self._replicas_changed(change)
         wanted = self.config.wait_replicas
         if res.replicas >= wanted:
             return
         self._inc("distcrawl/commit/unreplicated")
+        if res.wait_skipped:
+            # said once, when the node lost its replicas (_replicas_changed)
+            self._inc("distcrawl/commit/wait_skipped")
+            return
         self._warn_now_and_then(
             "replicas",
             "Children stored in other shards reached %d of %d replicas within %.1fs "
@@ -156,6 +163,31 @@ class Reporter:
             wanted,
             self.config.wait_replicas_timeout,
         )
+
+    def _replicas_changed(self, change: ReplicaChange) -> None:
+        where = change.node or redact_url(self.config.redis_url)
+        if change.lost:
+            logger.warning(
+                "Redis at %s has %d connected replicas, fewer than DISTCRAWL_WAIT_REPLICAS=%d "
+                "(a failover left it without?): commits to it no longer wait for replicas, "
+                "which would take DISTCRAWL_WAIT_REPLICAS_TIMEOUT=%.1fs each; counted in "
+                "distcrawl/commit/unreplicated until a replica is back (a failover now could "
+                "lose their children)",
+                where,
+                change.connected,
+                change.wanted,
+                self.config.wait_replicas_timeout,
+                extra={"spider": self.spider},
+            )
+        else:
+            logger.info(
+                "Redis at %s has %d connected replicas again: commits to it wait for them "
+                "(DISTCRAWL_WAIT_REPLICAS=%d)",
+                where,
+                change.connected,
+                change.wanted,
+                extra={"spider": self.spider},
+            )
 
     def requeue(self, res: BatchResult) -> None:
         """Tell what the reclaim of expired leases and of dead workers' found."""

@@ -43,6 +43,8 @@ class RedisServer(ServerProcess):
     binary: str = REDIS_BINARY
     #: also listen on this unix socket (keep the path short: about 100 bytes at most)
     unixsocket: str | os.PathLike[str] | None = None
+    #: more ``redis-server`` options, e.g. ``("--replicaof", HOST, "6379")`` for a replica
+    options: tuple[str, ...] = ()
 
     # ------------------------------------------------------------------ properties
 
@@ -78,7 +80,7 @@ class RedisServer(ServerProcess):
             cmd += ["--requirepass", self.password]
         if self.unixsocket:
             cmd += ["--unixsocket", os.fspath(self.unixsocket), "--unixsocketperm", "700"]
-        return cmd
+        return cmd + list(self.options)
 
     def kill(self) -> None:
         """SIGKILL, keeping the directory: simulates a crash for durability tests."""
