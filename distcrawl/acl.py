@@ -6,8 +6,11 @@ every producer (a cron job, a web form, a partner's script) holds that power ove
 on the server. So ``distcrawl acl`` prints two users for one namespace:
 
 * a **producer** that may add start URLs (``LPUSH``/``RPUSH`` on ``<ns>:start_urls``, the one
-  key it may write) and read the few keys ``distcrawl push`` (pending cap) and ``distcrawl
-  status`` read; it runs no script and reads no request record (they may hold headers);
+  key it may write) and read what ``distcrawl push`` (pending cap) and ``distcrawl status``
+  read: the sizes of the keys holding requests (ZCARD, LLEN, SCARD, EXISTS: a count, never
+  a member, since a request carries its headers and cookies), and the values of the few
+  keys holding none (counters, heartbeats, the pending cap; an ACL selector gives HGET,
+  HGETALL, ZRANGE and ZREVRANGE on those alone); it runs no script;
 * a **worker** with exactly the commands distcrawl sends (workers and the operator's
   ``distcrawl`` commands), on ``<ns>:*`` only (on a Redis Cluster: ``{<ns>:start_urls}:*``
   and ``<ns>:start_urls``, see keys.py; create the users on every node).
@@ -160,14 +163,13 @@ MIGRATE_COMMANDS = (
     "type",
 )
 
-#: ``distcrawl push`` (HGET of the pending cap, ZCARD/LLEN for the room left, LPUSH inside
-#: MULTI/EXEC) and ``distcrawl status``/``watch`` (one pipeline of reads and TIME), plus RPUSH
-#: for producers that want an entry taken before the others
+#: ``distcrawl push`` (ZCARD/LLEN for the room left, LPUSH inside MULTI/EXEC) and ``distcrawl
+#: status``/``watch`` (one pipeline of sizes and TIME), plus RPUSH for producers that want an
+#: entry taken before the others: commands that answer with a count, never with a member,
+#: granted on every key the producer reads (:func:`producer_size_keys`)
 PRODUCER_COMMANDS = (
     "exec",
     "exists",
-    "hget",
-    "hgetall",
     "llen",
     "lpush",
     "multi",
@@ -177,17 +179,20 @@ PRODUCER_COMMANDS = (
     "select",
     "time",
     "zcard",
-    "zrange",
-    "zrevrange",
 )
 
+#: the reads that answer with members or values (the pending cap, the layout record, the
+#: counters, heartbeats, busiest domains, liveness beats), granted in an ACL selector of their
+#: own on the keys that hold no request (:func:`producer_record_keys`) and on no other: a
+#: Redis ACL grants commands to all of a user's keys, so with ZRANGE beside ``<ns>:queue`` the
+#: producer could read every queued request with its headers and cookies
+PRODUCER_RECORD_COMMANDS = ("hget", "hgetall", "zrange", "zrevrange")
 
-def producer_read_keys(keys: FrontierKeys) -> tuple[str, ...]:
-    """What push and status read: sizes (the revisits' too: ZCARD only), counters,
-    heartbeats; never ``requests`` (payloads may carry headers and cookies) nor the dead
-    letters' content."""
+
+def producer_size_keys(keys: FrontierKeys) -> tuple[str, ...]:
+    """The keys that hold requests or their ids (queues, leases, retries, revisits,
+    seen-set, dead letters, start URLs) or a flag: the producer gets their sizes only."""
     return (
-        keys.settings,
         keys.start_urls,
         keys.queue,
         keys.ready,
@@ -196,22 +201,38 @@ def producer_read_keys(keys: FrontierKeys) -> tuple[str, ...]:
         keys.revisits,
         keys.revisit_queue,
         keys.seen,
-        keys.bloom,
         keys.dead,
         keys.paused,
+    )
+
+
+def producer_record_keys(keys: FrontierKeys) -> tuple[str, ...]:
+    """The keys whose members are no request: the pending cap (``settings``), the layout
+    record, the Bloom filter's description, counters, heartbeats, domains, liveness beats."""
+    return (
+        keys.settings,
+        keys.meta,
+        keys.bloom,
         keys.stats,
         keys.workers,
         keys.domains,
         keys.alive,
-        keys.meta,
     )
 
 
-#: what push and status read in each shard of a sharded crawl (DISTCRAWL_SHARDS)
-PRODUCER_SHARD_READS = (
-    *("queue", "ready", "leases", "delayed", "revisits", "revisit_queue", "seen", "bloom"),
-    *("dead", "stats"),
+#: what push and status read in each shard of a sharded crawl (DISTCRAWL_SHARDS): sizes...
+PRODUCER_SHARD_SIZES = (
+    "queue",
+    "ready",
+    "leases",
+    "delayed",
+    "revisits",
+    "revisit_queue",
+    "seen",
+    "dead",
 )
+#: ... and the records of no request
+PRODUCER_SHARD_RECORDS = ("bloom", "stats")
 
 
 def shard_pattern(keys: FrontierKeys, suffix: str = "*") -> str:
@@ -286,17 +307,26 @@ def password_rule(role: str, env_var: str | None) -> tuple[str, bool]:
 
 def producer_user(keys: FrontierKeys, name: str, password: tuple[str, bool]) -> AclUser:
     check_token("producer user", name)
-    reads = tuple(f"%R~{key_pattern(check_token('key', key))}" for key in producer_read_keys(keys))
-    reads += tuple(f"%R~{shard_pattern(keys, suffix)}" for suffix in PRODUCER_SHARD_READS)
+
+    def reads(own: tuple[str, ...], shards: tuple[str, ...]) -> tuple[str, ...]:
+        exact = tuple(f"%R~{key_pattern(check_token('key', key))}" for key in own)
+        return exact + tuple(f"%R~{shard_pattern(keys, suffix)}" for suffix in shards)
+
+    records = (
+        *reads(producer_record_keys(keys), PRODUCER_SHARD_RECORDS),
+        *(f"+{c}" for c in PRODUCER_RECORD_COMMANDS),
+    )
     rules = (
         "on",
         password[0],
         "resetchannels",
-        *reads,
+        *reads(producer_size_keys(keys), PRODUCER_SHARD_SIZES),
         f"%W~{key_pattern(keys.start_urls)}",
         "-@all",
         *(f"+{c}" for c in PRODUCER_COMMANDS),
         *(f"+{c}" for c in (CLUSTER_COMMANDS if keys.cluster else ())),
+        # a selector (Redis 7): these commands on these keys only
+        "(" + " ".join(records) + ")",
     )
     return AclUser("producer", name, rules, password[1])
 
