@@ -30,7 +30,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from distcrawl.keys import FrontierKeys
+from distcrawl.keys import FrontierKeys, glob_escape
 
 #: what redis-py sends besides the commands distcrawl issues: PING is its health check
 #: (``health_check_interval``), SELECT comes with a database number in the URL. AUTH and
@@ -259,14 +259,14 @@ def worker_key_patterns(keys: FrontierKeys) -> tuple[str, ...]:
     return (f"{key_pattern(crawl.prefix)}*", key_pattern(keys.start_urls), shards)
 
 
-_GLOB = re.compile(r"([*?\[\]\\])")
 #: characters that would need quoting in redis-cli input or an ACL file
 _UNSAFE = re.compile(r"[\s\"'\x00-\x1f\x7f]")
 
 
 def key_pattern(key: str) -> str:
-    """``key`` as an ACL glob that matches itself only (``*?[]\\`` escaped)."""
-    return _GLOB.sub(r"\\\1", key)
+    """``key`` as an ACL glob that matches itself only (``*?[]\\`` escaped); a crawl's
+    name holds none of these (keys.check_namespace), a per-host key's netloc may."""
+    return glob_escape(key)
 
 
 def check_token(what: str, value: str) -> str:

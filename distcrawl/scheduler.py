@@ -161,7 +161,7 @@ class Scheduler(BaseScheduler, SignalHandlers, Pump, BatchBuilding):
         self.spider = spider
         # the helpers' log records name the spider, as the scheduler's do
         self._report.spider = self._outage.spider = self._riders.spider = spider
-        self.keys = FrontierKeys(self.config.namespace or spider.name)
+        self.keys = FrontierKeys.of_crawl(spider.name, self.config.namespace)
         self.codec = RequestCodec(
             self.config.serializer, spider, allowed_callbacks=self.config.allowed_callbacks
         )

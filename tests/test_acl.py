@@ -355,24 +355,18 @@ def test_worker_is_held_to_its_namespace(capsys, monkeypatch, redis_server, redi
         worker.close()
 
 
-def test_glob_characters_in_the_namespace_match_only_themselves(
-    capsys, monkeypatch, redis_server, redis_client
-):
-    monkeypatch.setenv("W_PW", WORKER_SECRET)
-    code, out, _ = acl_output(
-        capsys, "site", "--namespace", "we*ird", "--worker-password-env", "W_PW", "--json"
-    )
-    assert code == 0
-    worker_rules = json.loads(out)["users"][1]["rules"]
-    assert "~we\\*ird:*" in worker_rules
-    redis_client.execute_command("ACL", "SETUSER", "we*ird-worker", "reset", *worker_rules)
-    worker = redis.Redis.from_url(user_url(redis_server, "we*ird-worker", WORKER_SECRET))
-    try:
-        worker.set("we*ird:paused", b"1")
-        with pytest.raises(redis.exceptions.NoPermissionError):
-            worker.set("weXird:paused", b"1")
-    finally:
-        worker.close()
+@pytest.mark.parametrize("namespace", ["we*ird", "site:eu", "s?te", "{site"])
+def test_a_namespace_a_pattern_could_not_hold_to_itself_is_refused(capsys, namespace):
+    """A glob character, ``:`` or a brace in a crawl name would give its users, or another
+    crawl's, keys that are not theirs (tests/test_acl_scope.py): no users are printed."""
+    code, out, err = acl_output(capsys, "site", "--namespace", namespace)
+    assert (code, out) == (2, "")
+    assert f"invalid spider/namespace {namespace!r}: a crawl name may not contain" in err
+
+
+def test_a_netloc_in_a_key_pattern_matches_only_itself():
+    """A crawl's name holds no glob character; a host's may (``[::1]``): escaped."""
+    assert acl.key_pattern(SITE.robots_txt("[::1]:8080")) == "site:robotstxt:\\[::1\\]:8080"
 
 
 class AclFileRedis(RedisServer):

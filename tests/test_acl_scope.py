@@ -14,7 +14,7 @@ import pytest
 import redis
 from scrapy.settings import Settings
 
-from distcrawl import Producer
+from distcrawl import Producer, acl
 from distcrawl.cli import main
 from distcrawl.frontier import Frontier
 from distcrawl.frontier_admin import shard_frontiers
@@ -24,6 +24,7 @@ from tests.test_acl import create_users
 SITE = FrontierKeys("site")
 #: what a pushed request's headers and meta carry, which the producer must never read back
 SECRET = b"s3ss10n-Tok3n-Qx7"
+WORKER_PASSWORD = "worker-pw-Hb43"
 
 
 def settings(**overrides: Any) -> Settings:
@@ -187,3 +188,80 @@ def test_the_producer_reads_no_payload_byte(shards, capsys, monkeypatch, redis_s
     finally:
         producer.close()
         admin.close()
+
+
+# ---------------------------------------------------------------------- one crawl's worker
+
+#: crawl names that start with ``site``: refused, or with keys no pattern of ``site`` matches
+EXTENDING = [
+    *("site:eu", "site:robotstxt", "site:0}", "{site", "site*", "site?", "site[x]", "site\\"),
+    *("site2", "site-eu", "site.eu", "site_eu"),
+]
+
+
+def every_key(keys: FrontierKeys) -> list[str]:
+    """Every key a crawl may have, fixed or per worker, host, Bloom part; on one server and
+    on a cluster, with one shard and with two."""
+    out: list[str] = []
+    for named in (keys, keys.on_cluster(True)):
+        parts = [named, *(named.sharded(2).of_shard(i) for i in range(2))]
+        for k in parts:
+            out += [*k.all(), k.claims("0a0b0c0d"), k.wake_of("0a0b0c0d"), k.bloom_part(0, 0)]
+            out += [k.robots_txt("a.test"), k.robots_lock("a.test")]
+    return sorted(set(out))
+
+
+def make_worker(admin: redis.Redis, keys: FrontierKeys, name: str) -> redis.Redis:
+    """The worker user ``distcrawl acl`` prints for ``keys``, created on the server."""
+    user = acl.worker_user(keys, name, (f">{WORKER_PASSWORD}", False))
+    admin.execute_command("ACL", "SETUSER", name, "reset", *user.rules)
+    return redis.Redis(
+        port=admin.connection_pool.connection_kwargs["port"],
+        username=name,
+        password=WORKER_PASSWORD,
+    )
+
+
+def reachable(worker: redis.Redis, keys: list[str]) -> list[str]:
+    """The keys ``worker`` may read or write (EXISTS, then DEL of a key that is absent)."""
+    found = []
+    for key in keys:
+        for command in ("EXISTS", "DEL"):
+            try:
+                worker.execute_command(command, key)
+            except redis.exceptions.NoPermissionError:
+                continue
+            found.append(f"{command} {key}")
+    return found
+
+
+@pytest.mark.parametrize("name", EXTENDING)
+def test_a_worker_reaches_no_key_of_a_crawl_whose_name_extends_its_own(
+    name, capsys, redis_url, redis_client
+):
+    """The worker of ``site`` (``~site:*``) could write every key of crawl ``site:eu``; a
+    crawl name that would let one crawl's patterns match another's is refused (by the CLI,
+    the settings, the keys), and every other such name has keys out of ``site``'s reach
+    (and ``site``'s keys out of its worker's reach)."""
+    site_worker = make_worker(redis_client, SITE, "site-worker")
+    try:
+        assert reachable(site_worker, [SITE.queue, SITE.claims("0a0b0c0d")]) == [
+            f"{c} {k}" for k in (SITE.queue, SITE.claims("0a0b0c0d")) for c in ("EXISTS", "DEL")
+        ]
+        try:
+            other = FrontierKeys(name)
+        except ValueError as exc:
+            assert "may not contain" in str(exc)
+            assert main(["acl", name]) == 2
+            assert main(["--redis-url", redis_url, "push", name, "http://a.test/"]) == 2
+            assert "a crawl name may not contain" in capsys.readouterr().err
+            assert redis_client.dbsize() == 0
+            return
+        assert reachable(site_worker, every_key(other)) == []
+        other_worker = make_worker(redis_client, other, "other-worker")
+        try:
+            assert reachable(other_worker, every_key(SITE)) == []
+        finally:
+            other_worker.close()
+    finally:
+        site_worker.close()
