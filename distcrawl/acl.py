@@ -44,8 +44,12 @@ CONNECTION_COMMANDS = ("ping", "select")
 CLUSTER_COMMANDS = ("cluster|slots", "command")
 
 #: EVALSHA runs the frontier's scripts; SCRIPT LOAD is redis-py's answer to NOSCRIPT after a
-#: Redis restart or SCRIPT FLUSH. EVAL is never sent.
+#: Redis restart or SCRIPT FLUSH. EVAL is never sent. Only with ``--scripts eval``: a user with
+#: SCRIPT LOAD and EVALSHA runs any Lua it likes (a loop holding Redis for every client)
 SCRIPT_COMMANDS = ("evalsha", "script|load")
+#: with distcrawl's function library loaded (``distcrawl setup``, Redis 7+), the default:
+#: FCALL runs its functions and nothing else
+FUNCTION_COMMANDS = ("fcall",)
 
 #: every command called inside distcrawl/lua/*.lua
 LUA_COMMANDS = (
@@ -136,6 +140,9 @@ PYTHON_COMMANDS = (
     "zscan",
     "zscore",
 )
+
+#: what ``distcrawl setup`` sends: an administrator's step, never granted by these lists
+SETUP_COMMANDS = ("function|load",)
 
 #: what ``distcrawl import scrapy-redis`` (importer.py) sends beyond PYTHON_COMMANDS: it
 #: reads scrapy-redis' keys, outside the crawl's namespace, so it runs as an administrator,
@@ -240,11 +247,11 @@ def shard_pattern(keys: FrontierKeys, suffix: str = "*") -> str:
     return f"{{{key_pattern(check_token('namespace', keys.namespace))}:[0-9]*}}:{suffix}"
 
 
-def worker_commands(cluster: bool = False) -> tuple[str, ...]:
+def worker_commands(cluster: bool = False, functions: bool = True) -> tuple[str, ...]:
     extra = CLUSTER_COMMANDS if cluster else ()
-    return tuple(
-        sorted({*CONNECTION_COMMANDS, *SCRIPT_COMMANDS, *LUA_COMMANDS, *PYTHON_COMMANDS, *extra})
-    )
+    # without the library, FCALL still asks once whether it is loaded (lua.ScriptMode)
+    scripts = FUNCTION_COMMANDS if functions else (*FUNCTION_COMMANDS, *SCRIPT_COMMANDS)
+    return tuple(sorted({*CONNECTION_COMMANDS, *scripts, *LUA_COMMANDS, *PYTHON_COMMANDS, *extra}))
 
 
 def worker_key_patterns(keys: FrontierKeys) -> tuple[str, ...]:
@@ -331,7 +338,9 @@ def producer_user(keys: FrontierKeys, name: str, password: tuple[str, bool]) -> 
     return AclUser("producer", name, rules, password[1])
 
 
-def worker_user(keys: FrontierKeys, name: str, password: tuple[str, bool]) -> AclUser:
+def worker_user(
+    keys: FrontierKeys, name: str, password: tuple[str, bool], *, functions: bool = True
+) -> AclUser:
     check_token("worker user", name)
     rules = (
         "on",
@@ -339,7 +348,7 @@ def worker_user(keys: FrontierKeys, name: str, password: tuple[str, bool]) -> Ac
         "resetchannels",
         *(f"~{pattern}" for pattern in worker_key_patterns(keys)),
         "-@all",
-        *(f"+{c}" for c in worker_commands(keys.cluster)),
+        *(f"+{c}" for c in worker_commands(keys.cluster, functions)),
     )
     return AclUser("worker", name, rules, password[1])
 
@@ -351,6 +360,7 @@ def roles(
     worker: str | None = None,
     producer_password_env: str | None = None,
     worker_password_env: str | None = None,
+    functions: bool = True,
 ) -> tuple[AclUser, AclUser]:
     """Both users of one crawl; names default to ``<ns>-producer`` and ``<ns>-worker``."""
     return (
@@ -363,5 +373,6 @@ def roles(
             keys,
             worker or f"{keys.namespace}-worker",
             password_rule("worker", worker_password_env),
+            functions=functions,
         ),
     )
