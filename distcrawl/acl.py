@@ -19,8 +19,12 @@ The command lists are kept in step with the code by tests/test_acl.py, which rea
 ``redis.call`` of ``distcrawl/lua`` and every redis-py call of ``distcrawl/`` and fails when
 a command is missing here or granted without use. Since Redis 7 the commands a Lua script
 calls are checked against the caller's ACL too, so they are granted one by one, not through
-EVALSHA alone. Passwords are never printed: ``--*-password-env`` gives the SHA-256 form
-(``#<hex>``), else a ``>`` placeholder the operator replaces.
+FCALL alone. The worker runs the scripts as FCALL of the function library an administrator
+loads with ``distcrawl setup`` (distcrawl/lua), and gets no EVAL, EVALSHA or SCRIPT, so that
+its credential runs no Lua of its own; ``--scripts eval`` gives EVALSHA and SCRIPT LOAD
+instead, for a Redis without that library. Passwords are never printed:
+``--*-password-env`` gives the SHA-256 form (``#<hex>``), else a ``>`` placeholder the
+operator replaces.
 """
 
 from __future__ import annotations

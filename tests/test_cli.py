@@ -106,6 +106,7 @@ def fill(client, keys):
         ["dead", "list"],
         ["dead", "count"],
         ["dead", "purge"],
+        ["setup"],
     ],
 )
 def test_help_for_every_command(capsys, argv):

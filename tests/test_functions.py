@@ -13,6 +13,7 @@ from distcrawl import lua
 from distcrawl.cli import main
 from distcrawl.frontier import Frontier
 from distcrawl.keys import FrontierKeys
+from distcrawl.testing.redis_server import RedisServer
 from tests.support import page_fetches
 
 SITE = FrontierKeys("site")
@@ -125,3 +126,34 @@ def test_a_worker_user_of_functions_without_the_library_says_what_to_do(
     assert w.wait(60) != 0, w.log()[-3000:]
     assert "refuses this user EVALSHA: run `distcrawl setup` as an administrator" in w.log()
     assert page_fetches(site) == {} and redis_client.llen(SITE.start_urls) == 1
+
+
+class NoFunctionsRedis(RedisServer):
+    """A redis-server without FCALL and FUNCTION, as Redis 6.2 answers them."""
+
+    def command(self) -> list[str]:
+        return [
+            *super().command(),
+            "--rename-command",
+            "FCALL",
+            "",
+            "--rename-command",
+            "FUNCTION",
+            "",
+        ]
+
+
+@pytest.mark.integration
+def test_without_functions_setup_says_so_and_scripts_go_as_evalsha(capsys, tmp_path):
+    with NoFunctionsRedis(directory=tmp_path / "nofunctions") as server:
+        client = server.client()
+        try:
+            assert main(["--redis-url", server.url, "setup"]) == 1
+            assert "this Redis has no functions (Redis 7 or later)" in capsys.readouterr().err
+            assert lua.loaded_version(client) is None
+            frontier = Frontier(client, SITE, tag="0a0b0c0d")
+            frontier.add_seen([b"f" * 16])
+            assert frontier.has_seen([b"f" * 16]) == [True]
+            assert frontier.scripts.mode.functions is False
+        finally:
+            client.close()
