@@ -6,8 +6,11 @@ every producer (a cron job, a web form, a partner's script) holds that power ove
 on the server. So ``distcrawl acl`` prints two users for one namespace:
 
 * a **producer** that may add start URLs (``LPUSH``/``RPUSH`` on ``<ns>:start_urls``, the one
-  key it may write) and read the few keys ``distcrawl push`` (pending cap) and ``distcrawl
-  status`` read; it runs no script and reads no request record (they may hold headers);
+  key it may write) and read what ``distcrawl push`` (pending cap) and ``distcrawl status``
+  read: the sizes of the keys holding requests (ZCARD, LLEN, SCARD, EXISTS: a count, never
+  a member, since a request carries its headers and cookies), and the values of the few
+  keys holding none (counters, heartbeats, the pending cap; an ACL selector gives HGET,
+  HGETALL, ZRANGE and ZREVRANGE on those alone); it runs no script;
 * a **worker** with exactly the commands distcrawl sends (workers and the operator's
   ``distcrawl`` commands), on ``<ns>:*`` only (on a Redis Cluster: ``{<ns>:start_urls}:*``
   and ``<ns>:start_urls``, see keys.py; create the users on every node).
@@ -16,8 +19,12 @@ The command lists are kept in step with the code by tests/test_acl.py, which rea
 ``redis.call`` of ``distcrawl/lua`` and every redis-py call of ``distcrawl/`` and fails when
 a command is missing here or granted without use. Since Redis 7 the commands a Lua script
 calls are checked against the caller's ACL too, so they are granted one by one, not through
-EVALSHA alone. Passwords are never printed: ``--*-password-env`` gives the SHA-256 form
-(``#<hex>``), else a ``>`` placeholder the operator replaces.
+FCALL alone. The worker runs the scripts as FCALL of the function library an administrator
+loads with ``distcrawl setup`` (distcrawl/lua), and gets no EVAL, EVALSHA or SCRIPT, so that
+its credential runs no Lua of its own; ``--scripts eval`` gives EVALSHA and SCRIPT LOAD
+instead, for a Redis without that library. Passwords are never printed:
+``--*-password-env`` gives the SHA-256 form (``#<hex>``), else a ``>`` placeholder the
+operator replaces.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from distcrawl.keys import FrontierKeys
+from distcrawl.keys import FrontierKeys, glob_escape
 
 #: what redis-py sends besides the commands distcrawl issues: PING is its health check
 #: (``health_check_interval``), SELECT comes with a database number in the URL. AUTH and
@@ -41,8 +48,12 @@ CONNECTION_COMMANDS = ("ping", "select")
 CLUSTER_COMMANDS = ("cluster|slots", "command")
 
 #: EVALSHA runs the frontier's scripts; SCRIPT LOAD is redis-py's answer to NOSCRIPT after a
-#: Redis restart or SCRIPT FLUSH. EVAL is never sent.
+#: Redis restart or SCRIPT FLUSH. EVAL is never sent. Only with ``--scripts eval``: a user with
+#: SCRIPT LOAD and EVALSHA runs any Lua it likes (a loop holding Redis for every client)
 SCRIPT_COMMANDS = ("evalsha", "script|load")
+#: with distcrawl's function library loaded (``distcrawl setup``, Redis 7+), the default:
+#: FCALL runs its functions and nothing else
+FUNCTION_COMMANDS = ("fcall",)
 
 #: every command called inside distcrawl/lua/*.lua
 LUA_COMMANDS = (
@@ -134,6 +145,9 @@ PYTHON_COMMANDS = (
     "zscore",
 )
 
+#: what ``distcrawl setup`` sends: an administrator's step, never granted by these lists
+SETUP_COMMANDS = ("function|load",)
+
 #: what ``distcrawl import scrapy-redis`` (importer.py) sends beyond PYTHON_COMMANDS: it
 #: reads scrapy-redis' keys, outside the crawl's namespace, so it runs as an administrator,
 #: never as the worker user these lists build, which gets none of them but SADD (its
@@ -160,14 +174,13 @@ MIGRATE_COMMANDS = (
     "type",
 )
 
-#: ``distcrawl push`` (HGET of the pending cap, ZCARD/LLEN for the room left, LPUSH inside
-#: MULTI/EXEC) and ``distcrawl status``/``watch`` (one pipeline of reads and TIME), plus RPUSH
-#: for producers that want an entry taken before the others
+#: ``distcrawl push`` (ZCARD/LLEN for the room left, LPUSH inside MULTI/EXEC) and ``distcrawl
+#: status``/``watch`` (one pipeline of sizes and TIME), plus RPUSH for producers that want an
+#: entry taken before the others: commands that answer with a count, never with a member,
+#: granted on every key the producer reads (:func:`producer_size_keys`)
 PRODUCER_COMMANDS = (
     "exec",
     "exists",
-    "hget",
-    "hgetall",
     "llen",
     "lpush",
     "multi",
@@ -177,17 +190,20 @@ PRODUCER_COMMANDS = (
     "select",
     "time",
     "zcard",
-    "zrange",
-    "zrevrange",
 )
 
+#: the reads that answer with members or values (the pending cap, the layout record, the
+#: counters, heartbeats, busiest domains, liveness beats), granted in an ACL selector of their
+#: own on the keys that hold no request (:func:`producer_record_keys`) and on no other: a
+#: Redis ACL grants commands to all of a user's keys, so with ZRANGE beside ``<ns>:queue`` the
+#: producer could read every queued request with its headers and cookies
+PRODUCER_RECORD_COMMANDS = ("hget", "hgetall", "zrange", "zrevrange")
 
-def producer_read_keys(keys: FrontierKeys) -> tuple[str, ...]:
-    """What push and status read: sizes (the revisits' too: ZCARD only), counters,
-    heartbeats; never ``requests`` (payloads may carry headers and cookies) nor the dead
-    letters' content."""
+
+def producer_size_keys(keys: FrontierKeys) -> tuple[str, ...]:
+    """The keys that hold requests or their ids (queues, leases, retries, revisits,
+    seen-set, dead letters, start URLs) or a flag: the producer gets their sizes only."""
     return (
-        keys.settings,
         keys.start_urls,
         keys.queue,
         keys.ready,
@@ -196,22 +212,38 @@ def producer_read_keys(keys: FrontierKeys) -> tuple[str, ...]:
         keys.revisits,
         keys.revisit_queue,
         keys.seen,
-        keys.bloom,
         keys.dead,
         keys.paused,
+    )
+
+
+def producer_record_keys(keys: FrontierKeys) -> tuple[str, ...]:
+    """The keys whose members are no request: the pending cap (``settings``), the layout
+    record, the Bloom filter's description, counters, heartbeats, domains, liveness beats."""
+    return (
+        keys.settings,
+        keys.meta,
+        keys.bloom,
         keys.stats,
         keys.workers,
         keys.domains,
         keys.alive,
-        keys.meta,
     )
 
 
-#: what push and status read in each shard of a sharded crawl (DISTCRAWL_SHARDS)
-PRODUCER_SHARD_READS = (
-    *("queue", "ready", "leases", "delayed", "revisits", "revisit_queue", "seen", "bloom"),
-    *("dead", "stats"),
+#: what push and status read in each shard of a sharded crawl (DISTCRAWL_SHARDS): sizes...
+PRODUCER_SHARD_SIZES = (
+    "queue",
+    "ready",
+    "leases",
+    "delayed",
+    "revisits",
+    "revisit_queue",
+    "seen",
+    "dead",
 )
+#: ... and the records of no request
+PRODUCER_SHARD_RECORDS = ("bloom", "stats")
 
 
 def shard_pattern(keys: FrontierKeys, suffix: str = "*") -> str:
@@ -219,11 +251,11 @@ def shard_pattern(keys: FrontierKeys, suffix: str = "*") -> str:
     return f"{{{key_pattern(check_token('namespace', keys.namespace))}:[0-9]*}}:{suffix}"
 
 
-def worker_commands(cluster: bool = False) -> tuple[str, ...]:
+def worker_commands(cluster: bool = False, functions: bool = True) -> tuple[str, ...]:
     extra = CLUSTER_COMMANDS if cluster else ()
-    return tuple(
-        sorted({*CONNECTION_COMMANDS, *SCRIPT_COMMANDS, *LUA_COMMANDS, *PYTHON_COMMANDS, *extra})
-    )
+    # without the library, FCALL still asks once whether it is loaded (lua.ScriptMode)
+    scripts = FUNCTION_COMMANDS if functions else (*FUNCTION_COMMANDS, *SCRIPT_COMMANDS)
+    return tuple(sorted({*CONNECTION_COMMANDS, *scripts, *LUA_COMMANDS, *PYTHON_COMMANDS, *extra}))
 
 
 def worker_key_patterns(keys: FrontierKeys) -> tuple[str, ...]:
@@ -238,14 +270,14 @@ def worker_key_patterns(keys: FrontierKeys) -> tuple[str, ...]:
     return (f"{key_pattern(crawl.prefix)}*", key_pattern(keys.start_urls), shards)
 
 
-_GLOB = re.compile(r"([*?\[\]\\])")
 #: characters that would need quoting in redis-cli input or an ACL file
 _UNSAFE = re.compile(r"[\s\"'\x00-\x1f\x7f]")
 
 
 def key_pattern(key: str) -> str:
-    """``key`` as an ACL glob that matches itself only (``*?[]\\`` escaped)."""
-    return _GLOB.sub(r"\\\1", key)
+    """``key`` as an ACL glob that matches itself only (``*?[]\\`` escaped); a crawl's
+    name holds none of these (keys.check_namespace), a per-host key's netloc may."""
+    return glob_escape(key)
 
 
 def check_token(what: str, value: str) -> str:
@@ -286,22 +318,33 @@ def password_rule(role: str, env_var: str | None) -> tuple[str, bool]:
 
 def producer_user(keys: FrontierKeys, name: str, password: tuple[str, bool]) -> AclUser:
     check_token("producer user", name)
-    reads = tuple(f"%R~{key_pattern(check_token('key', key))}" for key in producer_read_keys(keys))
-    reads += tuple(f"%R~{shard_pattern(keys, suffix)}" for suffix in PRODUCER_SHARD_READS)
+
+    def reads(own: tuple[str, ...], shards: tuple[str, ...]) -> tuple[str, ...]:
+        exact = tuple(f"%R~{key_pattern(check_token('key', key))}" for key in own)
+        return exact + tuple(f"%R~{shard_pattern(keys, suffix)}" for suffix in shards)
+
+    records = (
+        *reads(producer_record_keys(keys), PRODUCER_SHARD_RECORDS),
+        *(f"+{c}" for c in PRODUCER_RECORD_COMMANDS),
+    )
     rules = (
         "on",
         password[0],
         "resetchannels",
-        *reads,
+        *reads(producer_size_keys(keys), PRODUCER_SHARD_SIZES),
         f"%W~{key_pattern(keys.start_urls)}",
         "-@all",
         *(f"+{c}" for c in PRODUCER_COMMANDS),
         *(f"+{c}" for c in (CLUSTER_COMMANDS if keys.cluster else ())),
+        # a selector (Redis 7): these commands on these keys only
+        "(" + " ".join(records) + ")",
     )
     return AclUser("producer", name, rules, password[1])
 
 
-def worker_user(keys: FrontierKeys, name: str, password: tuple[str, bool]) -> AclUser:
+def worker_user(
+    keys: FrontierKeys, name: str, password: tuple[str, bool], *, functions: bool = True
+) -> AclUser:
     check_token("worker user", name)
     rules = (
         "on",
@@ -309,7 +352,7 @@ def worker_user(keys: FrontierKeys, name: str, password: tuple[str, bool]) -> Ac
         "resetchannels",
         *(f"~{pattern}" for pattern in worker_key_patterns(keys)),
         "-@all",
-        *(f"+{c}" for c in worker_commands(keys.cluster)),
+        *(f"+{c}" for c in worker_commands(keys.cluster, functions)),
     )
     return AclUser("worker", name, rules, password[1])
 
@@ -321,6 +364,7 @@ def roles(
     worker: str | None = None,
     producer_password_env: str | None = None,
     worker_password_env: str | None = None,
+    functions: bool = True,
 ) -> tuple[AclUser, AclUser]:
     """Both users of one crawl; names default to ``<ns>-producer`` and ``<ns>-worker``."""
     return (
@@ -333,5 +377,6 @@ def roles(
             keys,
             worker or f"{keys.namespace}-worker",
             password_rule("worker", worker_password_env),
+            functions=functions,
         ),
     )

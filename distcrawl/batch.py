@@ -242,6 +242,20 @@ class Runner:
                 res.commits_done += 1
         return down or self._send(after, res)
 
+    @staticmethod
+    def _unsent(pending: list[_Step], res: BatchResult, exc: redis.RedisError) -> bool:
+        """No reply is known: a commit among ``pending`` may have run (sent again, it is
+        recognised by its id); everything else is as if it had failed. Returns whether
+        Redis is unreachable."""
+        for st in pending:
+            if st.rider:
+                st.done(exc)
+        if any(st.commit for st in pending):
+            res.commit_error = exc
+        if res.error is None and any(not (st.commit or st.rider) for st in pending):
+            res.error = exc
+        return not isinstance(exc, redis.ResponseError)
+
     def _send(
         self,
         steps: list[_Step],
@@ -269,13 +283,17 @@ class Runner:
             if not pending:
                 return False
             pipe = client.pipeline(transaction=False)
+            try:
+                # FCALL or EVALSHA: settled on the frontier's first batch (lua.ScriptMode)
+                scripts.mode.resolve(self.frontier.client)
+            except redis.RedisError as exc:
+                return self._unsent(pending, res, exc)
             for st in pending:
                 op = st.op
                 if op.script:
-                    sha = getattr(scripts, op.script).sha
                     # as a plain command: redis-py's cluster pipeline refuses its evalsha()
-                    # method, but routes an EVALSHA by its keys (all in one slot)
-                    args = ("EVALSHA", sha, len(op.keys), *op.keys, *op.args)
+                    # method, but routes an EVALSHA (or FCALL) by its keys (all in one slot)
+                    args = getattr(scripts, op.script).command(op.keys, op.args)
                     if cluster and op.keys:
                         # routed here, from the slot map it holds: left to itself, redis-py
                         # 8 asks a node COMMAND GETKEYS for each EVALSHA, a round trip each
@@ -291,16 +309,7 @@ class Runner:
             try:
                 replies = pipe.execute(raise_on_error=False)
             except redis.RedisError as exc:
-                # no reply is known: a commit among them may have run (sent again, it is
-                # recognised by its id); everything else is as if it had failed
-                for st in pending:
-                    if st.rider:
-                        st.done(exc)
-                if any(st.commit for st in pending):
-                    res.commit_error = exc
-                if res.error is None and any(not (st.commit or st.rider) for st in pending):
-                    res.error = exc
-                return not isinstance(exc, redis.ResponseError)
+                return self._unsent(pending, res, exc)
             if wait is not None:
                 acked = replies.pop()
                 if not isinstance(acked, BaseException):

@@ -32,7 +32,7 @@ from distcrawl._convert import (
     cluster_mode as cluster_mode,
 )
 from distcrawl.backoff import RetrySettings, retry_settings
-from distcrawl.keys import MAX_SHARDS
+from distcrawl.keys import MAX_SHARDS, NamespaceError, check_namespace
 from distcrawl.lua import SEEN_MODES
 from distcrawl.recrawl import RecrawlSettings, recrawl_settings
 from distcrawl.seen import DEFAULT_CAPACITY, DEFAULT_ERROR_RATE
@@ -261,6 +261,11 @@ class DistcrawlConfig:
         namespace = settings.get("DISTCRAWL_NAMESPACE")
         if namespace is not None and (not isinstance(namespace, str) or not namespace):
             raise ConfigError(f"DISTCRAWL_NAMESPACE={namespace!r}: expected a non-empty string")
+        if namespace is not None:
+            try:
+                check_namespace(namespace, "DISTCRAWL_NAMESPACE")
+            except NamespaceError as exc:
+                raise ConfigError(str(exc)) from None
         return cls(
             redis_url=_get(settings, "REDIS_URL", cls.redis_url, str),
             redis_cluster=_get(

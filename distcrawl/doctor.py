@@ -29,12 +29,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
-from redis.commands.core import Script
 
 from distcrawl.frontier import dead_letter
 from distcrawl.frontier_admin import recorded_shards
 from distcrawl.keys import FrontierKeys
-from distcrawl.lua import script_source
+from distcrawl.lua import DOCTOR_NAMES, LuaScript, ScriptMode, lua_script
 
 logger = logging.getLogger(__name__)
 
@@ -58,13 +57,7 @@ ENTRY_HEAD = 10
 TOKEN_BYTES = 8
 #: how many bytes of an unparsable value a sample shows (as hex)
 SAMPLE_BYTES = 32
-SCRIPT_NAMES = (
-    "doctor_quarantine",
-    "doctor_ready",
-    "doctor_unrecorded",
-    "doctor_records",
-    "doctor_inflight",
-)
+SCRIPT_NAMES = DOCTOR_NAMES
 
 
 def entry_problem(member: bytes) -> str | None:
@@ -166,16 +159,16 @@ class DoctorScripts:
     """The doctor's own scripts, registered apart from :class:`distcrawl.lua.Scripts`:
     the workers never run them."""
 
-    quarantine: Script
-    ready: Script
-    unrecorded: Script
-    records: Script
-    inflight: Script
+    quarantine: LuaScript
+    ready: LuaScript
+    unrecorded: LuaScript
+    records: LuaScript
+    inflight: LuaScript
 
     @classmethod
     def register(cls, client: redis.Redis) -> DoctorScripts:
-        scripts = [client.register_script(script_source(name)) for name in SCRIPT_NAMES]
-        return cls(*scripts)
+        mode = ScriptMode()
+        return cls(*(lua_script(client, name, mode=mode) for name in SCRIPT_NAMES))
 
 
 class Doctor:

@@ -136,7 +136,7 @@ class WorkerMonitor:
         return monitor
 
     def spider_opened(self, spider: Spider) -> None:
-        self.keys = FrontierKeys(self.config.namespace or spider.name)
+        self.keys = FrontierKeys.of_crawl(spider.name, self.config.namespace)
         self.io.start()
         # the Frontier is made on the Redis thread (_publish): on a Redis Cluster, making the
         # client is I/O, and the key names depend on it

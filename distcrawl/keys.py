@@ -16,11 +16,20 @@ leases, retries, slot state and seen-set are named ``{<tag>}:<suffix>``, one has
 shard (:func:`shard_tag`), on a single server as on a cluster, so that each shard's scripts
 touch one slot and the shards spread over a cluster's masters. The crawl-wide keys (start
 URLs and their claims, dead letters, stats, workers, settings, pause) keep the crawl's names.
+
+A crawl's name (DISTCRAWL_NAMESPACE, else the spider's name) is checked here, where every key
+is built (:func:`check_namespace`): it may hold no ``:``, no glob character and no brace.
+With ``:``, the keys of a crawl ``site:eu`` would be keys of ``site`` as well (``site:eu:queue``
+is ``site:`` + something), so the worker user of ``site`` (``~site:*``) could write them and
+``distcrawl reset site`` could scan them; a glob character would make the SCAN of ``reset``
+and an ACL pattern match other crawls' keys (``s?te``); a brace would start or end a hash tag
+(``{site`` would reach the shards of ``site``, ``{site:0}:queue``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import overload
@@ -31,6 +40,37 @@ from distcrawl import lua
 
 #: the most shards a crawl may have: each costs a few Redis calls per worker per batch
 MAX_SHARDS = 256
+
+#: what a crawl's name may not hold (see the module docstring): the separator, the glob
+#: characters of SCAN and ACL patterns, hash-tag braces, whitespace, quotes and control
+#: characters (which an ACL file cannot hold)
+_NOT_IN_NAME = re.compile(r"[:*?\[\]\\{}\s\"'\x00-\x1f\x7f]")
+_GLOB = re.compile(r"([*?\[\]\\])")
+
+
+class NamespaceError(ValueError):
+    """A crawl name that would make its keys another crawl's too (module docstring)."""
+
+
+def check_namespace(name: str, what: str = "crawl name", hint: str = "") -> str:
+    """``name`` if a crawl may be named so, else NamespaceError naming ``what`` (the setting
+    or the spider it comes from), the characters refused, then ``hint``."""
+    if not isinstance(name, str) or not name:
+        raise NamespaceError(f"invalid {what} {name!r}: a crawl name must be a non-empty string")
+    bad = sorted(set(_NOT_IN_NAME.findall(name)))
+    if bad:
+        shown = " ".join(repr(c) for c in bad)
+        raise NamespaceError(
+            f"invalid {what} {name!r}: a crawl name may not contain {shown} (nor any of "
+            ": * ? [ ] \\ { }, whitespace, quotes, control characters: its keys would match "
+            f"another crawl's){hint}"
+        )
+    return name
+
+
+def glob_escape(text: str) -> str:
+    """``text`` as a SCAN or ACL glob that matches itself only (``*?[]\\`` escaped)."""
+    return _GLOB.sub(r"\\\1", text)
 
 
 @lru_cache(maxsize=1024)
@@ -83,18 +123,20 @@ class FrontierKeys:
     shards: int = 1
 
     def __post_init__(self) -> None:
-        if not self.namespace or any(c.isspace() for c in self.namespace):
-            raise ValueError(f"invalid namespace {self.namespace!r}")
-        tagged = self.cluster or self.shards > 1
-        if tagged and any(c in self.namespace for c in "{}"):
-            # a brace would end or start the hash tag early: the keys would spread over slots
-            raise ValueError(
-                f"invalid namespace {self.namespace!r} on a Redis Cluster or with shards: braces"
-            )
+        check_namespace(self.namespace)
         if not 1 <= self.shards <= MAX_SHARDS:
             raise ValueError(f"invalid shard count {self.shards}: 1 to {MAX_SHARDS}")
         if self.shard is not None and not 0 <= self.shard < self.shards:
             raise ValueError(f"invalid shard {self.shard} of {self.shards}")
+
+    @classmethod
+    def of_crawl(cls, spider: str, namespace: str | None = None) -> FrontierKeys:
+        """The keys of a spider's crawl: DISTCRAWL_NAMESPACE when set, else the spider's
+        name; a name refused says which of the two it is."""
+        if namespace is not None:
+            return cls(check_namespace(namespace, "DISTCRAWL_NAMESPACE"))
+        hint = "; set DISTCRAWL_NAMESPACE to a name without them"
+        return cls(check_namespace(spider, "spider name", hint))
 
     def on_cluster(self, cluster: bool) -> FrontierKeys:
         """The same crawl's keys as named on a Redis Cluster (True) or a single server."""
@@ -340,10 +382,11 @@ class FrontierKeys:
         only the robots.txt of the hosts it still visits."""
         return self._key(f"robotstxt:{netloc}")
 
-    robots_txt_pattern = _Key(
-        "robotstxt:*",
-        """SCAN pattern of every per-netloc robots.txt key and download lock, for reset.""",
-    )
+    @property
+    def robots_txt_pattern(self) -> str:
+        """SCAN pattern of every per-netloc robots.txt key and download lock, for reset; the
+        prefix escaped, so that it matches this crawl's keys only."""
+        return f"{glob_escape(self.prefix)}robotstxt:*"
 
     def robots_lock(self, netloc: str) -> str:
         """STRING held (with a TTL) by the one worker downloading this netloc's robots.txt."""

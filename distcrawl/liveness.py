@@ -30,11 +30,10 @@ import time
 from collections.abc import Sequence
 
 import redis
-from redis.commands.core import Script
 
 from distcrawl.connection import auth_refusal, make_redis, redact_url
 from distcrawl.keys import FrontierKeys
-from distcrawl.lua import script_source
+from distcrawl.lua import LuaScript, lua_script
 from distcrawl.redact import redact_error, redacted_exc_info
 
 logger = logging.getLogger(__name__)
@@ -88,7 +87,7 @@ class Liveness:
         #: whether redis_url is a Redis Cluster node (None: ask it, on this thread)
         self._cluster = cluster
         self._client: redis.Redis | None = None
-        self._script: Script | None = None
+        self._script: LuaScript | None = None
         # held for each beat and for the final ZREM, so that a beat in flight when stop()
         # gives up waiting cannot land after the tag was removed and resurrect it
         self._lock = threading.Lock()
@@ -117,7 +116,7 @@ class Liveness:
             if self._closed:
                 return
             if self._script is None:
-                self._script = self._redis().register_script(script_source("alive"))
+                self._script = lua_script(self._redis(), "alive")
             for keys in (self.keys, *self.shards):
                 self._script(keys=keys.script_keys("alive"), args=[self.tag])
             self.beats += 1

@@ -53,7 +53,13 @@ from distcrawl._scheduler.handlers import SignalHandlers
 from distcrawl._scheduler.intake import RETRY_DELAY_META as RETRY_DELAY_META
 from distcrawl._scheduler.intake import Intake
 from distcrawl._scheduler.leases import Leases
-from distcrawl._scheduler.opening import check_durability, check_layout, connect, dupefilter_for
+from distcrawl._scheduler.opening import (
+    check_durability,
+    check_layout,
+    check_scripts,
+    connect,
+    dupefilter_for,
+)
 from distcrawl._scheduler.outage import Outage
 from distcrawl._scheduler.outbox import Outbox
 from distcrawl._scheduler.polling import Polling
@@ -68,6 +74,7 @@ from distcrawl.frontier import Drained, EntryKind, Frontier, new_tag
 from distcrawl.keys import FrontierKeys
 from distcrawl.layout import LayoutMismatch
 from distcrawl.liveness import Liveness
+from distcrawl.lua import LibraryMismatch, ScriptsRefused
 from distcrawl.redact import redact_error, redacted_exc_info
 from distcrawl.serialize import RequestCodec
 from distcrawl.shards import Shards
@@ -161,7 +168,7 @@ class Scheduler(BaseScheduler, SignalHandlers, Pump, BatchBuilding):
         self.spider = spider
         # the helpers' log records name the spider, as the scheduler's do
         self._report.spider = self._outage.spider = self._riders.spider = spider
-        self.keys = FrontierKeys(self.config.namespace or spider.name)
+        self.keys = FrontierKeys.of_crawl(spider.name, self.config.namespace)
         self.codec = RequestCodec(
             self.config.serializer, spider, allowed_callbacks=self.config.allowed_callbacks
         )
@@ -221,6 +228,7 @@ class Scheduler(BaseScheduler, SignalHandlers, Pump, BatchBuilding):
                 self.frontier.keys.namespace,
             )
         legacy_seen = check_layout(self.frontier, self.config, self.crawler)
+        check_scripts(self.frontier, self.spider)
         assert self._intake is not None
         self._intake.legacy_seen = legacy_seen and self.df is not None
         assert self.shards is not None
@@ -249,7 +257,7 @@ class Scheduler(BaseScheduler, SignalHandlers, Pump, BatchBuilding):
         self._start_loop()
 
     def _open_failed(self, failure: Any) -> Any:
-        if failure.check(LayoutMismatch):
+        if failure.check(LayoutMismatch, LibraryMismatch, ScriptsRefused):
             # the one failure a retry cannot cure: the crawl does not start
             logger.error("%s", failure.value, extra={"spider": self.spider})
             return failure

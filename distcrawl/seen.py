@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
-from redis.commands.core import Script
 
 from distcrawl.keys import FrontierKeys
+from distcrawl.lua import LuaScript
 
 logger = logging.getLogger(__name__)
 
@@ -172,7 +172,7 @@ class BloomFilter:
         self,
         client: redis.Redis,
         keys: FrontierKeys,
-        grow: Script,
+        grow: LuaScript,
         *,
         capacity: int = DEFAULT_CAPACITY,
         error_rate: float = DEFAULT_ERROR_RATE,
@@ -251,7 +251,7 @@ class BloomFilter:
             )
         return self.read()
 
-    def run(self, script: Script, keys: list[str], args: list[Any]) -> Any:
+    def run(self, script: LuaScript, keys: list[str], args: list[Any]) -> Any:
         """Run a script that has the Bloom snippet, syncing and retrying when it asks to."""
         for _ in range(self.MAX_SYNCS):
             res = script(keys=[*keys, *self.script_keys()], args=args)

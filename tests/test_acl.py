@@ -20,7 +20,7 @@ from urllib.parse import quote
 import pytest
 import redis
 
-from distcrawl import acl
+from distcrawl import acl, lua
 from distcrawl.cli import main
 from distcrawl.connection import make_redis
 from distcrawl.keys import FrontierKeys
@@ -58,6 +58,7 @@ _RENAMED = {
     "zscan_iter": "zscan",
     "hscan_iter": "hscan",
     "memory_usage": "memory|usage",
+    "function_load": "function|load",
 }
 
 
@@ -124,12 +125,16 @@ def test_lua_commands_are_exactly_those_the_scripts_call():
 
 def test_python_commands_are_exactly_those_the_package_sends():
     found = python_commands()
-    extras = {*acl.SCRIPT_COMMANDS, *acl.CONNECTION_COMMANDS}
+    extras = {*acl.SCRIPT_COMMANDS, *acl.CONNECTION_COMMANDS, *acl.SETUP_COMMANDS}
     assert found - extras == set(acl.PYTHON_COMMANDS)
-    assert set(acl.SCRIPT_COMMANDS) <= found
-    assert set(acl.worker_commands()) == (
-        found | lua_commands() | set(acl.CONNECTION_COMMANDS) | set(acl.SCRIPT_COMMANDS)
-    )
+    assert set(acl.SCRIPT_COMMANDS) <= found and set(acl.SETUP_COMMANDS) <= found
+    sent = found - set(acl.SETUP_COMMANDS) | lua_commands() | set(acl.CONNECTION_COMMANDS)
+    # FCALL asks whether the library is loaded (lua.ScriptMode)
+    assert set(acl.worker_commands(functions=False)) == sent | set(acl.FUNCTION_COMMANDS)
+    # with the function library: FCALL (sent by lua.LuaScript) instead of EVALSHA/SCRIPT LOAD
+    functions = sent - set(acl.SCRIPT_COMMANDS) | set(acl.FUNCTION_COMMANDS)
+    assert set(acl.worker_commands()) == functions
+    assert not {"eval", "evalsha", "script|load", "function|load"} & functions
 
 
 @pytest.mark.parametrize("module", sorted(ADMIN_MODULES))
@@ -175,8 +180,13 @@ def test_commands_with_placeholders_and_a_note(capsys):
     assert " %W~site:start_urls " in producer
     assert "%R~site:requests" not in producer and "~site:*" not in producer
     assert " ~site:* ~{site:[0-9]*}:* -@all " in worker
-    assert "+evalsha" in worker and "+eval " not in worker + " "
+    assert "+fcall" in worker and "+eval" not in worker and "+script" not in worker
     assert "replace <producer-password>" in err and "replace <worker-password>" in err
+    # the users of a Redis without distcrawl's function library (Redis 6.2: no functions)
+    code, out, _ = acl_output(capsys, "site", "--scripts", "eval")
+    worker = out.splitlines()[1]
+    assert "+evalsha" in worker and "+script|load" in worker and "+fcall" in worker
+    assert "+eval " not in worker + " "
 
 
 def test_cluster_users_match_the_hash_tagged_names(capsys):
@@ -344,6 +354,11 @@ def test_worker_is_held_to_its_namespace(capsys, monkeypatch, redis_server, redi
             lambda: worker.hset("other:stats", b"pages", 1),
             lambda: worker.lpush("other:start_urls", b"http://x.example/"),
             lambda: worker.eval("return 1", 0),
+            lambda: worker.script_load("return 1"),
+            lambda: worker.evalsha("0" * 40, 0),
+            lambda: worker.function_load(
+                "#!lua name=x\nredis.register_function('x', function() return 1 end)"
+            ),
             lambda: worker.keys("*"),
             lambda: worker.flushall(),
             lambda: worker.config_set("appendonly", "no"),
@@ -355,24 +370,18 @@ def test_worker_is_held_to_its_namespace(capsys, monkeypatch, redis_server, redi
         worker.close()
 
 
-def test_glob_characters_in_the_namespace_match_only_themselves(
-    capsys, monkeypatch, redis_server, redis_client
-):
-    monkeypatch.setenv("W_PW", WORKER_SECRET)
-    code, out, _ = acl_output(
-        capsys, "site", "--namespace", "we*ird", "--worker-password-env", "W_PW", "--json"
-    )
-    assert code == 0
-    worker_rules = json.loads(out)["users"][1]["rules"]
-    assert "~we\\*ird:*" in worker_rules
-    redis_client.execute_command("ACL", "SETUSER", "we*ird-worker", "reset", *worker_rules)
-    worker = redis.Redis.from_url(user_url(redis_server, "we*ird-worker", WORKER_SECRET))
-    try:
-        worker.set("we*ird:paused", b"1")
-        with pytest.raises(redis.exceptions.NoPermissionError):
-            worker.set("weXird:paused", b"1")
-    finally:
-        worker.close()
+@pytest.mark.parametrize("namespace", ["we*ird", "site:eu", "s?te", "{site"])
+def test_a_namespace_a_pattern_could_not_hold_to_itself_is_refused(capsys, namespace):
+    """A glob character, ``:`` or a brace in a crawl name would give its users, or another
+    crawl's, keys that are not theirs (tests/test_acl_scope.py): no users are printed."""
+    code, out, err = acl_output(capsys, "site", "--namespace", namespace)
+    assert (code, out) == (2, "")
+    assert f"invalid spider/namespace {namespace!r}: a crawl name may not contain" in err
+
+
+def test_a_netloc_in_a_key_pattern_matches_only_itself():
+    """A crawl's name holds no glob character; a host's may (``[::1]``): escaped."""
+    assert acl.key_pattern(SITE.robots_txt("[::1]:8080")) == "site:robotstxt:\\[::1\\]:8080"
 
 
 class AclFileRedis(RedisServer):
@@ -410,18 +419,28 @@ def test_aclfile_form_loads_into_the_same_users(capsys, monkeypatch, redis_serve
                 from_file, from_cli = loaded.acl_getuser(name), created.acl_getuser(name)
                 for user in (from_file, from_cli):
                     user["commands"] = sorted(user["commands"])
+                    # a selector's commands come back in the order of a hash table
+                    for selector in user["selectors"]:
+                        selector[1] = sorted(selector[1].split())
                 assert from_file == from_cli
+            assert loaded.acl_getuser("prod")["selectors"]  # the file kept the selector
         finally:
             loaded.close()
             created.close()
 
 
+@pytest.mark.parametrize("scripts", ["functions", "eval"])
 def test_crawl_through_the_worker_user(
-    capsys, monkeypatch, demo_site, workers, redis_server, redis_client
+    scripts, capsys, monkeypatch, demo_site, workers, redis_server, redis_client
 ):
     """Bloom seen-set, monitor, robots.txt, retries, status and doctor, all under the
-    least-privilege users: every page is fetched and Redis refuses nothing."""
-    producer_url, worker_url = create_users(capsys, monkeypatch, redis_server)
+    least-privilege users: every page is fetched and Redis refuses nothing. With the function
+    library loaded (``distcrawl setup``) the worker user has FCALL and no EVALSHA or SCRIPT;
+    without it (``--scripts eval``, as on Redis 6.2) EVALSHA and SCRIPT LOAD."""
+    producer_url, worker_url = create_users(capsys, monkeypatch, redis_server, "--scripts", scripts)
+    if scripts == "functions":
+        assert main(["--redis-url", redis_server.url, "setup"]) == 0
+        assert lua.library_version() in capsys.readouterr().out
     site = demo_site(pages=120, fail_rate=0.3)
     assert main(["--redis-url", producer_url, "push", "site", site.url + "/"]) == 0
     settings = {
@@ -452,11 +471,18 @@ def test_crawl_through_the_worker_user(
     assert main(["--redis-url", worker_url, "--json", "status", "site"]) == 0
     assert json.loads(capsys.readouterr().out)["queue"] == 0
     assert main(["--redis-url", worker_url, "doctor", "site"]) == 0
+    said = "Lua: distcrawl's function library" if scripts == "functions" else "Lua: scripts sent"
     for w in pool:
         text = w.log() + w.log_path.with_suffix(".stderr").read_text()
         assert "NOPERM" not in text and "NoPermission" not in text
         assert WORKER_SECRET not in text
+        assert text.count(said) == 1
     assert acl_denials(redis_client) == []
+    calls = redis_client.info("commandstats")
+    if scripts == "functions":
+        assert calls["cmdstat_fcall"]["calls"] > 100 and "cmdstat_evalsha" not in calls
+    else:
+        assert calls["cmdstat_evalsha"]["calls"] > 100
 
 
 def test_make_redis_sends_no_client_subcommand(redis_proxy):
@@ -497,6 +523,7 @@ def test_monitor_under_a_user_missing_a_command_says_so(
     assert code == 0
     rules = json.loads(out)["users"][1]["rules"]
     redis_client.execute_command("ACL", "SETUSER", "w", "reset", *rules, f"-{denied}")
+    lua.load_library(redis_client)  # the user may FCALL only
     site = demo_site(pages=20)
     redis_client.lpush(SITE.start_urls, site.url + "/")
     worker_url = user_url(redis_server, "w", WORKER_SECRET)

@@ -106,6 +106,7 @@ def fill(client, keys):
         ["dead", "list"],
         ["dead", "count"],
         ["dead", "purge"],
+        ["setup"],
     ],
 )
 def test_help_for_every_command(capsys, argv):
@@ -366,7 +367,7 @@ def test_redis_url_from_environment(capsys, redis_url, redis_client, monkeypatch
 
 def test_reset_removes_exactly_that_crawls_keys(capsys, redis_url, redis_client):
     fill(redis_client, SITE)
-    others = [FrontierKeys("other"), FrontierKeys("site:sub"), FrontierKeys("site2")]
+    others = [FrontierKeys("other"), FrontierKeys("site2"), FrontierKeys("site-eu")]
     for keys in others:
         fill(redis_client, keys)
     redis_client.set("site", b"bare")
@@ -384,6 +385,25 @@ def test_reset_removes_exactly_that_crawls_keys(capsys, redis_url, redis_client)
     gone = {k.encode() for k in (*SITE.all(), SITE.robots_txt("example.com"), claims)}
     assert after == before - gone
     assert redis_client.get("site:custom") == b"not a distcrawl key"
+
+
+@pytest.mark.parametrize("name", ["s?te", "*", "si*", "s[i]te", "s[^x]te", "s\\ite", "site:eu"])
+def test_reset_of_a_name_with_glob_characters_leaves_other_crawls_alone(
+    name, capsys, redis_url, redis_client
+):
+    """``reset 's?te'`` once scanned ``s?te:robotstxt:*`` and removed the robots.txt of
+    crawl ``site``: such a name is refused now, before anything is read or removed."""
+    fill(redis_client, SITE)
+    redis_client.set(SITE.robots_lock("example.com"), b"1")
+    before = {k: redis_client.dump(k) for k in redis_client.keys("*")}
+    assert {
+        SITE.robots_txt("example.com").encode(),
+        SITE.robots_lock("example.com").encode(),
+    } <= set(before)
+    code, out, err = run(capsys, redis_url, "reset", name, "--yes")
+    assert {k: redis_client.dump(k) for k in redis_client.keys("*")} == before
+    assert code == 2 and out == ""
+    assert f"invalid spider/namespace {name!r}: a crawl name may not contain" in err
 
 
 def test_reset_without_yes_on_a_pipe_refuses(capsys, redis_url, redis_client, monkeypatch):

@@ -1,6 +1,10 @@
-import pytest
+import re
 
-from distcrawl.keys import FrontierKeys
+import pytest
+from scrapy.settings import Settings
+
+from distcrawl.config import ConfigError, DistcrawlConfig
+from distcrawl.keys import FrontierKeys, NamespaceError, glob_escape
 
 
 def test_key_names_are_pinned():
@@ -140,10 +144,47 @@ def test_cluster_key_names_are_pinned():
 
 
 @pytest.mark.parametrize("bad", ["a}b", "{a", "x{y}"])
-def test_a_namespace_with_braces_is_refused_on_a_cluster(bad):
-    FrontierKeys(bad)  # a single server hashes nothing: braces are harmless there
-    with pytest.raises(ValueError):
-        FrontierKeys(bad, cluster=True)
+def test_a_namespace_with_braces_is_refused(bad):
+    """On a cluster a brace would move the hash tag; on a single server too, since ``{site``
+    would name keys ``{site:...``, and its worker user (``~{site:*``) would reach the
+    shards of crawl ``site`` (``{site:0}:queue``)."""
+    for cluster in (False, True):
+        with pytest.raises(NamespaceError, match="may not contain"):
+            FrontierKeys(bad, cluster=cluster)
+
+
+#: a crawl name with one of these would have keys another crawl's patterns match
+REFUSED = [":", "*", "?", "[", "]", "\\", "{", "}", " ", "\t", "\n", "\x00", "\x7f", '"', "'"]
+
+
+@pytest.mark.parametrize("char", REFUSED)
+def test_names_that_would_reach_another_crawls_keys_are_refused_naming_their_source(char):
+    name = f"si{char}te"
+    with pytest.raises(NamespaceError, match=re.escape(repr(char))) as refused:
+        FrontierKeys(name)
+    assert "invalid crawl name" in str(refused.value)
+    with pytest.raises(NamespaceError, match="invalid DISTCRAWL_NAMESPACE"):
+        FrontierKeys.of_crawl("site", name)
+    with pytest.raises(NamespaceError, match=r"invalid spider name .*; set DISTCRAWL_NAMESPACE"):
+        FrontierKeys.of_crawl(name)
+    with pytest.raises(ConfigError, match="invalid DISTCRAWL_NAMESPACE"):
+        DistcrawlConfig.from_settings(Settings({"DISTCRAWL_NAMESPACE": name}))
+    # the spider's own name is fine with a namespace that is
+    assert FrontierKeys.of_crawl(name, "site").queue == "site:queue"
+
+
+def test_names_extending_another_crawls_without_a_separator_are_kept():
+    for name in ("site2", "site-eu", "site_eu", "site.eu", "site@eu", "sité"):
+        assert FrontierKeys(name).queue == f"{name}:queue"
+
+
+def test_the_robots_scan_pattern_is_escaped():
+    """No crawl name holds a glob character now; the pattern is escaped all the same, since
+    it is the one SCAN built from a name."""
+    assert glob_escape("a*b?c[d]e\\f") == "a\\*b\\?c\\[d\\]e\\\\f"
+    keys = FrontierKeys("site")
+    object.__setattr__(keys, "namespace", "s?te")  # as if a name had slipped through
+    assert keys.robots_txt_pattern == "s\\?te:robotstxt:*"
 
 
 def test_every_cluster_key_is_in_the_slot_of_start_urls(redis_cluster):

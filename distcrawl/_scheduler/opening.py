@@ -21,6 +21,7 @@ from scrapy.dupefilters import BaseDupeFilter
 from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.misc import build_from_crawler, load_object
 
+from distcrawl import lua
 from distcrawl.batch import Runner
 from distcrawl.config import ConfigError, DistcrawlConfig
 from distcrawl.connection import RedisIO, node_info, redact_url
@@ -105,6 +106,28 @@ def check_layout(frontier: Frontier, config: DistcrawlConfig, crawler: Crawler) 
             frontier.keys.legacy_seen,
         )
     return legacy == LEGACY_SCRAPY_REDIS
+
+
+def check_scripts(frontier: Frontier, spider: Spider | None) -> None:
+    """Settle how this worker runs the frontier's scripts, before anything is leased: FCALL
+    when Redis holds distcrawl's function library of this version (``distcrawl setup``),
+    EVALSHA when it holds none; said once. Raises lua.LibraryMismatch for another version,
+    whose functions would treat the frontier as another distcrawl does, and
+    lua.ScriptsRefused when neither way is open to this user (a ``distcrawl acl`` worker
+    before ``distcrawl setup``)."""
+    if frontier.scripts.mode.resolve(frontier.client):
+        logger.info(
+            "Lua: distcrawl's function library %s (FCALL)",
+            lua.library_version(),
+            extra={"spider": spider},
+        )
+    else:
+        lua.check_evalsha(frontier.client)
+        logger.info(
+            "Lua: scripts sent with EVALSHA (Redis holds no function library of distcrawl; "
+            "on Redis 7+ `distcrawl setup` loads it, so that workers need no EVALSHA)",
+            extra={"spider": spider},
+        )
 
 
 def check_durability(

@@ -40,6 +40,7 @@ def cmd_acl(args: argparse.Namespace, ctx: Context) -> int:
     try:
         users = acl.roles(
             keys,
+            functions=args.scripts == "functions",
             producer=args.producer_user,
             worker=args.worker_user,
             producer_password_env=args.producer_password_env,
@@ -77,6 +78,31 @@ def cmd_acl(args: argparse.Namespace, ctx: Context) -> int:
 
 
 # ---------------------------------------------------------------------- mongo
+
+
+def cmd_setup(args: argparse.Namespace, ctx: Context) -> int:
+    """Load distcrawl's Redis function library (Redis 7+), so that workers and producers
+    send FCALL and their users need no EVALSHA, SCRIPT or EVAL (distcrawl/lua)."""
+    import redis
+
+    from distcrawl import lua
+
+    try:
+        version = lua.load_library(ctx.client)
+    except redis.ResponseError as exc:
+        if "unknown command" not in str(exc).lower():
+            raise
+        print(
+            "error: this Redis has no functions (Redis 7 or later): workers send EVALSHA "
+            "(their users need EVALSHA and SCRIPT LOAD: distcrawl acl --scripts eval)",
+            file=sys.stderr,
+        )
+        return EXIT_PARTIAL
+    if ctx.as_json:
+        _emit_json({"library": lua.LIBRARY, "version": version})
+    else:
+        print(f"loaded the function library {lua.LIBRARY!r} version {version}")
+    return EXIT_OK
 
 
 def cmd_mongo_replay(args: argparse.Namespace, ctx: Context) -> int:
@@ -212,6 +238,20 @@ def add_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
         default="commands",
         help="ACL SETUSER commands (for redis-cli) or lines of an ACL file (aclfile)",
     )
+    acl.add_argument(
+        "--scripts",
+        choices=("functions", "eval"),
+        default="functions",
+        help="how the workers run distcrawl's Lua: FCALL of the library `distcrawl setup` "
+        "loads (functions, the default), or EVALSHA and SCRIPT LOAD when it is not loaded",
+    )
+    setup_help = (
+        "load distcrawl's Redis function library (Redis 7+; again after each upgrade of "
+        "distcrawl, once its old workers stopped): workers then send FCALL, and the users of "
+        "distcrawl acl need no EVALSHA, SCRIPT LOAD or EVAL"
+    )
+    setup = subcommand(commands, "setup", setup_help, [common])
+    setup.set_defaults(handler=cmd_setup)
     mongo_commands = command_group(
         commands, common, "mongo", "items stored in MongoDB", "MongoDB items"
     )

@@ -23,7 +23,7 @@ from scrapy.utils.project import get_project_settings, inside_project
 from distcrawl.config import DEFAULT_REDIS_URL, ConfigError, cluster_mode
 from distcrawl.connection import auth_refusal, is_cluster, make_redis
 from distcrawl.frontier import Frontier
-from distcrawl.keys import FrontierKeys
+from distcrawl.keys import FrontierKeys, check_namespace
 from distcrawl.producer import Producer
 from distcrawl.redact import redact_text, redact_url, url_secrets
 
@@ -125,11 +125,9 @@ def redis_failure(exc: redis.RedisError, where: str, scrub: Callable[[str], str]
 
 def _spider(value: str) -> FrontierKeys:
     try:
-        return FrontierKeys(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"invalid spider/namespace {value!r}: must be non-empty, without whitespace"
-        ) from None
+        return FrontierKeys(check_namespace(value, "spider/namespace"))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _cluster_option(value: str) -> bool | None:

@@ -6,6 +6,15 @@ registered once per client; redis-py sends EVALSHA and falls back to EVAL after 
 restart or flush. The batch runner (batch.py) pipelines EVALSHA itself and, on NOSCRIPT,
 loads them all (``Scripts.load``) and sends again the steps that were refused.
 
+On Redis 7 and later the same scripts can be one library of Redis functions instead
+(:func:`library_source`, loaded by the operator with ``distcrawl setup``): then workers and
+producers send FCALL and need no right to EVALSHA, SCRIPT LOAD or EVAL, so that a stolen
+worker credential cannot run a script of its own (``distcrawl acl`` grants FCALL only). Which
+way a client goes is settled on its first script (:class:`ScriptMode`): FCALL when Redis holds
+the library of exactly this version (``distcrawl_version``), EVALSHA when it holds none or
+has no functions (Redis 6.2); another version is refused (:class:`LibraryMismatch`), since its
+functions would lay the frontier out as another distcrawl does.
+
 The seen-set is pluggable: ``seen_set.lua`` and ``seen_bloom.lua`` each define
 ``seen_add(fp)`` and ``seen_has(fp)``, and the scripts that deduplicate (``commit.lua``,
 ``seen.lua``) are built by prepending one of them, so that the check stays atomic with the
@@ -14,8 +23,13 @@ push whichever seen-set is used, and each script keeps a single copy of the logi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
 from importlib.resources import files
+from typing import Any
 
 import redis
 from redis.cluster import RedisCluster
@@ -121,28 +135,199 @@ def script_source(name: str, seen: str = "set") -> str:
     return "\n".join(parts)
 
 
+#: the doctor's scripts (doctor.py), in the library too: the operator runs the doctor as the
+#: worker user, which may call functions only
+DOCTOR_NAMES = (
+    "doctor_quarantine",
+    "doctor_ready",
+    "doctor_unrecorded",
+    "doctor_records",
+    "doctor_inflight",
+)
+LIBRARY = "distcrawl"
+VERSION_FUNCTION = "distcrawl_version"
+
+
+def function_name(name: str, seen: str = "set") -> str:
+    """The Redis function of script ``name`` (``distcrawl_<name>``; a script that has the
+    seen-set snippet has one per seen-set, ``distcrawl_commit_bloom``)."""
+    suffix = f"_{seen}" if (name, seen) in SEEN_KEYS else ""
+    return f"distcrawl_{name}{suffix}"
+
+
+def _library_body() -> str:
+    out = []
+    for name in (*NAMES, *DOCTOR_NAMES):
+        for seen in SEEN_MODES if (name, "set") in SEEN_KEYS else ("set",):
+            out.append(
+                f"redis.register_function('{function_name(name, seen)}', "
+                f"function(KEYS, ARGV)\n{script_source(name, seen)}\nend)\n"
+            )
+    return "".join(out)
+
+
+@lru_cache(maxsize=1)
+def library_version() -> str:
+    """A digest of every function's code: any change to a script is a new version."""
+    return hashlib.sha1(_library_body().encode("utf-8")).hexdigest()[:16]
+
+
+@lru_cache(maxsize=1)
+def library_source() -> str:
+    """The Redis function library of every script (``FUNCTION LOAD REPLACE``), each
+    function the script's own source as its body: KEYS and ARGV are its arguments."""
+    version = library_version()
+    return (
+        f"#!lua name={LIBRARY}\n"
+        "-- distcrawl's frontier scripts (distcrawl/lua/*.lua), loaded by `distcrawl setup`\n"
+        "redis.register_function{function_name='" + VERSION_FUNCTION + "', "
+        f"callback=function() return '{version}' end, flags={{'no-writes'}}}}\n" + _library_body()
+    )
+
+
+def load_library(client: Any) -> str:
+    """Load (or replace) the library on the server, on every master of a cluster; returns
+    its version. Needs FUNCTION LOAD: an administrator's step (``distcrawl setup``)."""
+    client.function_load(library_source(), replace=True)
+    return library_version()
+
+
+class LibraryMismatch(RuntimeError):
+    """Redis holds distcrawl's function library of another version."""
+
+    def __init__(self, loaded: str) -> None:
+        self.loaded = loaded
+        super().__init__(
+            f"Redis holds distcrawl's function library version {loaded}, this distcrawl "
+            f"needs {library_version()}: stop the workers of the other version and run "
+            "`distcrawl setup` (as an administrator) to load this one"
+        )
+
+
+class ScriptsRefused(RuntimeError):
+    """Redis holds no function library of distcrawl and refuses this user EVALSHA."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "Redis holds no function library of distcrawl and refuses this user EVALSHA: "
+            "run `distcrawl setup` as an administrator (Redis 7+) to load it, or give the "
+            "user EVALSHA and SCRIPT LOAD (distcrawl acl --scripts eval)"
+        )
+
+
+def check_evalsha(client: Any) -> None:
+    """Raise ScriptsRefused when this user may not send EVALSHA: asked with the digest of no
+    script, which runs nothing (NOSCRIPT when it may)."""
+    try:
+        client.execute_command("EVALSHA", "0" * 40, 0)
+    except redis.exceptions.NoPermissionError:
+        raise ScriptsRefused() from None
+    except redis.exceptions.NoScriptError:
+        return
+
+
+#: how Redis answers FCALL distcrawl_version when there is no library to call: no such
+#: function (Redis 7+), no such command (Redis 6.2), or a user without FCALL
+_NO_LIBRARY = ("function not found", "unknown command", "no permissions")
+
+
+def loaded_version(client: Any) -> str | None:
+    """The version of the library Redis holds (None: none, or no functions)."""
+    try:
+        got = client.execute_command("FCALL", VERSION_FUNCTION, 0)
+    except redis.ResponseError as exc:
+        if isinstance(exc, redis.exceptions.NoPermissionError) or any(
+            text in str(exc).lower() for text in _NO_LIBRARY
+        ):
+            return None
+        raise
+    return got.decode() if isinstance(got, bytes) else str(got)
+
+
+@dataclass
+class ScriptMode:
+    """Whether one client's scripts go as FCALL (True) or EVALSHA (False), settled by
+    :meth:`resolve` on first use (None: not yet): a round trip, never in a constructor."""
+
+    functions: bool | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def resolve(self, client: Any) -> bool:
+        """Raises LibraryMismatch, or redis.RedisError when Redis cannot tell (asked again
+        on the next use)."""
+        if self.functions is None:
+            with self._lock:
+                if self.functions is None:
+                    loaded = loaded_version(client)
+                    if loaded is not None and loaded != library_version():
+                        raise LibraryMismatch(loaded)
+                    self.functions = loaded is not None
+        return self.functions
+
+
+class LuaScript:
+    """One script, sent as FCALL of its function or EVALSHA of its source (its ``mode``);
+    called as redis-py's Script is (``keys=``, ``args=``, ``client=``)."""
+
+    def __init__(self, client: Any, name: str, seen: str, mode: ScriptMode) -> None:
+        self.name = name
+        self.script: Script = client.register_script(script_source(name, seen))
+        self.sha = self.script.sha
+        self.function = function_name(name, seen)
+        self.mode = mode
+        self._client = client
+
+    def command(self, keys: Sequence[Any], args: Sequence[Any]) -> tuple[Any, ...]:
+        """The command that runs the script, for a pipeline."""
+        if self.mode.resolve(self._client):
+            return ("FCALL", self.function, len(keys), *keys, *args)
+        return ("EVALSHA", self.sha, len(keys), *keys, *args)
+
+    def __call__(
+        self, keys: Sequence[Any] = (), args: Sequence[Any] = (), client: Any = None
+    ) -> Any:
+        target = client if client is not None else self._client
+        if not self.mode.resolve(self._client):
+            return self.script(keys=list(keys), args=list(args), client=client)
+        command = ("FCALL", self.function, len(keys), *keys, *args)
+        if isinstance(target, RedisCluster) and keys:
+            # routed by the first key, as batch.py routes its steps (all keys in one slot)
+            return target.execute_command(*command, target_nodes=target.get_node_from_key(keys[0]))
+        return target.execute_command(*command)
+
+
+def lua_script(
+    client: Any, name: str, seen: str = "set", mode: ScriptMode | None = None
+) -> LuaScript:
+    """A script of its own (the liveness beat, the doctor's), with a mode of its own
+    unless given one."""
+    return LuaScript(client, name, seen, mode if mode is not None else ScriptMode())
+
+
 @dataclass(frozen=True)
 class Scripts:
-    commit: Script
-    lease: Script
-    redrive: Script
-    renew: Script
-    requeue: Script
-    robots: Script
-    robots_store: Script
-    seen: Script
-    bloom_grow: Script
-    sent: Script
-    places: Script
-    claim: Script
-    unclaim: Script
-    claimed: Script
-    sweep: Script
-    alive: Script
+    commit: LuaScript
+    lease: LuaScript
+    redrive: LuaScript
+    renew: LuaScript
+    requeue: LuaScript
+    robots: LuaScript
+    robots_store: LuaScript
+    seen: LuaScript
+    bloom_grow: LuaScript
+    sent: LuaScript
+    places: LuaScript
+    claim: LuaScript
+    unclaim: LuaScript
+    claimed: LuaScript
+    sweep: LuaScript
+    alive: LuaScript
+    mode: ScriptMode
 
     @classmethod
     def register(cls, client: redis.Redis, seen: str = "set") -> Scripts:
-        return cls(**{name: client.register_script(script_source(name, seen)) for name in NAMES})
+        mode = ScriptMode()
+        return cls(**{name: LuaScript(client, name, seen, mode) for name in NAMES}, mode=mode)
 
     def load(self, client: redis.Redis) -> None:
         """Load every script into the server's cache in one round trip: after NOSCRIPT (a
@@ -151,9 +336,9 @@ class Scripts:
             # redis-py's cluster pipeline refuses SCRIPT LOAD; RedisCluster sends it to
             # every master, one call per script
             for name in NAMES:
-                client.script_load(getattr(self, name).script)
+                client.script_load(getattr(self, name).script.script)
             return
         pipe = client.pipeline(transaction=False)
         for name in NAMES:
-            pipe.script_load(getattr(self, name).script)
+            pipe.script_load(getattr(self, name).script.script)
         pipe.execute()

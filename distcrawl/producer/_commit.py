@@ -151,16 +151,15 @@ class Committer:
                     results[at] = PushResult(Outcome.QUEUED, url)
 
     def _pipelined(self, ops: list[Any]) -> list[Any]:
-        """Commit ops as EVALSHA in one pipeline (as the workers' batch runner sends them),
-        loading the scripts and sending again what a restarted server refused (NOSCRIPT)."""
+        """Commit ops as EVALSHA (or FCALL, lua.ScriptMode) in one pipeline (as the workers'
+        batch runner sends them), loading the scripts and sending again what a restarted
+        server refused (NOSCRIPT)."""
         frontier = self.frontier
-        sha = frontier.scripts.commit.sha
+        commit = frontier.scripts.commit
         replies: list[Any] = [None] * len(ops)
         todo = list(range(len(ops)))
         for attempt in range(2):
-            commands = [
-                ("EVALSHA", sha, len(ops[i].keys), *ops[i].keys, *ops[i].args) for i in todo
-            ]
+            commands = [commit.command(ops[i].keys, ops[i].args) for i in todo]
             again = []
             for i, reply in zip(todo, _execute(frontier.client, commands), strict=True):
                 if isinstance(reply, redis.exceptions.NoScriptError) and attempt == 0:

@@ -122,7 +122,7 @@ class Producer:
             self._spidercls.update_settings(self.settings)
         #: the crawl's settings, parsed once (ConfigError names a bad setting)
         self.config = DistcrawlConfig.from_settings(self.settings)
-        self.keys = FrontierKeys(namespace or self.config.namespace or spider)
+        self.keys = FrontierKeys.of_crawl(spider, namespace or self.config.namespace)
         self._spider_kwargs = dict(spider_kwargs or {})
         self._connect = client if callable(client) else (lambda: client)
         self._client: redis.Redis | None = None
