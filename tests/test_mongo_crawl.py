@@ -125,6 +125,7 @@ def test_a_mongodb_outage_holds_leasing_back(
     pool = [mongo_workers(i, **settings) for i in (1, 2)]
     assert wait_until(lambda: pages.estimated_document_count() >= 50, timeout=60)
     mongo_server.pause()
+    paused_at = time.time()
     at_stop = len(fetched_ok(site))
     logs = [w.log() for w in pool]  # each names its worker tag, the start of its lease tokens
     most = [0, 0]
@@ -136,9 +137,14 @@ def test_a_mongodb_outage_holds_leasing_back(
         during_outage = len(fetched_ok(site))
     finally:
         mongo_server.resume()
+    resumed_at = time.time()
     for w in pool:
         assert w.wait(180) == 0, w.log()[-3000:]
 
+    arrived = sorted(line.arrived for line in site.read_log())
+    before = sum(1 for t in arrived if t < paused_at) / (paused_at - arrived[0])
+    after = sum(1 for t in arrived if t > resumed_at) / max(0.001, arrived[-1] - resumed_at)
+    print(f"outage: {before:.0f} pages/s before it, {after:.0f} pages/s after it")
     docs = list(pages.find({}, {"url": 1}))
     assert len(docs) == 1001  # one document per page
     assert {d["url"] for d in docs} == site.expected_urls()
