@@ -191,6 +191,9 @@ class DistcrawlConfig:
     namespace: str | None = None
     serializer: str = "msgpack"
     prefetch: int = 16
+    #: leases a worker holds at most: prefetched plus CONCURRENT_REQUESTS in its engine, so
+    #: that requests whose items cannot be stored (MongoDB down) hold leasing back
+    max_held: int = 32
     flush_interval: float = 0.05
     push_batch_size: int = 500
     idle_poll_max: float = 1.0
@@ -258,6 +261,7 @@ class DistcrawlConfig:
         if seen not in SEEN_MODES:
             raise ConfigError(f"DISTCRAWL_SEEN={seen!r}: expected one of {', '.join(SEEN_MODES)}")
         concurrency = _get(settings, "CONCURRENT_REQUESTS", 16, _positive(int))
+        prefetch = _get(settings, "DISTCRAWL_PREFETCH", concurrency, _positive(int))
         namespace = settings.get("DISTCRAWL_NAMESPACE")
         if namespace is not None and (not isinstance(namespace, str) or not namespace):
             raise ConfigError(f"DISTCRAWL_NAMESPACE={namespace!r}: expected a non-empty string")
@@ -273,7 +277,8 @@ class DistcrawlConfig:
             ),
             namespace=namespace,
             serializer=serializer,
-            prefetch=_get(settings, "DISTCRAWL_PREFETCH", concurrency, _positive(int)),
+            prefetch=prefetch,
+            max_held=prefetch + concurrency,
             flush_interval=_get(
                 settings, "DISTCRAWL_FLUSH_INTERVAL", cls.flush_interval, _positive(float)
             ),

@@ -153,6 +153,8 @@ class Scheduler(BaseScheduler, SignalHandlers, Pump, BatchBuilding):
         #: the last look at the whole frontier (monotonic time, what it saw), for idle close
         self._drained: tuple[float, Drained] | None = None
         self._drain_wanted = False
+        #: the last batch built took no lease: the leases held filled DistcrawlConfig.max_held
+        self._held_back = False
         #: other components' commands waiting for a batch to ride with (ride())
         self._riders = Riders()
 

@@ -16,7 +16,8 @@ from collections import Counter
 import pytest
 
 from distcrawl.demo.site import DemoSite
-from tests.support import wait_until
+from distcrawl.keys import FrontierKeys
+from tests.support import leases_held_by, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -107,6 +108,49 @@ def test_mongodb_restart_mid_crawl_loses_no_item(
     assert stats["buffer_max"] <= 2 * 200
     assert at_stop < 2001  # the crawl really was going on when MongoDB went down
     print(f"restart test: {outage:.1f}s outage, {during_outage} pages fetched by its end")
+
+
+def test_a_mongodb_outage_holds_leasing_back(
+    demo_site, mongo_workers, redis_client, mongo_server, mongo_client
+):
+    """Items waiting for MongoDB keep their requests' leases (acknowledged once stored), and
+    the pipeline's backlog counts against what a worker may lease: through the outage each
+    worker holds at most in flight plus prefetched, the bound of a dead worker's duplicates
+    (docs/internals.md), instead of leasing on while nothing is stored."""
+    concurrency = 8
+    site = demo_site(pages=1000)
+    pages = mongo_client.distcrawl["site"]
+    settings = {"DISTCRAWL_IDLE_TIMEOUT": 3, "CONCURRENT_REQUESTS": concurrency}
+    redis_client.lpush("site:start_urls", site.url + "/")
+    pool = [mongo_workers(i, **settings) for i in (1, 2)]
+    assert wait_until(lambda: pages.estimated_document_count() >= 50, timeout=60)
+    mongo_server.pause()
+    paused_at = time.time()
+    at_stop = len(fetched_ok(site))
+    logs = [w.log() for w in pool]  # each names its worker tag, the start of its lease tokens
+    most = [0, 0]
+    try:
+        for _ in range(100):  # 5 s of outage
+            for i, log in enumerate(logs):
+                most[i] = max(most[i], leases_held_by(redis_client, FrontierKeys("site"), log))
+            time.sleep(0.05)
+        during_outage = len(fetched_ok(site))
+    finally:
+        mongo_server.resume()
+    resumed_at = time.time()
+    for w in pool:
+        assert w.wait(180) == 0, w.log()[-3000:]
+
+    arrived = sorted(line.arrived for line in site.read_log())
+    before = sum(1 for t in arrived if t < paused_at) / (paused_at - arrived[0])
+    after = sum(1 for t in arrived if t > resumed_at) / max(0.001, arrived[-1] - resumed_at)
+    print(f"outage: {before:.0f} pages/s before it, {after:.0f} pages/s after it")
+    docs = list(pages.find({}, {"url": 1}))
+    assert len(docs) == 1001  # one document per page
+    assert {d["url"] for d in docs} == site.expected_urls()
+    assert at_stop < 1001  # the crawl really was going on when MongoDB went down
+    print(f"outage: {most} leases held at most, {during_outage - at_stop} pages fetched in it")
+    assert max(most) <= 2 * concurrency, most
 
 
 def test_spill_file_when_mongodb_stays_down_past_close_then_replay(

@@ -59,6 +59,21 @@ def test_a_request_without_a_reserve_frees_its_place_and_is_acknowledged_once_do
     assert leases.unreported == 1 and not leases.active  # only the place report is left
 
 
+def test_a_request_is_held_from_its_lease_until_the_engine_is_done_with_it():
+    """Past the downloader too: while its items wait for the pipeline, its lease counts
+    against the room for more (BatchBuilding._lease_room)."""
+    leases = Leases()
+    items = [leased(n) for n in range(3)] + [leased(3, reserve=True)]
+    for item, _, _ in items:
+        leases.add(item, leased_at=0)
+    assert leases.held == 4
+    request = leases.hand_out()
+    assert request is not None and leases.left(request) is True  # the reserve took its place
+    assert leases.held == 4  # off the site, its items not yet stored
+    assert len(leases.finished(in_progress=set())) == 1
+    assert leases.held == 3
+
+
 def test_a_paced_request_goes_first_and_is_reported_when_it_reaches_the_downloader():
     leases = Leases()
     plain, _, plain_request = leased(1)

@@ -54,11 +54,18 @@ class BatchBuilding(SchedulerState):
             return batch
         prefetch = self.config.prefetch
         lease = self._leases.ready <= prefetch // 2 and self._polling.lease_due(now)
+        room = self._lease_room()
+        if lease and room <= 0:
+            if not self._held_back:
+                self._inc("distcrawl/leases/held_back")
+            self._held_back, lease = True, False
+        else:
+            self._held_back = False
         batch.release, held = self._leases.release_idle_reserves(lease)
         self._inc("distcrawl/places/reserves_returned", len(batch.release))
         if lease:
             batch.wait = self._polling.take_wake_wait(lambda: self._idle() and not batch.drain)
-            batch.want = max(0, prefetch - self._leases.waiting)
+            batch.want = min(room, max(0, prefetch - self._leases.waiting))
             batch.held = held
             batch.reserve = prefetch // 2
             batch.reserved = self._leases.reserved()
@@ -77,6 +84,15 @@ class BatchBuilding(SchedulerState):
             or self._paused
             or self._closing
         )
+
+    def _lease_room(self) -> int:
+        """How many more leases this worker may take (DistcrawlConfig.max_held: prefetched
+        plus CONCURRENT_REQUESTS). A request's lease is held until it is acknowledged, after
+        the item pipeline stored what its page yielded; so while items wait (MongoDB away)
+        the backlog fills the room and leasing stops, rather than piling up leases that
+        another worker would crawl again if this one died. Acknowledgements not yet
+        committed count: Redis still has them leased."""
+        return self.config.max_held - self._leases.held - self._outbox.counts()[1]
 
     def _held_refs(self) -> list[LeaseRef]:
         """Every lease this worker holds: waiting, in progress, and done but not yet

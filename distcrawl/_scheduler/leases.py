@@ -56,6 +56,12 @@ class Leases:
         return len(self._ready) + self._reserve_count()
 
     @property
+    def held(self) -> int:
+        """Leases held and not finished with: waiting, and in the engine (downloading, in
+        the callback, or waiting for the item pipeline to store what the page yielded)."""
+        return self.waiting + len(self._active)
+
+    @property
     def active(self) -> bool:
         """Some request is in the engine."""
         return bool(self._active)

@@ -108,7 +108,9 @@ class Pump(SchedulerState):
             self._drained = (now, res.drained)
             _engine.wake(self.crawler)  # the engine asks spider_idle again, which reads it
         low = self._leases.ready <= self.config.prefetch // 2
-        if self._outbox.due or self._leases.unreported or ((got or lease_now) and low):
+        # acknowledgements just stored made room for the lease they held back
+        freed = self._held_back and res.commits_done > 0
+        if self._outbox.due or self._leases.unreported or ((got or lease_now or freed) and low):
             # the next batch now, not one reactor turn later: a turn can be a page's parsing
             self._pump()
 

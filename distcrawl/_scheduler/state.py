@@ -61,6 +61,7 @@ class SchedulerState:
     _last_work: float
     _drained: tuple[float, Drained] | None
     _drain_wanted: bool
+    _held_back: bool
     _riders: Riders
 
     if TYPE_CHECKING:
