@@ -194,6 +194,8 @@ class WorkerMonitor:
         if self._busy or self.keys is None:
             return
         scheduler = scheduler_of(self.crawler)
+        if scheduler is not None and scheduler.refused:
+            return  # the crawl is closing: it never reached Redis (the scheduler said why)
         state = "paused" if scheduler is not None and scheduler.paused else "running"
         snapshot = self._snapshot(state)
         self._busy = True

@@ -62,7 +62,7 @@ from distcrawl._scheduler.report import Reporter
 from distcrawl._scheduler.riders import Riders
 from distcrawl.batch import Batch, BatchResult, Rider, Runner
 from distcrawl.config import DistcrawlConfig
-from distcrawl.connection import RedisIO, redact_url, redis_io
+from distcrawl.connection import RedisIO, redact_url, redis_io, unmendable, url_problem
 from distcrawl.dupefilter import RedisDupeFilter
 from distcrawl.frontier import Drained, EntryKind, Frontier, new_tag
 from distcrawl.keys import FrontierKeys
@@ -79,6 +79,8 @@ logger = logging.getLogger(__name__)
 
 #: how long (s) a closing worker waits for a batch still running
 CLOSE_WAIT = 30.0
+#: the close reason of a worker whose REDIS_URL no retry can mend
+REDIS_URL_REFUSED = "redis_url_refused"
 
 
 _SCHEDULERS: WeakKeyDictionary[Any, Scheduler] = WeakKeyDictionary()
@@ -131,6 +133,8 @@ class Scheduler(BaseScheduler, SignalHandlers, Pump, BatchBuilding):
         self._intake: Intake | None = None
         self._busy = False
         self._closing = False
+        #: the start was refused (REDIS_URL no retry mends): the crawl is closing
+        self.refused = False
         self._paused = False
         #: this pause's give-back of claimed start_urls entries is in a batch already
         self._unclaimed = False
@@ -195,9 +199,34 @@ class Scheduler(BaseScheduler, SignalHandlers, Pump, BatchBuilding):
             ", robots.txt Crawl-delay" if self.config.robots.obey else "",
             extra={"spider": spider},
         )
+        problem = url_problem(self.config.redis_url)
+        if problem is not None:
+            self._refuse_start(problem)
+            return defer.succeed(None)
         d = self.io.run(self._open_frontier)
         d.addCallbacks(self._opened, self._open_failed)
         return d
+
+    def _refuse_start(self, problem: str, exc: BaseException | None = None) -> None:
+        """One ERROR naming REDIS_URL for what no retry mends, then the crawl closed with a
+        non-zero exit code (``_engine.exit_failed``), instead of retrying for ever. The
+        open itself succeeds and the close follows: an open that fails leaves Scrapy's
+        scraper unopened, and every component it then fails to close logs a traceback."""
+        from twisted.internet import reactor
+
+        detail = (
+            f" ({type(exc).__name__}: {redact_error(exc, self.config.redis_url)})" if exc else ""
+        )
+        logger.error(
+            "REDIS_URL=%s: %s%s; the worker stops, as retrying cannot mend this",
+            redact_url(self.config.redis_url),
+            problem,
+            detail,
+            extra={"spider": self.spider},
+        )
+        self.refused = True
+        _engine.exit_failed(self.crawler)
+        reactor.callLater(0, _engine.close_spider, self.crawler, REDIS_URL_REFUSED)  # type: ignore[attr-defined,arg-type,unused-ignore]
 
     def _connect(self) -> None:
         """Make the client (a RedisCluster when REDIS_URL is a cluster node: it loads the
@@ -247,6 +276,10 @@ class Scheduler(BaseScheduler, SignalHandlers, Pump, BatchBuilding):
         self._start_loop()
 
     def _open_failed(self, failure: Any) -> Any:
+        problem = unmendable(failure.value, started=False)
+        if problem is not None:
+            self._refuse_start(problem, failure.value)
+            return None
         if failure.check(LayoutMismatch):
             # the one failure a retry cannot cure: the crawl does not start
             logger.error("%s", failure.value, extra={"spider": self.spider})
