@@ -53,7 +53,13 @@ from distcrawl._scheduler.handlers import SignalHandlers
 from distcrawl._scheduler.intake import RETRY_DELAY_META as RETRY_DELAY_META
 from distcrawl._scheduler.intake import Intake
 from distcrawl._scheduler.leases import Leases
-from distcrawl._scheduler.opening import check_durability, check_layout, connect, dupefilter_for
+from distcrawl._scheduler.opening import (
+    check_durability,
+    check_layout,
+    connect,
+    dupefilter_for,
+    politeness_bound,
+)
 from distcrawl._scheduler.outage import Outage
 from distcrawl._scheduler.outbox import Outbox
 from distcrawl._scheduler.polling import Polling
@@ -185,7 +191,7 @@ class Scheduler(BaseScheduler, SignalHandlers, Pump, BatchBuilding):
         _SCHEDULERS[self.crawler] = self
         logger.info(
             "distcrawl frontier %r on %s (worker %s, lease %.0fs, prefetch %d, serializer %s, "
-            "seen-set %s); per %s, cluster-wide: delay %.2fs, concurrency %d%s",
+            "seen-set %s); %s",
             self.keys.namespace,
             redact_url(self.config.redis_url),
             self.tag,
@@ -193,10 +199,7 @@ class Scheduler(BaseScheduler, SignalHandlers, Pump, BatchBuilding):
             self.config.prefetch,
             self.config.serializer,
             self.config.seen if self.df is not None else "off (BaseDupeFilter)",
-            "IP" if self.config.slots_by_ip else "domain",
-            self.config.domain_delay,
-            self.config.domain_concurrency,
-            ", robots.txt Crawl-delay" if self.config.robots.obey else "",
+            politeness_bound(self.config, self.crawler.settings),
             extra={"spider": spider},
         )
         problem = url_problem(self.config.redis_url)

@@ -214,3 +214,72 @@ def test_a_worker_warns_once_of_a_misspelt_setting(tmp_path: Path, redis_url: st
         assert "WARNING" in warnings[0]
     finally:
         worker.stop(timeout=5)
+
+
+@pytest.mark.integration
+def test_the_start_line_states_the_cluster_wide_bound_of_the_template(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """``scrapy startproject``'s template: DOWNLOAD_DELAY = 1, CONCURRENT_REQUESTS_PER_DOMAIN
+    = 1. Before: "per domain, cluster-wide: delay 1.00s, concurrency 1" (205 pages took 4
+    minutes with 2 workers and nobody said why)."""
+    worker = Worker(
+        0,
+        redis_url=redis_url,
+        log_path=tmp_path / "worker.log",
+        settings={"DOWNLOAD_DELAY": 1, "CONCURRENT_REQUESTS_PER_DOMAIN": 1},
+    ).start()
+    try:
+        assert worker.wait_for_log("Frontier: ", timeout=EXIT_WITHIN), worker.log()
+    finally:
+        worker.stop(timeout=10)
+    line = next(line for line in worker.log().splitlines() if "distcrawl frontier" in line)
+    assert "] INFO: " in line
+    assert (
+        "politeness is cluster-wide: at most 1.0 page/s per domain for all workers together "
+        "(DOWNLOAD_DELAY=1, CONCURRENT_REQUESTS_PER_DOMAIN=1); a robots.txt Crawl-delay may "
+        "lower it"
+    ) in line, line
+
+
+@pytest.mark.parametrize(
+    ("settings", "expected"),
+    [
+        (
+            {"DOWNLOAD_DELAY": 0.25, "CONCURRENT_REQUESTS_PER_DOMAIN": 4},
+            "at most 4.0 page/s per domain for all workers together "
+            "(DOWNLOAD_DELAY=0.25, CONCURRENT_REQUESTS_PER_DOMAIN=4)",
+        ),
+        (
+            {"DISTCRAWL_DOMAIN_DELAY": 3, "DISTCRAWL_DOMAIN_CONCURRENCY": 2},
+            "at most 0.33 page/s per domain for all workers together "
+            "(DISTCRAWL_DOMAIN_DELAY=3, DISTCRAWL_DOMAIN_CONCURRENCY=2)",
+        ),
+        (
+            {"CONCURRENT_REQUESTS_PER_DOMAIN": 16},
+            "at most 16 requests at a time per domain for all workers together "
+            "(DOWNLOAD_DELAY=0, CONCURRENT_REQUESTS_PER_DOMAIN=16)",
+        ),
+        (
+            {
+                "DOWNLOAD_DELAY": 0.5,
+                "AUTOTHROTTLE_ENABLED": True,
+                "DOWNLOAD_SLOTS": {"a.example": {"delay": 2}},
+            },
+            "at most 2.0 page/s per domain for all workers together "
+            "(DOWNLOAD_DELAY=0.5, CONCURRENT_REQUESTS_PER_DOMAIN=8); AutoThrottle may lower "
+            "it; DOWNLOAD_SLOTS sets its own for 1 slot(s)",
+        ),
+    ],
+)
+def test_the_cluster_wide_bound_names_the_settings_it_comes_from(
+    settings: dict[str, object], expected: str
+) -> None:
+    from scrapy.settings import Settings
+
+    from distcrawl._scheduler.opening import politeness_bound
+    from distcrawl.config import DistcrawlConfig
+
+    given = Settings(settings)
+    said = politeness_bound(DistcrawlConfig.from_settings(given), given)
+    assert said == "politeness is cluster-wide: " + expected
