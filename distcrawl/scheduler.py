@@ -358,6 +358,14 @@ class Scheduler(BaseScheduler, SignalHandlers, Pump, BatchBuilding):
         self._outbox.push(self._intake.dead_letter(request, reason, source=source, **extra))
         self._inc(f"distcrawl/dead/{source}")
 
+    def dead_letter_start(self, url: str, reason: str) -> None:
+        """Store a start URL of the spider's own that cannot become a request, so that one
+        bad URL neither stops the start nor is lost."""
+        assert self._intake is not None
+        raw = url.encode("utf-8", errors="surrogateescape")
+        self._outbox.push(self._intake.bad_start(raw, reason))
+        self._inc("distcrawl/dead/start")
+
     def leased(self, request: Request) -> bool:
         """Whether the engine has ``request`` from this worker's leases: only such a request
         is the frontier's, to be acknowledged (and revisited)."""

@@ -24,7 +24,8 @@ from scrapy.spiders import CrawlSpider
 from scrapy.utils.misc import load_object
 
 from distcrawl import _engine
-from distcrawl.start_urls import request_from_entry
+from distcrawl.config import DistcrawlConfig
+from distcrawl.start_urls import InvalidEntry, request_from_entry, validate_url
 
 logger = logging.getLogger(__name__)
 
@@ -43,8 +44,30 @@ class RedisMixin:
         urls = getattr(self, "start_urls", ())
         if isinstance(urls, str):  # `scrapy crawl NAME -a start_urls=URL,URL`
             urls = [u.strip() for u in urls.split(",") if u.strip()]
+        crawler = getattr(self, "crawler", None)
+        schemes = (
+            DistcrawlConfig.from_settings(crawler.settings).allowed_schemes
+            if crawler is not None
+            else DistcrawlConfig.allowed_schemes
+        )
         for url in urls:
-            yield self.make_request_from_data({"url": url})
+            try:
+                # the checks a pushed entry passes (start_urls.parse_entry), then the hook
+                request = self.make_request_from_data({"url": validate_url(str(url), schemes)})
+            except Exception as exc:  # one bad URL must not stop the others
+                self._bad_start_url(url, exc)
+                continue
+            yield request
+
+    def _bad_start_url(self, url: Any, exc: Exception) -> None:
+        from distcrawl.scheduler import scheduler_of
+
+        reason = str(exc) if isinstance(exc, InvalidEntry) else f"{type(exc).__name__}: {exc}"
+        crawler = getattr(self, "crawler", None)
+        scheduler = scheduler_of(crawler) if crawler is not None else None
+        if scheduler is None:  # checked at start: only a spider run outside a crawl
+            raise exc
+        scheduler.dead_letter_start(str(url), reason)
 
     def _check_scheduler(self) -> None:
         """Refuse to run without distcrawl's scheduler: Scrapy's own never reads
