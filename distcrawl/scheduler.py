@@ -364,7 +364,7 @@ class Scheduler(BaseScheduler, SignalHandlers, Pump, BatchBuilding):
         assert self._intake is not None
         raw = url.encode("utf-8", errors="surrogateescape")
         self._outbox.push(self._intake.bad_start(raw, reason))
-        self._inc("distcrawl/dead/start")
+        self._inc("distcrawl/dead/start_urls")
 
     def leased(self, request: Request) -> bool:
         """Whether the engine has ``request`` from this worker's leases: only such a request

@@ -187,6 +187,6 @@ def test_a_bad_start_url_argument_is_dead_lettered_and_the_good_ones_crawled(
     assert len(page_fetches(site)) == 6  # the start page and its 5 pages
     dead = [json.loads(raw) for raw in redis_client.lrange("site:dead", 0, -1)]
     assert sorted(d["raw"] for d in dead) == ["ftp://files.example/x", "not a url"]
-    assert {d["source"] for d in dead} == {"start"}
+    assert {d["source"] for d in dead} == {"start_urls"}  # redrive takes them back there
     assert all(d["reason"] for d in dead)
     assert log.count("Bad start URL") == 2

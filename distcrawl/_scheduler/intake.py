@@ -169,7 +169,9 @@ class Intake:
             extra={"spider": self.spider},
         )
         self._inc("distcrawl/start_urls/invalid")
-        return Entry(EntryKind.DEAD_LETTER, b"", 0, dead_letter(reason, raw=raw, source="start"))
+        return Entry(
+            EntryKind.DEAD_LETTER, b"", 0, dead_letter(reason, raw=raw, source="start_urls")
+        )
 
     def start_entry(self, raw: bytes) -> Entry:
         """The entry that stores a ``start_urls`` entry this worker claimed, checked as
