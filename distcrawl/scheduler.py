@@ -217,6 +217,8 @@ class Scheduler(BaseScheduler, SignalHandlers, Pump, BatchBuilding):
         scraper unopened, and every component it then fails to close logs a traceback."""
         from twisted.internet import reactor
 
+        if self.refused:  # said once; the close is on its way
+            return
         detail = (
             f" ({type(exc).__name__}: {redact_error(exc, self.config.redis_url)})" if exc else ""
         )
@@ -228,6 +230,7 @@ class Scheduler(BaseScheduler, SignalHandlers, Pump, BatchBuilding):
             extra={"spider": self.spider},
         )
         self.refused = True
+        self._closing = True  # no batch, no reconnection from now on
         _engine.exit_failed(self.crawler)
         reactor.callLater(0, _engine.close_spider, self.crawler, REDIS_URL_REFUSED)  # type: ignore[attr-defined,arg-type,unused-ignore]
 
