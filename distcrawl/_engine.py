@@ -84,3 +84,30 @@ def closing(crawler: Crawler) -> bool:
     # close_spider() (idle timeout, CLOSESPIDER_*): Scrapy sets _slot.closing
     slot = getattr(engine, "_slot", None)
     return slot is None or getattr(slot, "closing", None) is not None
+
+
+def exit_failed(crawler: Crawler) -> None:
+    """Make ``scrapy crawl`` exit non-zero although the crawl closes cleanly.
+
+    A crawl that cannot start (no add-on, a REDIS_URL no retry can mend) is closed with one
+    log line rather than an exception, which Scrapy would log again with a traceback from
+    each component it then fails to close. Scrapy sets the exit code 1 only when a crawl's
+    bootstrap failed, which it reads as "the crawler has no spider once the crawl ended"
+    (``CrawlerRunnerBase._crawl``/``AsyncCrawlerRunner._done``); the spider is let go once it
+    is closed, so a supervisor (systemd, Kubernetes, Scrapyd) sees the worker failed.
+    """
+    from scrapy import signals
+
+    def closed(spider: Any, reason: str) -> None:
+        crawler.spider = None
+
+    crawler.signals.connect(closed, signal=signals.spider_closed, weak=False)
+
+
+def close_spider(crawler: Crawler, reason: str) -> None:
+    """Close the crawl with ``reason``, as a CLOSESPIDER_* limit does."""
+    from scrapy.utils.defer import deferred_from_coro
+
+    engine = crawler.engine
+    if engine is not None and engine.spider is not None:
+        deferred_from_coro(engine.close_spider_async(reason=reason))

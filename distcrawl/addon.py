@@ -34,6 +34,10 @@ class Addon:
     """
 
     def update_settings(self, settings: BaseSettings) -> None:
+        from distcrawl.setting_names import warn_unknown
+
+        # once per crawl, at start, with every source in: settings.py, -s, custom_settings
+        warn_unknown(settings)
         settings.set("SCHEDULER", "distcrawl.scheduler.Scheduler", "addon")
         settings.set("DUPEFILTER_CLASS", "distcrawl.dupefilter.RedisDupeFilter", "addon")
         # retries wait in Redis instead of being re-sent at once by the same process

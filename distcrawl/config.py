@@ -51,6 +51,19 @@ def _shard_count(raw: Any) -> int:
     return value
 
 
+def _port_range(raw: Any) -> tuple[int, int]:
+    """A port, or a range ``[first, last]`` tried in order as Scrapy's TELNETCONSOLE_PORT
+    is (so that several workers on one host each find one); ``"9410,9420"`` from ``-s``."""
+    if isinstance(raw, str):  # "9410", "9410,9420", "[9410, 9420]"
+        raw = [part for part in raw.strip("[]() ").replace(" ", "").split(",") if part]
+    values = [int(raw)] if not isinstance(raw, list | tuple) else [int(v) for v in raw]
+    if len(values) == 1:
+        values *= 2
+    if len(values) != 2 or not 0 <= values[0] <= values[1] <= 65535:
+        raise ValueError("expected a port or a range [first, last] of ports 0-65535")
+    return values[0], values[1]
+
+
 def allowed_schemes(settings: BaseSettings) -> tuple[str, ...]:
     """DISTCRAWL_ALLOWED_SCHEMES, lower-cased; a function of its own because the add-on
     needs it before the config is built (to keep only the download handlers allowed)."""
@@ -218,7 +231,8 @@ class DistcrawlConfig:
     bloom_capacity: int = DEFAULT_CAPACITY
     bloom_error_rate: float = DEFAULT_ERROR_RATE
     socket_timeout: float = 10.0
-    metrics_port: int | None = None
+    #: DISTCRAWL_METRICS_PORT: the ports tried in order, (first, last); None: off
+    metrics_port: tuple[int, int] | None = None
     # cluster-wide politeness (see politeness.py)
     domain_delay: float = 0.0
     domain_concurrency: int = 8
@@ -322,9 +336,7 @@ class DistcrawlConfig:
             socket_timeout=_get(
                 settings, "DISTCRAWL_SOCKET_TIMEOUT", cls.socket_timeout, _positive(float)
             ),
-            metrics_port=_get(
-                settings, "DISTCRAWL_METRICS_PORT", cls.metrics_port, _at_least(0, int)
-            ),
+            metrics_port=_get(settings, "DISTCRAWL_METRICS_PORT", cls.metrics_port, _port_range),
             maxmemory_warn=_get(
                 settings, "DISTCRAWL_MAXMEMORY_WARN", cls.maxmemory_warn, _fraction
             ),

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import inspect
+import socket
 import threading
 from typing import TYPE_CHECKING, Any, cast
+from urllib.parse import unquote, urlsplit
 from weakref import WeakKeyDictionary
 
 import redis
@@ -30,6 +32,8 @@ __all__ = [
     "node_info",
     "redact_url",
     "redis_io",
+    "unmendable",
+    "url_problem",
 ]
 
 #: no CLIENT subcommand on connect: redis-py 5+ sends CLIENT SETINFO, newer ones also CLIENT
@@ -63,6 +67,56 @@ def auth_refusal(exc: BaseException) -> str | None:
         exc, redis.AuthenticationError | redis.exceptions.AuthenticationWrongNumberOfArgsError
     ) or reply.startswith(("WRONGPASS", "NOAUTH")):
         return "Redis refused the password"
+    return None
+
+
+#: getaddrinfo's answers that a host name does not exist (not "try again later")
+_NO_SUCH_HOST = frozenset(
+    code
+    for code in (getattr(socket, "EAI_NONAME", None), getattr(socket, "EAI_NODATA", None))
+    if code is not None
+)
+
+
+def url_problem(url: str) -> str | None:
+    """What is wrong with ``url`` as a Redis URL, found without I/O; None if nothing.
+
+    redis-py raises a bare ValueError for a scheme it does not know (deep in a traceback
+    that never names the setting), and quietly uses DB 0 for a path that is not a number.
+    """
+    try:
+        redis.connection.parse_url(url)
+    except ValueError as exc:
+        return str(exc)
+    parts = urlsplit(url)
+    if parts.scheme in ("redis", "rediss"):
+        path = unquote(parts.path).strip("/")
+        if path and not path.lstrip("-").isdigit():
+            return f"the path must be a database number (redis://host:port/0), not {path!r}"
+    return None
+
+
+def unmendable(exc: BaseException, *, started: bool) -> str | None:
+    """Why retrying cannot get past ``exc``, when it is such an error; None for an outage.
+
+    A wrong password, a database the server does not have, and (before the worker ever
+    reached Redis: ``started`` False) a host name that does not exist stay so whatever the
+    wait; a worker retrying them forever looks alive and crawls nothing. A refused or timed
+    out connection, or a name lookup that failed for now, is an outage that ends.
+    """
+    refused = auth_refusal(exc)
+    if refused is not None and "password" in refused:
+        return refused
+    if isinstance(exc, redis.ResponseError) and "DB index" in str(exc):
+        return "Redis has no such database (the DB index of the URL is out of range)"
+    if not started and isinstance(exc, redis.ConnectionError):
+        seen: set[int] = set()
+        cause: BaseException | None = exc
+        while cause is not None and id(cause) not in seen:
+            seen.add(id(cause))
+            if isinstance(cause, socket.gaierror) and cause.errno in _NO_SUCH_HOST:
+                return "the host name of the URL does not resolve"
+            cause = cause.__cause__ or cause.__context__
     return None
 
 

@@ -194,6 +194,8 @@ class WorkerMonitor:
         if self._busy or self.keys is None:
             return
         scheduler = scheduler_of(self.crawler)
+        if scheduler is not None and scheduler.refused:
+            return  # the crawl is closing: it never reached Redis (the scheduler said why)
         state = "paused" if scheduler is not None and scheduler.paused else "running"
         snapshot = self._snapshot(state)
         self._busy = True
@@ -462,8 +464,12 @@ class WorkerMonitor:
         lines += ["# TYPE distcrawl_paused gauge", f"distcrawl_paused {paused}"]
         return "\n".join(lines) + "\n"
 
-    def _listen(self, port: int) -> None:
-        from twisted.internet import reactor
+    def _listen(self, ports: tuple[int, int]) -> None:
+        """Serve /metrics on the first free port of ``ports``; when none is free, say so in
+        one line and crawl on without it (a second worker on a host with one fixed port used
+        to log a traceback from the spider_opened handler)."""
+        from scrapy.utils.reactor import listen_tcp
+        from twisted.internet import error
         from twisted.web import resource, server
 
         monitor = self
@@ -478,7 +484,22 @@ class WorkerMonitor:
         site = server.Site(Metrics())
         site.noisy = False
         host = self.crawler.settings.get("DISTCRAWL_METRICS_HOST", "127.0.0.1")
-        self._metrics_port = reactor.listenTCP(port, site, interface=host)  # type: ignore[attr-defined,arg-type,unused-ignore]
+        first, last = ports
+        try:
+            self._metrics_port = listen_tcp([first, last], host, site)  # type: ignore[arg-type,unused-ignore]
+        except error.CannotListenError as exc:
+            shown = str(first) if first == last else f"{first}-{last}"
+            logger.error(
+                "Prometheus metrics not served: no free port in DISTCRAWL_METRICS_PORT=%s on "
+                "%s (%s); give each worker on a host its own port, or a range such as "
+                "[%d, %d]; the crawl goes on without them",
+                shown,
+                host,
+                getattr(exc, "socketError", exc),
+                first,
+                first + 50,
+            )
+            return
         logger.info(
             "Prometheus metrics on http://%s:%d/metrics", host, self._metrics_port.getHost().port
         )

@@ -59,6 +59,7 @@ from distcrawl._scheduler.opening import (
     check_scripts,
     connect,
     dupefilter_for,
+    politeness_bound,
 )
 from distcrawl._scheduler.outage import Outage
 from distcrawl._scheduler.outbox import Outbox
@@ -68,7 +69,7 @@ from distcrawl._scheduler.report import Reporter
 from distcrawl._scheduler.riders import Riders
 from distcrawl.batch import Batch, BatchResult, Rider, Runner
 from distcrawl.config import DistcrawlConfig
-from distcrawl.connection import RedisIO, redact_url, redis_io
+from distcrawl.connection import RedisIO, redact_url, redis_io, unmendable, url_problem
 from distcrawl.dupefilter import RedisDupeFilter
 from distcrawl.frontier import Drained, EntryKind, Frontier, new_tag
 from distcrawl.keys import FrontierKeys
@@ -86,6 +87,8 @@ logger = logging.getLogger(__name__)
 
 #: how long (s) a closing worker waits for a batch still running
 CLOSE_WAIT = 30.0
+#: the close reason of a worker whose REDIS_URL no retry can mend
+REDIS_URL_REFUSED = "redis_url_refused"
 
 
 _SCHEDULERS: WeakKeyDictionary[Any, Scheduler] = WeakKeyDictionary()
@@ -138,6 +141,8 @@ class Scheduler(BaseScheduler, SignalHandlers, Pump, BatchBuilding):
         self._intake: Intake | None = None
         self._busy = False
         self._closing = False
+        #: the start was refused (REDIS_URL no retry mends): the crawl is closing
+        self.refused = False
         self._paused = False
         #: this pause's give-back of claimed start_urls entries is in a batch already
         self._unclaimed = False
@@ -190,7 +195,7 @@ class Scheduler(BaseScheduler, SignalHandlers, Pump, BatchBuilding):
         _SCHEDULERS[self.crawler] = self
         logger.info(
             "distcrawl frontier %r on %s (worker %s, lease %.0fs, prefetch %d, serializer %s, "
-            "seen-set %s); per %s, cluster-wide: delay %.2fs, concurrency %d%s",
+            "seen-set %s); %s",
             self.keys.namespace,
             redact_url(self.config.redis_url),
             self.tag,
@@ -198,15 +203,40 @@ class Scheduler(BaseScheduler, SignalHandlers, Pump, BatchBuilding):
             self.config.prefetch,
             self.config.serializer,
             self.config.seen if self.df is not None else "off (BaseDupeFilter)",
-            "IP" if self.config.slots_by_ip else "domain",
-            self.config.domain_delay,
-            self.config.domain_concurrency,
-            ", robots.txt Crawl-delay" if self.config.robots.obey else "",
+            politeness_bound(self.config, self.crawler.settings),
             extra={"spider": spider},
         )
+        problem = url_problem(self.config.redis_url)
+        if problem is not None:
+            self._refuse_start(problem)
+            return defer.succeed(None)
         d = self.io.run(self._open_frontier)
         d.addCallbacks(self._opened, self._open_failed)
         return d
+
+    def _refuse_start(self, problem: str, exc: BaseException | None = None) -> None:
+        """One ERROR naming REDIS_URL for what no retry mends, then the crawl closed with a
+        non-zero exit code (``_engine.exit_failed``), instead of retrying for ever. The
+        open itself succeeds and the close follows: an open that fails leaves Scrapy's
+        scraper unopened, and every component it then fails to close logs a traceback."""
+        from twisted.internet import reactor
+
+        if self.refused:  # said once; the close is on its way
+            return
+        detail = (
+            f" ({type(exc).__name__}: {redact_error(exc, self.config.redis_url)})" if exc else ""
+        )
+        logger.error(
+            "REDIS_URL=%s: %s%s; the worker stops, as retrying cannot mend this",
+            redact_url(self.config.redis_url),
+            problem,
+            detail,
+            extra={"spider": self.spider},
+        )
+        self.refused = True
+        self._closing = True  # no batch, no reconnection from now on
+        _engine.exit_failed(self.crawler)
+        reactor.callLater(0, _engine.close_spider, self.crawler, REDIS_URL_REFUSED)  # type: ignore[attr-defined,arg-type,unused-ignore]
 
     def _connect(self) -> None:
         """Make the client (a RedisCluster when REDIS_URL is a cluster node: it loads the
@@ -259,6 +289,10 @@ class Scheduler(BaseScheduler, SignalHandlers, Pump, BatchBuilding):
         self._start_loop()
 
     def _open_failed(self, failure: Any) -> Any:
+        problem = unmendable(failure.value, started=False)
+        if problem is not None:
+            self._refuse_start(problem, failure.value)
+            return None
         if failure.check(LayoutMismatch, LibraryMismatch, ScriptsRefused):
             # the one failure a retry cannot cure: the crawl does not start
             logger.error("%s", failure.value, extra={"spider": self.spider})
@@ -333,6 +367,14 @@ class Scheduler(BaseScheduler, SignalHandlers, Pump, BatchBuilding):
         assert self._intake is not None
         self._outbox.push(self._intake.dead_letter(request, reason, source=source, **extra))
         self._inc(f"distcrawl/dead/{source}")
+
+    def dead_letter_start(self, url: str, reason: str) -> None:
+        """Store a start URL of the spider's own that cannot become a request, so that one
+        bad URL neither stops the start nor is lost."""
+        assert self._intake is not None
+        raw = url.encode("utf-8", errors="surrogateescape")
+        self._outbox.push(self._intake.bad_start(raw, reason))
+        self._inc("distcrawl/dead/start_urls")
 
     def leased(self, request: Request) -> bool:
         """Whether the engine has ``request`` from this worker's leases: only such a request

@@ -38,6 +38,12 @@ def run(capsys, redis_url, *argv):
     return code, out, err
 
 
+def crawl_ran(client, keys=SITE):
+    """What the first worker of a crawl leaves: its layout record (``<ns>:meta``), without
+    which push, status and pause warn that the crawl name may be misspelt."""
+    Frontier(client, keys).record_layout({"format": "1"})
+
+
 def start_urls(client, keys=SITE):
     return client.lrange(keys.start_urls, 0, -1)
 
@@ -162,6 +168,7 @@ def test_invalid_redis_url_is_a_usage_error(capsys):
 
 
 def test_push_urls_in_order(capsys, redis_url, redis_client):
+    crawl_ran(redis_client)
     code, out, err = run(
         capsys, redis_url, "push", "site", "http://a.example/", "https://b.example/x"
     )
@@ -173,6 +180,7 @@ def test_push_urls_in_order(capsys, redis_url, redis_client):
 
 
 def test_push_file_good_and_bad_lines(capsys, redis_url, redis_client, tmp_path):
+    crawl_ran(redis_client)
     good_json = b'{"url": "https://b.example/", "priority": 3, "meta": {"k": 1}}'
     path = tmp_path / "urls.txt"
     path.write_bytes(
@@ -205,6 +213,7 @@ def test_push_file_good_and_bad_lines(capsys, redis_url, redis_client, tmp_path)
 
 
 def test_push_only_bad_entries_pushes_nothing(capsys, redis_url, redis_client):
+    crawl_ran(redis_client)
     code, out, err = run(capsys, redis_url, "push", "site", "mailto:x@example.com")
     assert code == 1
     assert out == "pushed 0, refused 1\n"
@@ -213,6 +222,7 @@ def test_push_only_bad_entries_pushes_nothing(capsys, redis_url, redis_client):
 
 
 def test_push_from_stdin(capsys, redis_url, redis_client, monkeypatch):
+    crawl_ran(redis_client)
     data = b"http://a.example/\n# comment\njavascript:alert(1)\n\nhttp://b.example/\n"
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
     code, out, err = run(capsys, redis_url, "push", "site", "--file", "-")
@@ -297,6 +307,28 @@ def test_push_json_output(capsys, redis_url):
     code, out, _ = run(capsys, redis_url, "--json", "push", "site", "http://a.example/", "nope")
     assert code == 1
     assert json.loads(out) == {"pushed": 1, "refused": 1}
+
+
+@pytest.mark.parametrize("command", ["push", "status", "pause"])
+def test_a_crawl_name_that_never_ran_is_warned_about(capsys, redis_url, redis_client, command):
+    """Before: ``push sitee URL`` said "pushed 1, refused 0" and the URL sat in a list no
+    worker reads; status showed an empty crawl, pause paused nothing, all with exit 0."""
+    crawl_ran(redis_client)
+    argv = [command, "sitee"] + (["http://a.example/"] if command == "push" else [])
+    code, _, err = run(capsys, redis_url, *argv)
+    assert code == 0
+    assert err == (
+        "warning: no crawl 'sitee' ever ran on this Redis (none of sitee:meta, "
+        "sitee:start_urls, sitee:queue): check the spider name\n"
+    )
+    # the crawl that ran: nothing to say
+    argv[1] = "site"
+    code, _, err = run(capsys, redis_url, *argv)
+    assert (code, err) == (0, "")
+    # a crawl pushed to before its first worker started is one that ran
+    run(capsys, redis_url, "push", "other", "http://a.example/")
+    code, _, err = run(capsys, redis_url, "status", "other")
+    assert (code, err) == (0, "")
 
 
 # ---------------------------------------------------------------------- status

@@ -125,3 +125,29 @@ def test_every_default_is_written_once_in_the_dataclass():
                 assert value == field.default, prefix + field.name
 
     compare(DistcrawlConfig.from_settings(Settings()))
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        (9410, (9410, 9410)),
+        ("9410", (9410, 9410)),
+        ([9410, 9420], (9410, 9420)),
+        ("9410,9420", (9410, 9420)),
+        ("[9410, 9420]", (9410, 9420)),
+        (0, (0, 0)),
+    ],
+)
+def test_metrics_port_takes_a_port_or_a_range(raw, expected) -> None:
+    from scrapy.settings import Settings
+
+    config = DistcrawlConfig.from_settings(Settings({"DISTCRAWL_METRICS_PORT": raw}))
+    assert config.metrics_port == expected
+
+
+@pytest.mark.parametrize("raw", [-1, [9420, 9410], [1, 2, 3], "x", 70000])
+def test_a_bad_metrics_port_names_the_setting(raw) -> None:
+    from scrapy.settings import Settings
+
+    with pytest.raises(ConfigError, match="DISTCRAWL_METRICS_PORT="):
+        DistcrawlConfig.from_settings(Settings({"DISTCRAWL_METRICS_PORT": raw}))

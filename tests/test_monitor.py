@@ -351,3 +351,28 @@ def test_frontier_gauges_add_up_every_shard(request, redis_client, redis_url, sh
     ) == tuple(str(n) for n in expected)
     assert metrics["distcrawl_dead"] == "0"
     assert metrics["distcrawl_revisits"] == "0"
+
+
+def test_two_workers_on_one_metrics_port_say_so_in_one_line(demo_site, workers, redis_client):
+    """Before: the second worker logged "Error caught on signal handler" with a traceback
+    (CannotListenError) from spider_opened, and DISTCRAWL_METRICS_PORT took no range."""
+    site = demo_site(pages=20)
+    port = find_free_port()
+    redis_client.lpush("site:start_urls", site.url + "/")
+    first = workers(1, DISTCRAWL_METRICS_PORT=port, **FAST)
+    assert first.wait_for_log("Prometheus metrics on"), first.log()
+    second = workers(2, DISTCRAWL_METRICS_PORT=port, **FAST)
+    assert second.wait_for_log("Prometheus metrics not served"), second.log()
+    assert wait_until(lambda: len(page_fetches(site)) == 21, timeout=60)
+    log = second.log()
+    errors = [line for line in log.splitlines() if "] ERROR:" in line]
+    assert len(errors) == 1 and f"DISTCRAWL_METRICS_PORT={port}" in errors[0], errors
+    assert "Traceback" not in log and "signal handler" not in log
+    assert second.alive()  # the crawl goes on without the endpoint
+
+    # a range, as Scrapy's TELNETCONSOLE_PORT takes: the third worker finds the next port
+    third = workers(3, DISTCRAWL_METRICS_PORT=f"[{port}, {port + 1}]", **FAST)
+    assert third.wait_for_log("Prometheus metrics on"), third.log()
+    assert f"Prometheus metrics on http://127.0.0.1:{port + 1}/metrics" in third.log()
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port + 1}/metrics", timeout=5).read()
+    assert b"distcrawl_pages_total" in body

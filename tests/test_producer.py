@@ -27,7 +27,7 @@ from distcrawl.keys import FrontierKeys
 from distcrawl.politeness import slot_for, slot_of
 from distcrawl.producer import ProducerError, RedriveResult, _execute
 from distcrawl.serialize import RequestCodec
-from tests.support import page_fetches
+from tests.support import page_fetches, wait_until
 
 SITE = FrontierKeys("site")
 
@@ -469,3 +469,36 @@ def test_async_producer_in_a_running_asyncio_app(redis_url, demo_site, workers):
     # the loop ran all along: a tick every ~10 ms, not one per blocking call
     print(f"waited {report['waited']:.1f}s, {report['ticks']} ticks")
     assert report["ticks"] >= report["waited"] / 0.01 * 0.5
+
+
+def test_close_lets_go_of_the_connection_and_the_sending_thread(redis_url, redis_client):
+    """What docs/producers.md ("Closing a producer") promises, for both producers."""
+
+    def connections() -> int:
+        return len(redis_client.client_list())
+
+    def senders() -> int:
+        return sum(t.name.startswith("distcrawl-push") for t in threading.enumerate())
+
+    idle = connections()
+    with Producer.from_url(redis_url, "site", project_settings()) as producer:
+        assert producer.push("http://a.example/").outcome is Outcome.QUEUED
+        assert connections() == idle + 1
+    # the server notices a closed socket a moment later
+    assert wait_until(lambda: connections() == idle, timeout=5)
+    assert senders() == 0
+
+    seen: dict[str, Any] = {}
+
+    async def pushed_then_closed() -> None:
+        async with AsyncProducer.from_url(redis_url, "site", project_settings()) as producer:
+            seen["outcome"] = (await producer.push("http://b.example/")).outcome
+            seen["open"] = connections()
+        seen["closed"] = wait_until(lambda: connections() == idle, timeout=5)
+
+    # in a thread of its own: the test process's asyncio loop belongs to the Twisted reactor
+    thread = threading.Thread(target=asyncio.run, args=(pushed_then_closed(),))
+    thread.start()
+    thread.join(30)
+    assert seen == {"outcome": Outcome.QUEUED, "open": idle + 1, "closed": True}
+    assert senders() == 0

@@ -164,3 +164,29 @@ def test_a_url_with_any_unicode_space_is_not_a_url():
             validate_url(f"http://a.test/x{c}y", ("http",))
     others = "".join(chr(i) for i in range(sys.maxunicode + 1) if not chr(i).isspace())
     assert not any(c.isspace() for c in others) and start_urls._SPACE.search(others) is None
+
+
+def test_a_bad_start_url_argument_is_dead_lettered_and_the_good_ones_crawled(
+    workers, demo_site, redis_client
+) -> None:
+    """``scrapy crawl site -a start_urls=bad,good``. Before: "Error while reading start
+    items and requests" and nothing crawled, the good URL lost with the bad one."""
+    import json
+
+    from tests.support import page_fetches
+
+    site = demo_site(pages=5)
+    worker = workers(
+        1,
+        spider_args={"start_urls": f"not a url,ftp://files.example/x,{site.url}/"},
+        DISTCRAWL_IDLE_TIMEOUT=2,
+    )
+    assert worker.wait(120) == 0, worker.log()[-3000:]
+    log = worker.log()
+    assert "Error while reading start" not in log
+    assert len(page_fetches(site)) == 6  # the start page and its 5 pages
+    dead = [json.loads(raw) for raw in redis_client.lrange("site:dead", 0, -1)]
+    assert sorted(d["raw"] for d in dead) == ["ftp://files.example/x", "not a url"]
+    assert {d["source"] for d in dead} == {"start_urls"}  # redrive takes them back there
+    assert all(d["reason"] for d in dead)
+    assert log.count("Bad start URL") == 2

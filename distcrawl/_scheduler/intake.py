@@ -163,6 +163,21 @@ class Intake:
             return None, dropped
         return base64.b64encode(encoded).decode("ascii"), dropped
 
+    def bad_start(self, raw: bytes, reason: str) -> Entry:
+        """The dead letter of a start URL the spider itself was given (``-a start_urls``,
+        its ``start_urls``) that cannot become a request: it is kept, with the reason, and
+        the other start URLs are crawled."""
+        logger.warning(
+            "Bad start URL %r: %s; dead-lettered",
+            raw[:200],
+            reason,
+            extra={"spider": self.spider},
+        )
+        self._inc("distcrawl/start_urls/invalid")
+        return Entry(
+            EntryKind.DEAD_LETTER, b"", 0, dead_letter(reason, raw=raw, source="start_urls")
+        )
+
     def start_entry(self, raw: bytes) -> Entry:
         """The entry that stores a ``start_urls`` entry this worker claimed, checked as
         the producer checks it (entries.py), or its dead letter: one bad entry, or a

@@ -74,6 +74,47 @@ def dupefilter_for(crawler: Crawler) -> RedisDupeFilter | BaseDupeFilter:
     )
 
 
+def politeness_bound(config: DistcrawlConfig, settings: Any) -> str:
+    """The start-up line's word on politeness: the bound it sets for the whole cluster.
+
+    Scrapy's DOWNLOAD_DELAY and CONCURRENT_REQUESTS_PER_DOMAIN hold per process; with
+    distcrawl they hold for all workers together, so the ``DOWNLOAD_DELAY = 1`` and
+    ``CONCURRENT_REQUESTS_PER_DOMAIN = 1`` of ``scrapy startproject``'s template make a
+    cluster of any size crawl a site at one page a second. Said in pages per second, with
+    the settings it comes from, so nobody has to find that out from a slow crawl.
+    """
+    unit = "IP" if config.slots_by_ip else "domain"
+    delay_from = (
+        "DISTCRAWL_DOMAIN_DELAY"
+        if settings.get("DISTCRAWL_DOMAIN_DELAY") is not None
+        else "DOWNLOAD_DELAY"
+    )
+    if settings.get("DISTCRAWL_DOMAIN_CONCURRENCY") is not None:
+        concurrency_from = "DISTCRAWL_DOMAIN_CONCURRENCY"
+    elif config.slots_by_ip:
+        concurrency_from = "CONCURRENT_REQUESTS_PER_IP"
+    else:
+        concurrency_from = "CONCURRENT_REQUESTS_PER_DOMAIN"
+    sources = (
+        f"{delay_from}={config.domain_delay:g}, {concurrency_from}={config.domain_concurrency}"
+    )
+    if config.domain_delay > 0:
+        rate = 1.0 / config.domain_delay
+        shown = f"{rate:.1f}" if rate >= 1 else f"{rate:.2g}"
+        bound = f"at most {shown} page/s per {unit}"
+    else:
+        bound = f"at most {config.domain_concurrency} requests at a time per {unit}"
+    slower = []
+    if config.robots.obey:
+        slower.append("a robots.txt Crawl-delay")
+    if config.throttle.target_concurrency:
+        slower.append("AutoThrottle")
+    more = f"; {' or '.join(slower)} may lower it" if slower else ""
+    if config.slot_overrides:
+        more += f"; DOWNLOAD_SLOTS sets its own for {len(config.slot_overrides)} slot(s)"
+    return f"politeness is cluster-wide: {bound} for all workers together ({sources}){more}"
+
+
 def check_layout(frontier: Frontier, config: DistcrawlConfig, crawler: Crawler) -> bool:
     """Join the crawl only if this worker lays the frontier out as the crawl does
     (distcrawl/layout.py); on the Redis thread, before anything is leased. Whether the

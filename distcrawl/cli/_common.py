@@ -94,6 +94,27 @@ class Context:
         except ConfigError as exc:
             raise UsageError(str(exc)) from None
 
+    def warn_if_unknown(self, keys: FrontierKeys) -> None:
+        """Warn (stderr) when no worker of crawl ``keys`` ever started on this Redis: a
+        misspelt spider name would otherwise push to a list no worker reads, or show or
+        pause a crawl that is not there, and say "ok". The first worker of a crawl writes
+        ``<ns>:meta`` (distcrawl/layout.py), a push its start_urls; the first push to a
+        Redis no worker of the crawl has seen yet is warned about too, which is right when
+        the name is wrong and harmless when it is not."""
+        named = self.keys(keys)
+        # one slot on a cluster (a crawl's keys share its hash tag): one EXISTS
+        traces = (named.meta, named.start_urls, named.queue, named.seen, named.stats)
+        try:
+            ran = bool(self.client.exists(*traces))
+        except redis.ResponseError:  # EXISTS not granted to this user: nothing to say
+            return
+        if not ran:
+            print(
+                f"warning: no crawl {named.namespace!r} ever ran on this Redis (none of "
+                f"{named.meta}, {named.start_urls}, {named.queue}): check the spider name",
+                file=sys.stderr,
+            )
+
     def scrub(self, text: str) -> str:
         """``text`` without the URL's secrets, should an error message quote them."""
         return redact_text(text, url_secrets(self.redis_url))

@@ -77,6 +77,7 @@ def cmd_push(args: argparse.Namespace, ctx: Context) -> int:
         raise UsageError("nothing to push: give URLs and/or --file PATH (- for stdin)")
     # workers validate what they read with the spider's settings: the producer applies them
     producer = ctx.producer(args.spider, _project_settings(args.set or []), target="start_urls")
+    ctx.warn_if_unknown(args.spider)
     given = (u.encode("utf-8", errors="surrogateescape") for u in args.urls)
     raws = [*given, *_input_lines(args.files or ())]
     results = producer.push_many(
@@ -159,6 +160,7 @@ def cmd_limit(args: argparse.Namespace, ctx: Context) -> int:
 def cmd_status(args: argparse.Namespace, ctx: Context) -> int:
     from distcrawl import dashboard
 
+    ctx.warn_if_unknown(args.spider)
     snap = ctx.producer(args.spider, target="start_urls").status(args.stale_after)
     if ctx.as_json:
         _emit_json(snap)
@@ -198,6 +200,7 @@ def cmd_watch(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def _set_paused(args: argparse.Namespace, ctx: Context, paused: bool) -> int:
+    ctx.warn_if_unknown(args.spider)
     keys = ctx.keys(args.spider)
     if paused:
         ctx.client.set(keys.paused, b"1")

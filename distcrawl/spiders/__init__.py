@@ -14,13 +14,23 @@ An idle worker stays up waiting for work unless ``DISTCRAWL_IDLE_TIMEOUT`` is se
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 from scrapy import Request, Spider
+from scrapy.exceptions import CloseSpider
 from scrapy.spiders import CrawlSpider
+from scrapy.utils.misc import load_object
 
-from distcrawl.start_urls import request_from_entry
+from distcrawl import _engine
+from distcrawl.config import DistcrawlConfig
+from distcrawl.start_urls import InvalidEntry, request_from_entry, validate_url
+
+logger = logging.getLogger(__name__)
+
+#: the close reason of a spider run without distcrawl's scheduler
+NO_ADDON = "distcrawl_addon_missing"
 
 
 class RedisMixin:
@@ -30,11 +40,64 @@ class RedisMixin:
     start_urls: list[str]
 
     async def start(self) -> AsyncIterator[Any]:
+        self._check_scheduler()
         urls = getattr(self, "start_urls", ())
         if isinstance(urls, str):  # `scrapy crawl NAME -a start_urls=URL,URL`
             urls = [u.strip() for u in urls.split(",") if u.strip()]
+        crawler = getattr(self, "crawler", None)
+        schemes = (
+            DistcrawlConfig.from_settings(crawler.settings).allowed_schemes
+            if crawler is not None
+            else DistcrawlConfig.allowed_schemes
+        )
         for url in urls:
-            yield self.make_request_from_data({"url": url})
+            try:
+                # the checks a pushed entry passes (start_urls.parse_entry), then the hook
+                request = self.make_request_from_data({"url": validate_url(str(url), schemes)})
+            except Exception as exc:  # one bad URL must not stop the others
+                self._bad_start_url(url, exc)
+                continue
+            yield request
+
+    def _bad_start_url(self, url: Any, exc: Exception) -> None:
+        from distcrawl.scheduler import scheduler_of
+
+        reason = str(exc) if isinstance(exc, InvalidEntry) else f"{type(exc).__name__}: {exc}"
+        crawler = getattr(self, "crawler", None)
+        scheduler = scheduler_of(crawler) if crawler is not None else None
+        if scheduler is None:  # checked at start: only a spider run outside a crawl
+            raise exc
+        scheduler.dead_letter_start(str(url), reason)
+
+    def _check_scheduler(self) -> None:
+        """Refuse to run without distcrawl's scheduler: Scrapy's own never reads
+        ``<name>:start_urls``, so the crawl would close ``finished`` at once, 0 pages, exit 0,
+        the pushed URLs left in Redis, and nothing said. Checked here (the engine is open) and
+        not in ``from_crawler``, because add-ons are applied after the spider is made."""
+        from distcrawl.scheduler import Scheduler
+
+        crawler = getattr(self, "crawler", None)
+        if crawler is None:
+            return
+        path = crawler.settings["SCHEDULER"]
+        cls = load_object(path) if isinstance(path, str) else path
+        # by the MRO: Scrapy's BaseScheduler makes issubclass() true for any class that has
+        # the scheduler's methods, Scrapy's own scheduler included
+        if isinstance(cls, type) and Scheduler in cls.__mro__:
+            return
+        name = getattr(self, "name", "?")
+        logger.error(
+            "%s %r needs distcrawl's add-on, which is not enabled: add "
+            'ADDONS = {"distcrawl.Addon": 0} to the project\'s settings.py (SCHEDULER is %s, '
+            "which never reads %s:start_urls from Redis); the crawl stops",
+            type(self).__name__,
+            name,
+            path if isinstance(path, str) else getattr(path, "__qualname__", path),
+            name,
+            extra={"spider": self},
+        )
+        _engine.exit_failed(crawler)
+        raise CloseSpider(NO_ADDON)
 
     def make_request_from_data(self, data: dict[str, Any]) -> Request:
         """Build the request for one ``start_urls`` entry.
