@@ -21,6 +21,7 @@ from distcrawl.connection import execute_timed
 from distcrawl.deadrecord import DEAD_RAW_BYTES, dead_letter, worker_id
 from distcrawl.frontier_admin import FrontierAdmin, recorded_shards
 from distcrawl.keys import FrontierKeys
+from distcrawl.layout import GENERATION, new_generation
 from distcrawl.lua import SEEN_MODES, Scripts
 from distcrawl.ops import Op, sent_alone
 from distcrawl.queue_entry import (
@@ -435,10 +436,11 @@ class Frontier(FrontierAdmin):
 
     def record_layout(self, fields: Mapping[str, str]) -> dict[str, str]:
         """Record each field of the frontier's layout that ``<ns>:meta`` lacks, and return
-        the record as it then stands (distcrawl/layout.py). One transaction, so that two
-        workers starting at once cannot each record their own."""
+        the record as it then stands (distcrawl/layout.py), with the crawl's generation
+        (made here when the record has none). One transaction, so that two workers starting
+        at once cannot each record their own."""
         pipe = self.client.pipeline(transaction=True)
-        for name, value in fields.items():
+        for name, value in {**fields, GENERATION: new_generation()}.items():
             pipe.hsetnx(self.keys.meta, name, value)
         pipe.hgetall(self.keys.meta)
         stored: dict[bytes, bytes] = pipe.execute()[-1]

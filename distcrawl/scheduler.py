@@ -220,7 +220,8 @@ class Scheduler(BaseScheduler, SignalHandlers, Pump, BatchBuilding):
                 removed,
                 self.frontier.keys.namespace,
             )
-        check_layout(self.frontier, self.config, self.crawler)
+        assert self._runner is not None
+        self._runner.joined = check_layout(self.frontier, self.config, self.crawler)
         assert self.shards is not None
         check_durability(
             self.io.client,

@@ -27,7 +27,7 @@ from distcrawl.connection import RedisIO, node_info, redact_url
 from distcrawl.dupefilter import RedisDupeFilter
 from distcrawl.frontier import Frontier
 from distcrawl.keys import FrontierKeys
-from distcrawl.layout import Layout, LayoutMismatch, class_path
+from distcrawl.layout import GENERATION, Joined, Layout, LayoutMismatch, class_path
 from distcrawl.liveness import Liveness
 from distcrawl.politeness import politeness
 from distcrawl.serialize import RequestCodec
@@ -67,9 +67,10 @@ def dupefilter_for(crawler: Crawler) -> RedisDupeFilter | BaseDupeFilter:
     )
 
 
-def check_layout(frontier: Frontier, config: DistcrawlConfig, crawler: Crawler) -> None:
+def check_layout(frontier: Frontier, config: DistcrawlConfig, crawler: Crawler) -> Joined:
     """Join the crawl only if this worker lays the frontier out as the crawl does
-    (distcrawl/layout.py); on the Redis thread, before anything is leased."""
+    (distcrawl/layout.py); on the Redis thread, before anything is leased. Returns the crawl
+    joined, whose generation the batches then watch."""
     mine = Layout(
         shards=config.shards,
         seen=config.seen,
@@ -80,6 +81,7 @@ def check_layout(frontier: Frontier, config: DistcrawlConfig, crawler: Crawler) 
     differences = mine.differences(stored)
     if differences:
         raise LayoutMismatch(frontier.keys.namespace, differences)
+    return Joined(mine, stored.get(GENERATION))
 
 
 def check_durability(
