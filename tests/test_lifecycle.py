@@ -87,3 +87,38 @@ def test_a_live_worker_crawls_every_page_of_the_next_crawl(
     assert worker.alive()
     worker.stop()
     assert worker.proc.returncode == 0
+
+
+# ---------------------------------------------------------------------- workers before the push
+
+
+def test_a_worker_started_before_the_first_push_waits_for_it(demo_site, workers, redis_client):
+    site = demo_site(pages=5)
+    early = workers(1, DISTCRAWL_IDLE_TIMEOUT=1)
+    assert early.wait_for_log("Frontier: 0 queued"), early.log()
+    time.sleep(7.0)  # past Scrapy's idle signal (every 5 s) and the idle timeout
+    assert early.alive(), early.log()[-3000:]
+    assert "No work yet: waiting for the first start URL in site:start_urls" in early.log()
+
+    redis_client.lpush(SITE.start_urls, site.url + "/")
+    # the crawl had work: the idle clock runs, and the worker closes once it is done
+    assert early.wait(60) == 0, early.log()[-3000:]
+    fetched = page_fetches(site)
+    assert set(fetched) == site.expected_pages()
+    assert "closing" in early.log()
+
+    # a worker joining the finished crawl closes on idle as before: the crawl had work
+    late = workers(2, DISTCRAWL_IDLE_TIMEOUT=1)
+    assert late.wait(60) == 0, late.log()[-3000:]
+    assert "No work yet" not in late.log()
+    assert page_fetches(site) == fetched  # nothing fetched again
+
+
+def test_a_worker_that_never_sees_work_waits_and_says_so_once(workers, redis_client):
+    worker = workers(1, DISTCRAWL_IDLE_TIMEOUT=0)
+    assert worker.wait_for_log("No work yet"), worker.log()[-3000:]
+    time.sleep(6.0)  # past Scrapy's idle signal of every 5 s: the frontier looked at again
+    assert worker.alive(), worker.log()[-3000:]
+    assert worker.log().count("No work yet") == 1
+    worker.stop()
+    assert worker.proc.returncode == 0

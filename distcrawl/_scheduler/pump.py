@@ -154,6 +154,7 @@ class Pump(SchedulerState):
         self._outbox.forget_feedback()
         self._remote_queue = 0
         self._drained = None
+        self._had_work = False  # the next crawl's idle clock starts with its first work
         self._polling.resume()
         self.crawler.signals.send_catch_log(signal=distcrawl_signals.frontier_reset)
 
@@ -218,6 +219,7 @@ class Pump(SchedulerState):
         if got:
             self._inc("distcrawl/leased", got)
             self._last_work = time.monotonic()
+            self._had_work = True
             _engine.wake(self.crawler)
         return got
 
@@ -229,6 +231,8 @@ class Pump(SchedulerState):
             self._outbox.push(self._intake.start_entry(raw))
             self._start_pending += 1
         if raws:
+            self._last_work = time.monotonic()
+            self._had_work = True
             self._inc("distcrawl/start_urls/read", len(raws))
             self._kick()
 

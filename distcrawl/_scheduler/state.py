@@ -61,6 +61,8 @@ class SchedulerState:
     _polling: Polling
     _waiting: bool
     _last_work: float
+    _had_work: bool
+    _noted_no_work: bool
     _drained: tuple[float, Drained] | None
     _drain_wanted: bool
     _riders: Riders
