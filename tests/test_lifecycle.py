@@ -57,12 +57,16 @@ def settled(redis_client) -> bool:
 # ---------------------------------------------------------------------- a frontier reset
 
 
-@pytest.mark.parametrize("how", ["reset", "flushdb"])
+@pytest.mark.parametrize(
+    ("how", "shards"),
+    [("reset", 1), ("flushdb", 1), ("reset", 2)],
+    ids=["reset", "flushdb", "sharded"],
+)
 def test_a_live_worker_crawls_every_page_of_the_next_crawl(
-    how, demo_site, workers, redis_url, redis_client
+    how, shards, demo_site, workers, redis_url, redis_client
 ):
     site = demo_site(pages=30)
-    worker = workers(1)  # no idle timeout: it stays up between the crawls
+    worker = workers(1, DISTCRAWL_SHARDS=shards)  # no idle timeout: it stays up between crawls
     assert worker.wait_for_log("Frontier: 0 queued"), worker.log()
     crawl_once(site, redis_client, times=1)
     assert wait_until(lambda: settled(redis_client), timeout=30)
@@ -81,12 +85,35 @@ def test_a_live_worker_crawls_every_page_of_the_next_crawl(
     # robots.txt read again for the new crawl, its Crawl-delay recorded in it again
     robots = [line for line in site.read_log() if line.path == "/robots.txt"]
     assert len(robots) == 2, robots
-    assert redis_client.hexists(SITE.robots, "127.0.0.1")
+    parts = [SITE.sharded(shards).of_shard(i) for i in range(shards)]
+    assert any(redis_client.hexists(keys.robots, "127.0.0.1") for keys in parts)
     log = worker.log()
     assert log.count("WARNING: The frontier 'site' this worker joined is gone") == 1, log[-3000:]
     assert worker.alive()
     worker.stop()
     assert worker.proc.returncode == 0
+
+
+def test_a_live_worker_stops_when_the_crawl_is_set_up_anew_with_other_settings(
+    workers, redis_client
+):
+    worker = workers(1)
+    assert worker.wait_for_log("Frontier: 0 queued"), worker.log()
+    meta = redis_client.hgetall(SITE.meta)
+    # emptied and set up again by a worker with another serializer, in one step
+    pipe = redis_client.pipeline(transaction=True)
+    pipe.flushdb()
+    pipe.hset(SITE.meta, mapping={**meta, b"serializer": b"json", b"generation": b"0" * 16})
+    pipe.execute()
+    assert worker.wait(30) is not None, worker.log()[-3000:]
+    log = worker.log()
+    assert (
+        "ERROR: The frontier 'site' this worker joined was reset, and this worker's settings "
+        "disagree with the frontier 'site' in Redis: DISTCRAWL_SERIALIZER: this worker "
+        "'msgpack', the frontier 'json'"
+    ) in log
+    assert "(frontier_layout_mismatch)" in log
+    assert redis_client.hget(SITE.meta, "serializer") == b"json"  # its record stands
 
 
 # ---------------------------------------------------------------------- workers before the push
