@@ -118,6 +118,10 @@ def test_a_worker_warns_when_redis_keeps_no_append_only_file(
 
     with RedisServer(directory=tmp_path / "aof", appendonly=True) as server:
         url = f"redis://127.0.0.1:{server.port}/0"
+        # work to close after: the idle clock starts with the crawl's first work
+        aof_client = server.client()
+        aof_client.lpush("site:start_urls", site.url + "/")
+        aof_client.close()
         with_aof = workers(2, REDIS_URL=url, DISTCRAWL_IDLE_TIMEOUT=1)
         assert with_aof.wait(60) == 0, with_aof.log()[-3000:]
         assert "distcrawl frontier 'site'" in with_aof.log()
