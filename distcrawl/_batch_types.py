@@ -30,6 +30,7 @@ from distcrawl.frontier import (
     RequeueResult,
     SweepResult,
 )
+from distcrawl.layout import Rejoined
 from distcrawl.replicas import ReplicaChange
 
 
@@ -188,6 +189,11 @@ class BatchResult:
     beat: bool = False
     #: per rider, per op: the parsed reply or the RedisError
     riders: list[list[Any]] = field(default_factory=list)
+    #: the crawl's generation as the batch read it (None: no layout record), if it did
+    generation: str | None = None
+    generation_read: bool = False
+    #: the generation read was not the one this worker joined: it joined the crawl there now
+    rejoined: Rejoined | None = None
     #: the first failure of a step other than the commits
     error: redis.RedisError | None = None
     #: read when Redis refused the batch for being full (None otherwise, or unread)

@@ -51,6 +51,7 @@ from distcrawl.frontier import (
     Places,
     dead_letter,
 )
+from distcrawl.layout import Joined, generation_op
 from distcrawl.refusals import outage_code
 from distcrawl.refusals import refused as refused
 from distcrawl.serialize import DecodeError, RequestCodec
@@ -106,6 +107,9 @@ class Runner:
     #: told of the beats that ride with batches (Batch.beat), so that its own thread
     #: beats only when no batch did lately
     liveness: Liveness | None = None
+    #: the crawl this worker joined (set once it has): its generation is checked with the
+    #: batches that take work in, and a reset is noticed (layout.py)
+    joined: Joined | None = None
 
     def run(self, batch: Batch) -> BatchResult:
         """Run ``batch``: its steps go in one pipeline of EVALSHA calls, one round trip,
@@ -156,6 +160,7 @@ class Runner:
             after.append(_Step(lease, self._leased(res)))
         if batch.peek and not batch.wait > 0:
             after.append(_Step(frontier.claim_op(batch.peek), _setter(res, "peeked")))
+        after += self._generation_steps(batch, res)
         if batch.beat and self.liveness is not None:
             after.append(_Step(frontier.alive_op(), self._beaten(res)))
         after += self._rider_steps(batch, res)
@@ -172,6 +177,8 @@ class Runner:
                 if res.error is None:
                     res.error = exc
                 down = not isinstance(exc, redis.ResponseError)
+        if not down:
+            down = self._rejoin(res)
         if batch.drain and not down:
             # a transaction of its own (its reads must agree), and only when closing idle
             try:
@@ -196,6 +203,41 @@ class Runner:
             int(info.get("maxmemory", 0)),
             str(info.get("maxmemory_policy", "")),
         )
+
+    def _generation_steps(self, batch: Batch, res: BatchResult) -> list[_Step]:
+        """The read of the crawl's generation (layout.py), with the batches that take work
+        in (leases, claims) and the periodic reclaim, after their claim and lease: what they
+        took was in Redis before the read, so a claim of the next crawl's first start URL
+        comes with the read that shows the reset before it."""
+        if self.joined is None or not (batch.want or batch.peek or batch.reclaim):
+            return []
+
+        def done(generation: str | None) -> None:
+            res.generation = generation
+            res.generation_read = True
+
+        return [_Step(generation_op(self.frontier.keys), done)]
+
+    def _rejoin(self, res: BatchResult) -> bool:
+        """Join the crawl that is there now when the batch found another generation (the
+        frontier was reset); returns whether Redis is unreachable."""
+        if self.joined is None or not res.generation_read:
+            return False
+        try:
+            res.rejoined = self.joined.rejoin(res.generation, self.frontier.record_layout)
+        except redis.RedisError as exc:
+            if res.error is None:
+                res.error = exc
+            return not isinstance(exc, redis.ResponseError)
+        if res.rejoined is not None:
+            for part in self._frontiers():
+                if part.bloom is not None:
+                    part.bloom.state = None  # its layers went with the old crawl: read again
+        return False
+
+    def _frontiers(self) -> list[Frontier]:
+        """The frontiers whose scripts this runner calls (the shards' too, ShardedRunner)."""
+        return [self.frontier]
 
     def _wait_steps(self, batch: Batch, res: BatchResult) -> list[_Step]:
         """An idle poll's first steps, on the crawl's own keys: the claim first, so that start

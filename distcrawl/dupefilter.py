@@ -122,6 +122,12 @@ class RedisDupeFilter(BaseDupeFilter):
                 self._recent.popitem(last=False)
         return False
 
+    def forget(self) -> None:
+        """Forget what this worker pushed: the frontier was reset, and the URLs of the old
+        crawl are new to the next one (the URL memo stays: a fingerprint is a function of
+        its URL)."""
+        self._recent.clear()
+
     def log(self, request: Request, spider: Spider) -> None:
         """Scrapy's RFPDupeFilter.log, for duplicates caught here and in Redis alike."""
         if self.debug:

@@ -21,6 +21,7 @@ from distcrawl.connection import execute_timed
 from distcrawl.deadrecord import DEAD_RAW_BYTES, dead_letter, worker_id
 from distcrawl.frontier_admin import FrontierAdmin, recorded_shards
 from distcrawl.keys import FrontierKeys
+from distcrawl.layout import GENERATION, new_generation
 from distcrawl.lua import SEEN_MODES, Scripts
 from distcrawl.ops import Op, sent_alone
 from distcrawl.queue_entry import (
@@ -355,7 +356,8 @@ class Frontier(FrontierAdmin):
 
     def drained(self) -> Drained:
         """Whether the crawl is out of work, for idle close: start URLs waiting, requests
-        queued or leased, and when the next retry is due (server clock)."""
+        queued or leased, when the next retry is due (server clock), and whether it ever had
+        work."""
         k = self.keys
         pipe = self.client.pipeline(transaction=True)
         pipe.zcard(k.queue)
@@ -364,10 +366,11 @@ class Frontier(FrontierAdmin):
         pipe.zrange(k.delayed, 0, 0, withscores=True)
         pipe.zrange(k.revisits, 0, 0, withscores=True)
         pipe.scard(k.claimants)
+        pipe.exists(k.seq, k.dead)  # numbered a request, or dead-lettered one: had work
         if k.shard is None:  # a shard's transaction may touch its own slot only
             pipe.llen(k.start_urls)
         values = execute_timed(self.client, pipe, k.queue)
-        queued, due, leased, retry, revisit, claimants, *rest, (seconds, micros) = values
+        queued, due, leased, retry, revisit, claimants, worked, *rest, (seconds, micros) = values
         start_urls = rest[0] if rest else 0
         # the next retry or revisit: either brings work back
         firsts = [int(first[0][1]) for first in (retry, revisit) if first]
@@ -375,7 +378,9 @@ class Frontier(FrontierAdmin):
         if firsts:
             next_retry = max(0, min(firsts) - (seconds * 1000 + micros // 1000))
         queued = int(queued) + int(due)
-        return Drained(int(start_urls), queued, int(leased), next_retry, int(claimants))
+        return Drained(
+            int(start_urls), queued, int(leased), next_retry, int(claimants), bool(worked)
+        )
 
     def robots_txt(self, netloc: str) -> RobotsTxt | None:
         """(age in seconds, HTTP status, body) of a netloc's shared robots.txt; status 0 means
@@ -435,10 +440,11 @@ class Frontier(FrontierAdmin):
 
     def record_layout(self, fields: Mapping[str, str]) -> dict[str, str]:
         """Record each field of the frontier's layout that ``<ns>:meta`` lacks, and return
-        the record as it then stands (distcrawl/layout.py). One transaction, so that two
-        workers starting at once cannot each record their own."""
+        the record as it then stands (distcrawl/layout.py), with the crawl's generation
+        (made here when the record has none). One transaction, so that two workers starting
+        at once cannot each record their own."""
         pipe = self.client.pipeline(transaction=True)
-        for name, value in fields.items():
+        for name, value in {**fields, GENERATION: new_generation()}.items():
             pipe.hsetnx(self.keys.meta, name, value)
         pipe.hgetall(self.keys.meta)
         stored: dict[bytes, bytes] = pipe.execute()[-1]

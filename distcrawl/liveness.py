@@ -31,7 +31,7 @@ from collections.abc import Sequence
 
 import redis
 
-from distcrawl.connection import auth_refusal, make_redis, redact_url
+from distcrawl.connection import auth_refusal, execute_timed, make_redis, redact_url
 from distcrawl.keys import FrontierKeys
 from distcrawl.lua import LuaScript, lua_script
 from distcrawl.redact import redact_error, redacted_exc_info
@@ -224,3 +224,13 @@ class Liveness:
             logger.info(
                 "Liveness beats of worker %s to %s succeed again", self.tag, redact_url(self._url)
             )
+
+
+def live_workers(client: redis.Redis, keys: FrontierKeys, worker_timeout: float) -> list[str]:
+    """The tags of the workers whose last beat is younger than ``worker_timeout`` seconds,
+    by the clock of the server holding the beats (the reaper's): those an operator's
+    command that changes the whole frontier (a reset, a move) would pull the floor from."""
+    (seconds, micros) = execute_timed(client, client.pipeline(transaction=False), keys.alive)[-1]
+    since = int(seconds) * 1000 + int(micros) // 1000 - int(worker_timeout * 1000)
+    tags: list[bytes] = client.zrange(keys.alive, since, "+inf", byscore=True)  # type: ignore[assignment]
+    return [t.decode(errors="replace") if isinstance(t, bytes) else str(t) for t in tags]

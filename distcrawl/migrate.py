@@ -42,6 +42,7 @@ import redis
 from distcrawl.connection import is_cluster, node_info
 from distcrawl.frontier import Frontier
 from distcrawl.keys import FrontierKeys
+from distcrawl.liveness import live_workers
 from distcrawl.seen import BloomState, part_keys
 
 #: keys per pipeline: bounds what one round trip carries (a DUMP holds a whole key)
@@ -158,10 +159,9 @@ def not_stopped(
     out = []
     if not client.exists(keys.paused):
         out.append(f"the crawl {keys.namespace!r} is not paused (distcrawl pause {keys.namespace})")
-    since = server_ms(client, keys) - int(worker_timeout * 1000)
-    live: list[Any] = client.zrange(keys.alive, since, "+inf", byscore=True)
+    live = live_workers(client, keys, worker_timeout)
     if live:
-        tags = ", ".join(text_of(t) for t in live)
+        tags = ", ".join(live)
         out.append(
             f"{len(live)} worker(s) beat within the last {worker_timeout:g}s ({tags}): "
             f"stop every worker first{why}"

@@ -103,6 +103,9 @@ class Drained(NamedTuple):
     next_retry_ms: int | None
     #: workers holding claimed start_urls entries not stored yet (their requests are coming)
     claimants: int = 0
+    #: the frontier ever held a request or a dead letter (since its last reset): the crawl
+    #: has had work, and an idle worker's clock runs (DISTCRAWL_IDLE_TIMEOUT)
+    worked: bool = False
 
     def idle(self, within_ms: int) -> bool:
         """Nothing to do now, and no retry due within ``within_ms``."""

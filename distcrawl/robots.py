@@ -44,6 +44,7 @@ from scrapy.utils.misc import build_from_crawler
 from twisted.internet import task
 from twisted.internet.defer import Deferred
 
+from distcrawl import signals as distcrawl_signals
 from distcrawl.config import DistcrawlConfig
 from distcrawl.politeness import slot_of
 from distcrawl.redact import redact_error
@@ -82,6 +83,16 @@ class RobotsTxtMiddleware(ScrapyRobotsTxtMiddleware):
     def __init__(self, crawler: Crawler) -> None:
         super().__init__(crawler)
         self.config = DistcrawlConfig.from_settings(crawler.settings)
+        crawler.signals.connect(self.frontier_reset, signal=distcrawl_signals.frontier_reset)
+
+    def frontier_reset(self) -> None:
+        """A new crawl: the parsed robots.txt of the old one are read again from Redis (or
+        downloaded), so that their Crawl-delay, gone with the old frontier, is recorded
+        again and lease.lua hands out more than a slot's first request. Downloads under
+        way finish and serve their waiters."""
+        for netloc, parser in list(self._parsers.items()):
+            if not isinstance(parser, Deferred):
+                del self._parsers[netloc]
 
     async def robot_parser(self, request: Request) -> RobotParser | None:
         netloc = urlparse_cached(request).netloc

@@ -155,6 +155,11 @@ class Scheduler(BaseScheduler, SignalHandlers, Pump, BatchBuilding):
         #: (Polling.take_wake_wait): it brings no work of this worker's
         self._waiting = False
         self._last_work = time.monotonic()
+        #: whether the crawl has had work since this worker joined it (or, read from Redis,
+        #: before): the idle clock (DISTCRAWL_IDLE_TIMEOUT) runs only from then on
+        self._had_work = False
+        #: the "No work yet" line was logged
+        self._noted_no_work = False
         #: the last look at the whole frontier (monotonic time, what it saw), for idle close
         self._drained: tuple[float, Drained] | None = None
         self._drain_wanted = False
@@ -259,10 +264,11 @@ class Scheduler(BaseScheduler, SignalHandlers, Pump, BatchBuilding):
                 removed,
                 self.frontier.keys.namespace,
             )
-        legacy_seen = check_layout(self.frontier, self.config, self.crawler)
+        joined = check_layout(self.frontier, self.config, self.crawler)
         check_scripts(self.frontier, self.spider)
-        assert self._intake is not None
-        self._intake.legacy_seen = legacy_seen and self.df is not None
+        assert self._runner is not None and self._intake is not None
+        self._runner.joined = joined
+        self._intake.legacy_seen = joined.legacy_seen and self.df is not None
         assert self.shards is not None
         check_durability(
             self.io.client,
@@ -352,6 +358,7 @@ class Scheduler(BaseScheduler, SignalHandlers, Pump, BatchBuilding):
         if entry.kind == EntryKind.DEAD_LETTER:
             return False
         self._last_work = time.monotonic()
+        self._had_work = True
         self._inc("scheduler/enqueued")
         self._inc("scheduler/enqueued/redis")
         if self._outbox.entries >= self.config.push_batch_size:
@@ -429,6 +436,7 @@ class Scheduler(BaseScheduler, SignalHandlers, Pump, BatchBuilding):
             self._kick()
             return None
         self._last_work = time.monotonic()
+        self._had_work = True
         self._inc("scheduler/dequeued")
         self._inc("scheduler/dequeued/redis")
         if self._leases.ready < self.config.prefetch // 2:

@@ -246,6 +246,7 @@ class ShardedRunner(Runner):
             after += fanned(self._lease_fan(batch), self._leased(res))
         if batch.peek and not batch.wait > 0:
             after.append(_Step(crawl.claim_op(batch.peek), _setter(res, "peeked")))
+        after += self._generation_steps(batch, res)
         if batch.beat and self.liveness is not None:
             after += fanned(sh.every_fan(Frontier.alive_op, _sum_ints), self._beaten(res))
         after += self._rider_steps(batch, res)
@@ -265,6 +266,8 @@ class ShardedRunner(Runner):
                 down = not isinstance(exc, redis.ResponseError)
         if batch.reclaim and not down and any(waiting):
             down = self._move_dead(res, [i for i, n in enumerate(waiting) if n])
+        if not down:
+            down = self._rejoin(res)
         if batch.drain and not down:
             try:
                 res.drained = sh.drained()
@@ -272,6 +275,9 @@ class ShardedRunner(Runner):
                 res.error = res.error or exc
         self._read_memory(res)
         return res
+
+    def _frontiers(self) -> list[Frontier]:
+        return [self.shards.crawl, *self.shards.parts]
 
     def _places_fan(self, freed: list[LeaseRef], taken: list[LeaseRef]) -> Fan[Places]:
         by_freed, by_taken = self.shards.by_shard(freed), self.shards.by_shard(taken)

@@ -263,6 +263,7 @@ class Shards:
             max(before, sum(d.leased for d in waits), after) + head.leased,
             min(retries) if retries else head.next_retry_ms,
             head.claimants,
+            head.worked or any(d.worked for d in waits),
         )
 
     def _leased(self) -> int:

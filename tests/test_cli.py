@@ -438,6 +438,37 @@ def test_reset_of_a_name_with_glob_characters_leaves_other_crawls_alone(
     assert f"invalid spider/namespace {name!r}: a crawl name may not contain" in err
 
 
+def live_beat(client, tag, keys=SITE, ago_ms=0):
+    seconds, micros = client.time()
+    client.zadd(keys.alive, {tag: seconds * 1000 + micros // 1000 - ago_ms})
+
+
+def test_reset_refuses_while_a_worker_is_live(capsys, redis_url, redis_client):
+    fill(redis_client, SITE)
+    live_beat(redis_client, b"1a2b3c4d")
+    live_beat(redis_client, b"0f0f0f0f", ago_ms=60_000)  # lapsed: not live
+    code, out, err = run(capsys, redis_url, "reset", "site", "--yes")
+    assert (code, out) == (1, "")
+    assert "1 worker(s) of 'site' beat within the last 10s (1a2b3c4d)" in err
+    assert "0f0f0f0f" not in err
+    assert "--force" in err
+    assert redis_client.exists(*SITE.all()) == len(SITE.all())
+    # a longer --worker-timeout counts the older beat as live too
+    code, _, err = run(capsys, redis_url, "reset", "site", "--yes", "--worker-timeout", "120")
+    assert code == 1
+    assert "2 worker(s)" in err
+
+
+def test_reset_with_force_warns_and_resets(capsys, redis_url, redis_client):
+    fill(redis_client, SITE)
+    live_beat(redis_client, b"1a2b3c4d")
+    code, out, err = run(capsys, redis_url, "reset", "site", "--yes", "--force")
+    assert code == 0
+    assert out.startswith("removed ")
+    assert err.startswith("warning: 1 worker(s) of 'site' beat within the last 10s (1a2b3c4d)")
+    assert redis_client.exists(*SITE.all()) == 0
+
+
 def test_reset_without_yes_on_a_pipe_refuses(capsys, redis_url, redis_client, monkeypatch):
     fill(redis_client, SITE)
     monkeypatch.setattr(sys, "stdin", io.StringIO("y\n"))

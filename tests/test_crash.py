@@ -198,7 +198,7 @@ def test_workers_go_on_after_redis_loses_everything(
         redis_server.restart()
     else:
         subprocess.run(
-            [sys.executable, "-m", "distcrawl.cli", "reset", "site", "--yes"],
+            [sys.executable, "-m", "distcrawl.cli", "reset", "site", "--yes", "--force"],
             env={**os.environ, "REDIS_URL": redis_server.url},
             check=True,
             capture_output=True,

@@ -108,9 +108,21 @@ async def test_flush_on_start_clears_only_when_asked(redis_url, redis_client, de
     await crawl(SiteSpider, redis_url, DEPTH_LIMIT=0)
     assert redis_client.sismember("site:seen", b"old-fingerprint")  # persistent by default
     assert redis_client.llen("site:dead") == 1
-    await crawl(SiteSpider, redis_url, DEPTH_LIMIT=0, DISTCRAWL_FLUSH_ON_START=True)
+    runner = AsyncCrawlerRunner(
+        crawl_settings(redis_url, DEPTH_LIMIT=0, DISTCRAWL_FLUSH_ON_START=True)
+    )
+    crawler = runner.create_crawler(SiteSpider)
+
+    def push() -> None:
+        # once the frontier is flushed (the scheduler opened): the idle timeout counts from
+        # the crawl's first work, and a flushed crawl has none
+        redis_client.lpush("site:start_urls", site.url + "/page/2")
+
+    crawler.signals.connect(push, signal=signals.spider_opened)
+    await run(crawler.crawl_async())
     assert not redis_client.sismember("site:seen", b"old-fingerprint")
     assert redis_client.llen("site:dead") == 0
+    assert crawler.stats.get_value("distcrawl/start_urls/read") == 1
 
 
 @pytest_twisted.ensureDeferred

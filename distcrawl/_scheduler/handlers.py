@@ -41,6 +41,8 @@ class SignalHandlers(SchedulerState):
         ):
             raise DontCloseSpider
         now = time.monotonic()
+        if not self._had_work and not self._crawl_had_work(now, spider):
+            raise DontCloseSpider
         idle_for = now - self._last_work
         if idle_for < timeout:
             raise DontCloseSpider
@@ -63,6 +65,32 @@ class SignalHandlers(SchedulerState):
             timeout,
             extra={"spider": spider},
         )
+
+    def _crawl_had_work(self, now: float, spider: Spider) -> bool:
+        """Whether the crawl has had work, for a worker that had none yet: the idle clock
+        starts only then. Workers are often started before the first push (scrapy-redis
+        users start them, then push): one that closed before its crawl began would leave
+        the crawl without workers. A crawl that had work before this worker came (its
+        frontier numbered a request or holds dead letters) starts the clock at the worker's
+        start, so a worker joining a finished crawl closes as before."""
+        look = self._drained
+        if look is not None and look[1].worked:
+            self._had_work = True
+            return True
+        if look is None or now - look[0] > DRAIN_CHECK_MAX_AGE:
+            self._drain_wanted = True  # read at most once per idle signal (about 5 s)
+            self._kick()
+        if look is not None and not self._noted_no_work:
+            self._noted_no_work = True
+            assert self.keys is not None
+            logger.info(
+                "No work yet: waiting for the first start URL in %s; the "
+                "DISTCRAWL_IDLE_TIMEOUT=%s clock starts once the crawl has had work",
+                self.keys.start_urls,
+                self.config.idle_timeout,
+                extra={"spider": spider},
+            )
+        return False
 
     def _on_downloading(self, request: Request, spider: Spider) -> None:
         if self._leases.downloading(request):

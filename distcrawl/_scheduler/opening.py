@@ -29,8 +29,10 @@ from distcrawl.dupefilter import RedisDupeFilter
 from distcrawl.frontier import Frontier
 from distcrawl.keys import FrontierKeys
 from distcrawl.layout import (
+    GENERATION,
     LEGACY_SCRAPY_REDIS,
     LEGACY_SEEN,
+    Joined,
     Layout,
     LayoutMismatch,
     class_path,
@@ -115,12 +117,12 @@ def politeness_bound(config: DistcrawlConfig, settings: Any) -> str:
     return f"politeness is cluster-wide: {bound} for all workers together ({sources}){more}"
 
 
-def check_layout(frontier: Frontier, config: DistcrawlConfig, crawler: Crawler) -> bool:
+def check_layout(frontier: Frontier, config: DistcrawlConfig, crawler: Crawler) -> Joined:
     """Join the crawl only if this worker lays the frontier out as the crawl does
-    (distcrawl/layout.py); on the Redis thread, before anything is leased. Whether the
-    crawl has a legacy seen-set (``<ns>:meta``, written by ``distcrawl import``), read in
-    the same round trip: decided once, so that a crawl without one pays nothing per
-    request."""
+    (distcrawl/layout.py); on the Redis thread, before anything is leased. Returns the crawl
+    joined, whose generation the batches then watch, and whether it has a legacy seen-set
+    (``<ns>:meta``, written by ``distcrawl import``), read in the same round trip: decided
+    once, so that a crawl without one pays nothing per request."""
     mine = Layout(
         shards=config.shards,
         seen=config.seen,
@@ -146,7 +148,7 @@ def check_layout(frontier: Frontier, config: DistcrawlConfig, crawler: Crawler) 
             frontier.keys.namespace,
             frontier.keys.legacy_seen,
         )
-    return legacy == LEGACY_SCRAPY_REDIS
+    return Joined(mine, stored.get(GENERATION), legacy_seen=legacy == LEGACY_SCRAPY_REDIS)
 
 
 def check_scripts(frontier: Frontier, spider: Spider | None) -> None:

@@ -76,6 +76,11 @@ class Outbox:
         """Politeness feedback for the next commit (FeedbackBuffer.add)."""
         return self._feedback.add(request, response)
 
+    def forget_feedback(self) -> None:
+        """Drop the politeness feedback not sent yet: its slots' state went with the
+        frontier it was about (a reset)."""
+        self._feedback.drain()
+
     def current(self) -> Commit | None:
         """The commit to send: the one Redis has not confirmed, or the next."""
         if self.commit is None:

@@ -13,10 +13,14 @@ import logging
 import time
 from typing import Any
 
+from scrapy.utils.defer import deferred_from_coro
+
 from distcrawl import _engine
+from distcrawl import signals as distcrawl_signals
 from distcrawl._scheduler.state import SchedulerState
 from distcrawl.batch import SPLIT_AFTER, Batch, BatchResult, Commit, refused
 from distcrawl.frontier import CommitResult, Entry, EntryKind, dead_letter
+from distcrawl.layout import LayoutMismatch, Rejoined
 from distcrawl.redact import redact_error, redacted_exc_info
 
 #: the scheduler's logger: these are its messages, filtered and configured as such
@@ -62,6 +66,11 @@ class Pump(SchedulerState):
     def _apply(self, res: BatchResult, batch: Batch) -> None:
         self._busy = False
         now = time.monotonic()
+        if res.rejoined is not None:
+            # before what the batch leased or claimed: that is the new crawl's work
+            self._rejoined(res.rejoined)
+            if self._runner is None:
+                return
         self._apply_commits(res, batch.commits)
         errors = [e for e in (res.commit_error, res.error) if e is not None]
         if len(errors) == 2 and errors[0] is errors[1]:
@@ -113,6 +122,43 @@ class Pump(SchedulerState):
         if self._outbox.due or self._leases.unreported or ((got or lease_now or freed) and low):
             # the next batch now, not one reactor turn later: a turn can be a page's parsing
             self._pump()
+
+    def _rejoined(self, rejoined: Rejoined) -> None:
+        """The frontier this worker joined was reset, and it joined the crawl there now
+        (layout.py): what it remembers of the old crawl would spoil the new one (its seen
+        cache alone drops every link already pushed once), so it is forgotten."""
+        assert self.keys is not None
+        if rejoined.differences:
+            # set up anew by a worker with other settings: working in it would corrupt it
+            logger.error(
+                "The frontier %r this worker joined was reset, and %s",
+                self.keys.namespace,
+                LayoutMismatch(self.keys.namespace, rejoined.differences),
+                extra={"spider": self.spider},
+            )
+            self._runner = None  # nothing of this worker's goes to that crawl
+            self._closing = True
+            deferred_from_coro(
+                self.crawler.engine.close_spider_async(reason="frontier_layout_mismatch")
+            )
+            return
+        logger.warning(
+            "The frontier %r this worker joined is gone (%s): forgetting the URLs it "
+            "pushed, the robots.txt it read and its politeness state, and going on with "
+            "the crawl there now",
+            self.keys.namespace,
+            "reset or emptied" if rejoined.gone else "set up anew by another worker",
+            extra={"spider": self.spider},
+        )
+        self._inc("distcrawl/frontier/rejoined")
+        if self.df is not None:
+            self.df.forget()
+        self._outbox.forget_feedback()
+        self._remote_queue = 0
+        self._drained = None
+        self._had_work = False  # the next crawl's idle clock starts with its first work
+        self._polling.resume()
+        self.crawler.signals.send_catch_log(signal=distcrawl_signals.frontier_reset)
 
     def _apply_commits(self, res: BatchResult, commits: list[Commit]) -> None:
         """Forget the commits Redis confirmed; keep the first that failed, to send again."""
@@ -175,6 +221,7 @@ class Pump(SchedulerState):
         if got:
             self._inc("distcrawl/leased", got)
             self._last_work = time.monotonic()
+            self._had_work = True
             _engine.wake(self.crawler)
         return got
 
@@ -186,6 +233,8 @@ class Pump(SchedulerState):
             self._outbox.push(self._intake.start_entry(raw))
             self._start_pending += 1
         if raws:
+            self._last_work = time.monotonic()
+            self._had_work = True
             self._inc("distcrawl/start_urls/read", len(raws))
             self._kick()
 

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from distcrawl.connection import RedisIO
     from distcrawl.dupefilter import RedisDupeFilter
     from distcrawl.frontier import Drained
+    from distcrawl.keys import FrontierKeys
     from distcrawl.liveness import Liveness
 
 
@@ -41,6 +42,7 @@ class SchedulerState:
     df: RedisDupeFilter | None
     io: RedisIO
     spider: Spider | None
+    keys: FrontierKeys | None
     _runner: Runner | None
     _liveness: Liveness | None
     _outbox: Outbox
@@ -59,6 +61,8 @@ class SchedulerState:
     _polling: Polling
     _waiting: bool
     _last_work: float
+    _had_work: bool
+    _noted_no_work: bool
     _drained: tuple[float, Drained] | None
     _drain_wanted: bool
     _held_back: bool

@@ -26,6 +26,7 @@ from distcrawl.cli._common import (
     delete_confirmed,
     settings_option,
 )
+from distcrawl.liveness import live_workers
 from distcrawl.producer import Outcome
 
 # ---------------------------------------------------------------------- push
@@ -281,6 +282,27 @@ def cmd_doctor(args: argparse.Namespace, ctx: Context) -> int:
 
 def cmd_reset(args: argparse.Namespace, ctx: Context) -> int:
     keys = ctx.keys(args.spider)
+    live = live_workers(ctx.client, keys, args.worker_timeout)
+    if live:
+        # a live worker goes on with the crawl there after the reset (it notices the reset
+        # at its next lease and forgets its caches), and a page it is fetching meanwhile
+        # pushes its links into it
+        beat = (
+            f"{len(live)} worker(s) of {keys.namespace!r} beat within the last "
+            f"{args.worker_timeout:g}s ({', '.join(live)})"
+        )
+        if not args.force:
+            print(
+                f"error: {beat}: stop them first (or pause the crawl and let them finish), "
+                "or reset with --force: they then forget this crawl and go on with the next "
+                "one pushed, and the pages they are fetching push their links into it",
+                file=sys.stderr,
+            )
+            return EXIT_PARTIAL
+        print(
+            f"warning: {beat}; resetting anyway (--force): they go on with the next crawl",
+            file=sys.stderr,
+        )
     # the workers' claim lists too: entries claimed and not stored are start URLs as well
     frontier = ctx.frontier(keys)
     existing = int(ctx.client.exists(*keys.all(), *frontier.claim_keys()))
@@ -372,3 +394,16 @@ def add_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
 
     reset = command(commands, "reset", cmd_reset, "delete every key of this crawl")
     reset.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    reset.add_argument(
+        "--force",
+        action="store_true",
+        help="reset even while workers are live (they notice, forget what they remember of "
+        "this crawl and go on with the next)",
+    )
+    reset.add_argument(
+        "--worker-timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="a worker that beat more recently is live (DISTCRAWL_WORKER_TIMEOUT, default 10)",
+    )
