@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from distcrawl.dupefilter import RedisDupeFilter
     from distcrawl.frontier import Drained
     from distcrawl.liveness import Liveness
+    from distcrawl.politeness import ServerClock
 
 
 class SchedulerState:
@@ -43,6 +44,7 @@ class SchedulerState:
     spider: Spider | None
     _runner: Runner | None
     _liveness: Liveness | None
+    clock: ServerClock
     _outbox: Outbox
     _leases: Leases
     _report: Reporter
