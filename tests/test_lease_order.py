@@ -140,3 +140,37 @@ def test_the_rotation_costs_no_more_reads_with_more_ready_slots(redis_client):
     print(f"range reads and HGETs of a lease of 4: {few} with 4 slots, {many} with 1,000")
     assert many == few
     assert many[0] == 4
+
+
+def test_a_worker_fetches_equal_priority_pages_of_several_sites_in_turn(
+    demo_site, workers, redis_client
+):
+    """Scrapy's ``test_logic`` with a real worker: four pages of each of three sites, pushed
+    site after site at one priority, all leased at once (DISTCRAWL_PREFETCH = 12) and fetched
+    one at a time (CONCURRENT_REQUESTS = 1): the sites' own request logs show them taken in
+    turn. Before, a lease took a site's four
+    pages, then the next site's: a, a, a, a, b, b, b, b, c, c, c, c."""
+    from scrapy.settings import Settings
+
+    from distcrawl.producer import Producer
+
+    sites = [demo_site(pages=4, links=1, host=f"127.0.0.{n}") for n in (2, 3, 4)]
+    settings = Settings()
+    settings.setmodule("distcrawl.settings")
+    with Producer(redis_client, "site", settings) as producer:
+        results = producer.push_many([f"{site.url}/page/{n}" for site in sites for n in range(4)])
+    assert len(results) == 12
+    settings = {"CONCURRENT_REQUESTS": 1, "DISTCRAWL_PREFETCH": 12, "ROBOTSTXT_OBEY": False}
+    worker = workers(1, DISTCRAWL_IDLE_TIMEOUT=3, **settings)
+    assert worker.wait(120) == 0, worker.log()[-3000:]
+
+    host = {site.url: site.host for site in sites}
+    arrivals = sorted(
+        (line.arrived, host[site.url])
+        for site in sites
+        for line in site.read_log()
+        if line.path.startswith("/page/")
+    )
+    dequeued = [h for _, h in arrivals]
+    print(f"fetch order: {' '.join(h.rsplit('.', 1)[1] for h in dequeued)}")
+    assert fair([site.host for site in sites for _ in range(4)], dequeued), dequeued
