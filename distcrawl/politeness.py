@@ -30,19 +30,70 @@ if TYPE_CHECKING:
 DOWNLOAD_SLOT = "download_slot"
 
 
-def parse_retry_after(value: bytes | str | None, now: float | None = None) -> float | None:
-    """Seconds to wait from a ``Retry-After`` header: delta-seconds or an HTTP date."""
-    if not value:
+def parse_retry_after(
+    value: bytes | str | None, now: float | None = None, *, date: bytes | str | None = None
+) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header: delta-seconds or an HTTP date.
+
+    A date is the origin server's clock, so it is taken against the same server's ``Date``
+    header (RFC 9110 10.2.3): the worker's clock, which may be off by any amount, is not
+    involved. Only an answer without a usable ``Date`` falls back to ``now``: the caller's
+    best clock, the Redis server's as the last lease told it (ServerClock), whose time is
+    the one every slot's turn is kept in; this host's clock when neither is known."""
+    text = _header_text(value)
+    if not text:
         return None
-    text = value.decode("latin-1") if isinstance(value, bytes) else value
-    text = text.strip()
     if text.isdigit():
         return float(text)
+    when = _http_date(text)
+    if when is None:
+        return None
+    sent = _http_date(_header_text(date))
+    if sent is None:
+        sent = time.time() if now is None else now
+    return max(0.0, when - sent)
+
+
+def retry_after_of(response: Response, now: float | None = None) -> float | None:
+    """``parse_retry_after`` of a response's own ``Retry-After`` and ``Date`` headers."""
+    headers = response.headers
+    return parse_retry_after(headers.get(b"Retry-After"), now, date=headers.get(b"Date"))
+
+
+def _header_text(value: bytes | str | None) -> str:
+    if not value:
+        return ""
+    return (value.decode("latin-1") if isinstance(value, bytes) else value).strip()
+
+
+def _http_date(text: str) -> float | None:
+    """An HTTP date as a POSIX time; None for anything else (an empty header included)."""
+    if not text:
+        return None
     try:
-        when = parsedate_to_datetime(text).timestamp()
+        return parsedate_to_datetime(text).timestamp()
     except (TypeError, ValueError, IndexError, OverflowError):
         return None
-    return max(0.0, when - (time.time() if now is None else now))
+
+
+class ServerClock:
+    """The Redis server's clock, as the last lease reply gave it (lease.lua returns its
+    TIME) and this host's monotonic clock carries it on: the frontier's clock at no round
+    trip, for a Retry-After date whose answer has no Date header to be read against."""
+
+    def __init__(self) -> None:
+        self._at: tuple[float, float] | None = None
+
+    def learn(self, server_ms: int) -> None:
+        if server_ms > 0:
+            self._at = (server_ms / 1000, time.monotonic())
+
+    def now(self) -> float | None:
+        """The server's time now, in seconds; None until a lease told it."""
+        if self._at is None:
+            return None
+        at, since = self._at
+        return at + (time.monotonic() - since)
 
 
 def slot_for(url: str, meta: Mapping[str, Any] | None, *, by_ip: bool = False) -> str:
@@ -95,8 +146,9 @@ class FeedbackBuffer:
     """Sums what responses said per slot until the next commit sends it to Redis: one
     record per slot and batch, not one per response."""
 
-    def __init__(self, config: DistcrawlConfig) -> None:
+    def __init__(self, config: DistcrawlConfig, clock: ServerClock | None = None) -> None:
         self.codes = config.throttle.codes
+        self.clock = clock if clock is not None else ServerClock()
         self.retry_after_max = config.retry.after_max
         self.by_ip = config.slots_by_ip
         self._slots: dict[str, list[int]] = {}
@@ -109,7 +161,7 @@ class FeedbackBuffer:
         attempt, and once the other pages are done its retries are all a slot gets), so it
         is left out, unless it carries a Retry-After, which always counts."""
         throttled = response.status in self.codes
-        after = parse_retry_after(response.headers.get(b"Retry-After")) if throttled else None
+        after = retry_after_of(response, self.clock.now()) if throttled else None
         if request.meta.get("retry_times", 0) and after is None:
             return throttled
         record = self._slots.setdefault(slot_of(request, by_ip=self.by_ip), [0, 0, 0, 0])

@@ -32,7 +32,7 @@ from scrapy.utils.response import response_status_message
 
 from distcrawl.backoff import RetrySettings
 from distcrawl.config import DistcrawlConfig
-from distcrawl.politeness import parse_retry_after
+from distcrawl.politeness import retry_after_of
 from distcrawl.scheduler import RETRY_DELAY_META, scheduler_of
 
 if TYPE_CHECKING:
@@ -105,7 +105,10 @@ class RetryMiddleware:
             return response
         retry_after = None
         if response.status in (429, 503):
-            retry_after = parse_retry_after(response.headers.get(b"Retry-After"))
+            scheduler = scheduler_of(self.crawler)
+            retry_after = retry_after_of(
+                response, scheduler.clock.now() if scheduler is not None else None
+            )
         reason = response_status_message(response.status)
         return self._retry(request, reason, response.status, retry_after) or response
 

@@ -76,6 +76,7 @@ from distcrawl.keys import FrontierKeys
 from distcrawl.layout import LayoutMismatch
 from distcrawl.liveness import Liveness
 from distcrawl.lua import LibraryMismatch, ScriptsRefused
+from distcrawl.politeness import ServerClock
 from distcrawl.redact import redact_error, redacted_exc_info
 from distcrawl.serialize import RequestCodec
 from distcrawl.shards import Shards
@@ -133,7 +134,9 @@ class Scheduler(BaseScheduler, SignalHandlers, Pump, BatchBuilding):
         self._runner: Runner | None = None
         self._liveness: Liveness | None = None
         self._liveness_started = False
-        self._outbox = Outbox(config)
+        #: the Redis server's clock as leases tell it, for Retry-After dates (politeness.py)
+        self.clock = ServerClock()
+        self._outbox = Outbox(config, self.clock)
         self._leases = Leases()
         self._report = Reporter(crawler, config, self.df)
         self._outage = Outage(config, crawler.stats)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -175,6 +175,7 @@ def workers(tmp_path: Path, redis_url: str) -> Iterator[Callable[..., Worker]]:
         index: int,
         spider: str = "site",
         spider_args: dict[str, str] | None = None,
+        wrapper: Sequence[str] = (),
         **settings: object,
     ) -> Worker:
         worker = Worker(
@@ -184,6 +185,7 @@ def workers(tmp_path: Path, redis_url: str) -> Iterator[Callable[..., Worker]]:
             settings=worker_settings(settings),
             log_path=tmp_path / f"worker-{index}.log",
             spider_args=spider_args,
+            wrapper=wrapper,
         )
         started.append(worker)
         return worker.start()

@@ -14,7 +14,7 @@ import pytest_twisted
 from distcrawl import cli
 from distcrawl.backoff import RetrySettings
 from distcrawl.demo.site import DemoSite
-from distcrawl.retry import parse_retry_after
+from distcrawl.politeness import parse_retry_after
 from distcrawl.spiders import RedisSpider
 from tests.support import page_fetches, stat, wait_until
 from tests.test_scheduler import crawl
@@ -51,6 +51,82 @@ def test_parse_retry_after():
     assert parse_retry_after(formatdate(now + 60, usegmt=True), now=now) == pytest.approx(60, abs=1)
     assert parse_retry_after(b"soon") is None
     assert parse_retry_after(None) is None
+
+
+HOUR = 3600.0
+SENT = 1_790_000_000.0  # the site's clock when it answered
+
+
+def test_a_retry_after_date_is_read_against_the_answers_own_date():
+    """The date and the Date header are the same server's clock: whatever clock the caller
+    passes (an hour off either way) does not change the wait."""
+    when, date = formatdate(SENT + 5, usegmt=True), formatdate(SENT, usegmt=True)
+    for now in (SENT - HOUR, SENT, SENT + HOUR):
+        assert parse_retry_after(when, now, date=date) == 5
+    assert parse_retry_after(when.encode(), date=date.encode()) == 5
+    # a date already past, by the server's clock, asks for no wait
+    assert parse_retry_after(formatdate(SENT - 30, usegmt=True), date=date) == 0
+    # delta-seconds ignore the Date header
+    assert parse_retry_after(b"7", SENT + HOUR, date=date) == 7
+
+
+def test_a_retry_after_date_without_a_usable_date_header_falls_back_to_the_given_clock():
+    when = formatdate(SENT + 5, usegmt=True)
+    for date in (None, b"", b"yesterday", "  "):
+        assert parse_retry_after(when, SENT, date=date) == 5
+        assert parse_retry_after(when, SENT + 2, date=date) == 3
+    assert parse_retry_after("Mon, 99 Foo 2026 25:61:00 GMT", SENT) is None
+
+
+def test_server_clock_is_what_the_last_lease_said_carried_on(monkeypatch):
+    from distcrawl.politeness import ServerClock
+
+    clock = ServerClock()
+    assert clock.now() is None  # no lease yet: callers fall back to this host's clock
+    ticks = iter([100.0, 102.5])
+    monkeypatch.setattr(time, "monotonic", lambda: next(ticks))
+    clock.learn(int(SENT * 1000))
+    assert clock.now() == pytest.approx(SENT + 2.5)
+    clock.learn(0)  # a reply without the server's time teaches nothing
+    assert clock._at == (SENT, 100.0)
+
+
+def test_the_slot_hold_and_the_retry_delay_read_the_answers_date():
+    """Both readers of Retry-After (the slot's hold, FeedbackBuffer; the retry's delay,
+    retry_after_of) take the date against the answer's Date, not this host's clock."""
+    from scrapy import Request
+    from scrapy.http import HtmlResponse
+    from scrapy.settings import Settings
+
+    from distcrawl.config import DistcrawlConfig
+    from distcrawl.frontier import Feedback
+    from distcrawl.politeness import FeedbackBuffer, ServerClock, retry_after_of
+
+    real = time.time()
+    headers = {
+        "Retry-After": formatdate(real + 3605, usegmt=True),
+        "Date": formatdate(real + 3600, usegmt=True),  # the site's clock is an hour ahead
+    }
+    request = Request("http://a.test/x")
+    response = HtmlResponse(request.url, status=429, headers=headers, request=request)
+    assert retry_after_of(response) == 5
+    assert retry_after_of(response, now=real - HOUR) == 5
+    buffer = FeedbackBuffer(DistcrawlConfig.from_settings(Settings()), ServerClock())
+    assert buffer.add(request, response)
+    assert buffer.drain() == [Feedback("a.test", 0, 0, 1, 5000)]
+    # no Date header: the server clock the buffer was given, once a lease told it
+    del response.headers[b"Date"]
+    clock = ServerClock()
+    clock.learn(int((real + 3600) * 1000))
+    buffer = FeedbackBuffer(DistcrawlConfig.from_settings(Settings()), clock)
+    assert buffer.add(request, response)
+    ((_, _, _, _, hold_ms),) = buffer.drain()
+    assert 4000 <= hold_ms <= 5000
+    # ... capped by DISTCRAWL_RETRY_AFTER_MAX, the cap the retry's delay has too
+    capped = DistcrawlConfig.from_settings(Settings({"DISTCRAWL_RETRY_AFTER_MAX": 2}))
+    buffer = FeedbackBuffer(capped, clock)
+    assert buffer.add(request, response)
+    assert buffer.drain()[0].retry_after_ms == 2000
 
 
 @pytest.mark.parametrize(("mode", "shards"), [("503", 1), ("drop", 1), ("503", 4)])

@@ -17,13 +17,13 @@ from scrapy.http import Response
 from distcrawl.batch import Ack, Commit
 from distcrawl.config import DistcrawlConfig
 from distcrawl.frontier import Entry, LeaseRef
-from distcrawl.politeness import FeedbackBuffer
+from distcrawl.politeness import FeedbackBuffer, ServerClock
 
 
 class Outbox:
     """Entries, acknowledgements and feedback waiting for a commit, and the commit sent."""
 
-    def __init__(self, config: DistcrawlConfig) -> None:
+    def __init__(self, config: DistcrawlConfig, clock: ServerClock | None = None) -> None:
         self.config = config
         self._outgoing: deque[Entry] = deque()
         #: entries ever added to _outgoing / taken from it into commits
@@ -32,7 +32,7 @@ class Outbox:
         self._acks: deque[Ack] = deque()
         #: the commit being sent; sent again, unchanged, until Redis confirms it
         self.commit: Commit | None = None
-        self._feedback = FeedbackBuffer(config)
+        self._feedback = FeedbackBuffer(config, clock)
 
     @property
     def entries(self) -> int:

@@ -217,6 +217,7 @@ class Pump(SchedulerState):
             self._leases.add(item, lease.leased_at)
             got += 1
         self._remote_queue = lease.queue_size
+        self.clock.learn(lease.leased_at)
         self._report.lease(lease)
         if got:
             self._inc("distcrawl/leased", got)

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from distcrawl.frontier import Drained
     from distcrawl.keys import FrontierKeys
     from distcrawl.liveness import Liveness
+    from distcrawl.politeness import ServerClock
 
 
 class SchedulerState:
@@ -45,6 +46,7 @@ class SchedulerState:
     keys: FrontierKeys | None
     _runner: Runner | None
     _liveness: Liveness | None
+    clock: ServerClock
     _outbox: Outbox
     _leases: Leases
     _report: Reporter

@@ -188,6 +188,8 @@ class Faults(NamedTuple):
     #: the n-th request of a page answers 429 with Retry-After: retry_after (0: never)
     throttle_at: int = 0
     retry_after: float = 0.0
+    #: Retry-After as an HTTP date (this host's clock plus ``retry_after``), not seconds
+    retry_after_date: bool = False
 
 
 class SiteConfig(NamedTuple):

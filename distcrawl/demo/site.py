@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import time
+from email.utils import formatdate
 from pathlib import Path
 from typing import IO, Any, NamedTuple
 
@@ -148,6 +149,14 @@ def _reactor() -> Any:
     return reactor
 
 
+def _retry_after(faults: Faults) -> bytes:
+    """The 429's Retry-After: seconds, or the date that many seconds from now on this host's
+    clock, which is also the clock of the Date header Twisted sends with it."""
+    if faults.retry_after_date:
+        return formatdate(time.time() + faults.retry_after, usegmt=True).encode()
+    return b"%d" % faults.retry_after
+
+
 def _build_site(cfg: SiteConfig, request_log: RequestLog) -> Any:
     """Twisted is imported lazily so importing the pure helpers stays cheap for tests."""
     from twisted.web import http, resource, server
@@ -185,7 +194,7 @@ def _build_site(cfg: SiteConfig, request_log: RequestLog) -> Any:
                 counters["pages"] += 1
                 if counters["pages"] == cfg.faults.throttle_at:
                     request.setResponseCode(429)
-                    request.setHeader(b"retry-after", b"%d" % cfg.faults.retry_after)
+                    request.setHeader(b"retry-after", _retry_after(cfg.faults))
                     return b"<html><body>slow down</body></html>"
             if fails_first(path, cfg) and attempts.get(path, 0) < cfg.faults.fail_times:
                 attempts[path] = attempts.get(path, 0) + 1
@@ -289,6 +298,11 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--retry-after", type=float, default=3.0, help="seconds, for --throttle-at")
     p.add_argument(
+        "--retry-after-date",
+        action="store_true",
+        help="send --retry-after as an HTTP date (this host's clock plus the seconds)",
+    )
+    p.add_argument(
         "--leaves",
         type=int,
         default=0,
@@ -313,7 +327,14 @@ def main(argv: list[str] | None = None) -> int:
         args.seed,
         args.delay,
         args.crawl_delay,
-        Faults(args.fail_rate, args.fail_times, args.fail_mode, args.throttle_at, args.retry_after),
+        Faults(
+            args.fail_rate,
+            args.fail_times,
+            args.fail_mode,
+            args.throttle_at,
+            args.retry_after,
+            args.retry_after_date,
+        ),
         args.leaves,
         tuple(args.hostile_link),
         args.fresh_pages,
@@ -379,6 +400,7 @@ class DemoSite(ManagedProcess):
         fail_mode: str = "503",
         throttle_at: int = 0,
         retry_after: float = 3.0,
+        retry_after_date: bool = False,
         leaves: int = 0,
         hostile_links: tuple[str, ...] | list[str] = (),
         fresh_pages: int = 10,
@@ -390,6 +412,7 @@ class DemoSite(ManagedProcess):
         self.hostile_links = tuple(hostile_links)
         self.fail_rate, self.fail_times, self.fail_mode = fail_rate, fail_times, fail_mode
         self.throttle_at, self.retry_after = throttle_at, retry_after
+        self.retry_after_date = retry_after_date
         self.leaves = leaves
         self.pages = pages
         self.links = links
@@ -414,6 +437,8 @@ class DemoSite(ManagedProcess):
             cmd += ["--fail-mode", self.fail_mode]
         if self.throttle_at:
             cmd += ["--throttle-at", str(self.throttle_at), "--retry-after", str(self.retry_after)]
+            if self.retry_after_date:
+                cmd.append("--retry-after-date")
         if self.leaves:
             cmd += ["--leaves", str(self.leaves)]
         for url in self.hostile_links:

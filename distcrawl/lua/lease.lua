@@ -90,7 +90,8 @@
 -- Returns {queue length, retries still waiting, retries released, ms until the next slot
 --          is ready or the next retry is due (-1: neither), now (ms), members quarantined,
 --          retries whose record was missing, slots armed again,
---          paced1, token1, entry1, paced2, token2, entry2, ...};
+--          paced1, token1, entry1, paced2, token2, entry2, ...}, the requests in the
+--          rotation's order (below): by priority, equal ones taking the slots in turn;
 --          paced is 1 for a request of a slot with a delay: its turn began now, so the
 --          worker sends it before whatever else it holds, and reports when it did
 --          (sent.lua), lest the gap to the next worker's turn shrink by its own lag;
@@ -232,9 +233,24 @@ local function hungry(slot, conc)
   end
 end
 
-local candidates = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now, 'LIMIT', 0, tonumber(ARGV[4]))
-for _, slot in ipairs(candidates) do
-  if want <= 0 then break end
+-- the priority of a well-formed entry (entry_fields without copying the payload)
+local function entry_priority(entry)
+  local cut = string.find(entry, '\0', 1, true)
+  local b1, b2, b3, b4 = string.byte(entry, cut + 1, cut + 4)
+  return 2147483648 - (((b1 * 256 + b2) * 256 + b3) * 256 + b4)
+end
+
+-- what this lease hands out, {priority, rank in its slot, slot's place, kind, token, entry},
+-- sorted before it goes into ``out`` (see the rotation below)
+local leased = {}
+-- per slot: its place among the candidates, its lowest priority so far, how many of that
+-- priority it gave
+local order, given, lowest = {}, {}, {}
+
+-- One visit of a ready slot: it gives up to ``room`` requests (places, then reserves).
+-- Returns true when it gave all of ``room`` and could give more in another visit.
+-- ``first``: the slot's first visit in this lease, the only one that parks a full slot.
+local function visit(slot, room, first)
   local delay, conc = limits(slot)
   local probe, wait_until = false, nil
   if probe_ms then
@@ -251,7 +267,7 @@ for _, slot in ipairs(candidates) do
   if adaptive > delay then delay = math.max(delay, math.floor(adaptive * jitter)) end
   conc = capped(slot, conc)
   local inflight = tonumber(redis.call('HGET', KEYS[7], slot)) or 0
-  local take = math.min(conc - inflight, want)
+  local take = math.min(conc - inflight, room)
   if delay > 0 or probe then take = math.min(take, 1) end
   local mine = held[slot] or 0
   local contended = tonumber(redis.call('HGET', KEYS[11], slot))
@@ -265,10 +281,12 @@ for _, slot in ipairs(candidates) do
     -- not beyond its share among the live workers: reserves would keep the places
     if placed <= math.max(1, math.ceil(conc / math.max(1, live_workers()))) then
       extra = math.min(reserve_max, placed) - (reserved[slot] or 0)
-      extra = math.max(0, math.min(extra, want - math.max(take, 0)))
+      extra = math.max(0, math.min(extra, room - math.max(take, 0)))
     end
   end
-  if wait_until then
+  if not first and (take <= 0 and extra <= 0) then
+    return false  -- it gave its places in an earlier visit, where it was parked if full
+  elseif wait_until then
     redis.call('ZADD', KEYS[5], wait_until, slot)
   elseif conc - inflight <= 0 and extra <= 0 then
     -- full: looked at again soon (so that waiting workers keep saying so), or as soon as
@@ -311,24 +329,30 @@ for _, slot in ipairs(candidates) do
           id = entry_id(entry)
           record = redis.call('HGET', KEYS[2], id)
         end
-        local token = tag .. be_bytes((nonce + taken + reserves) % 4294967296, 4)
+        local token = tag .. be_bytes((nonce + #leased) % 4294967296, 4)
         redis.call('HSET', KEYS[2], id, token .. entry)
         redis.call('ZADD', KEYS[3], deadline, id)
+        local kind
         if taken < take then
           redis.call('SREM', KEYS[17], id)  -- a new lease takes a place of its own
-          out[#out + 1] = delay > 0 and 1 or 0
+          kind = delay > 0 and 1 or 0
           taken = taken + 1
         else
           redis.call('SADD', KEYS[17], id)  -- a reserve: no place until it takes one
-          out[#out + 1] = 2
+          kind = 2
           reserves = reserves + 1
         end
-        out[#out + 1] = token
-        out[#out + 1] = entry
+        -- never above an earlier one of the slot (sorting keeps each slot's own order); its
+        -- rank counts the slot's requests of that priority
+        local prio = math.min(entry_priority(entry), lowest[slot] or math.huge)
+        given[slot] = prio == lowest[slot] and given[slot] + 1 or 1
+        lowest[slot] = prio
+        leased[#leased + 1] = {prio, given[slot], order[slot], kind, token, entry}
       end
     end
     want = want - taken - reserves
     held[slot] = mine + taken
+    reserved[slot] = (reserved[slot] or 0) + reserves
     if taken > 0 then
       inflight = redis.call('HINCRBY', KEYS[7], slot, taken)
     end
@@ -344,7 +368,8 @@ for _, slot in ipairs(candidates) do
       next_at = now + probe_ms
     end
     -- whether the slot has anything left in either queue after this turn
-    if used == #entries and #fresh <= take + extra and #revisits <= from_revisits then
+    local left = not (used == #entries and #fresh <= take + extra and #revisits <= from_revisits)
+    if not left then
       redis.call('ZREM', KEYS[5], slot)
       redis.call('HDEL', KEYS[11], slot)
     elseif inflight >= conc then
@@ -352,7 +377,44 @@ for _, slot in ipairs(candidates) do
     else
       redis.call('ZADD', KEYS[5], next_at, slot)
     end
+    return left and taken + reserves >= room and inflight < conc and delay == 0 and not probe
   end
+  return false
+end
+
+-- The rotation: a lease shares what it may take among the ready slots in turns, as Scrapy's
+-- DownloaderAwarePriorityQueue does on equal priority (a1, b1, a2, b2), so that a broad
+-- crawl's first seconds go to many sites, not to the first ones' whole concurrency. Each
+-- turn offers every slot still giving an equal part of what is wanted; one that gives less
+-- (short of requests, of places, or one request a turn for a slot with a delay) leaves the
+-- rest to the others in the next turn. The last turn takes what it can, slot after slot.
+-- A slot's entries are read once per visit, so a single slot is one read as before, and
+-- a lease visits no more slots than it takes from (plus those in front of them that give
+-- nothing, as before). The leased requests are then ordered by priority, ties by their
+-- rank among their slot's requests of that priority, then by the slot's place: a1, b1, a2,
+-- b2.
+local TURNS = 3
+local active = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now, 'LIMIT', 0, tonumber(ARGV[4]))
+for i, slot in ipairs(active) do order[slot] = i end
+local turn = 0
+while want > 0 and #active > 0 do
+  turn = turn + 1
+  local room = turn >= TURNS and want or math.ceil(want / #active)
+  local again = {}
+  for _, slot in ipairs(active) do
+    if want <= 0 then break end
+    if visit(slot, math.min(room, want), turn == 1) then again[#again + 1] = slot end
+  end
+  active = again
+end
+table.sort(leased, function(x, y)
+  if x[1] ~= y[1] then return x[1] > y[1] end
+  if x[2] ~= y[2] then return x[2] < y[2] end
+  return x[3] < y[3]
+end)
+for _, item in ipairs(leased) do
+  local n = #out
+  out[n + 1], out[n + 2], out[n + 3] = item[4], item[5], item[6]
 end
 -- slots parked at their limit (a worker that frees a place leases again in the same step and
 -- parks the slot anew, so a waiting worker would rarely find it ready): a worker that still

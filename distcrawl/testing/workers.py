@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ class Worker(ManagedProcess):
         env: Mapping[str, str] | None = None,
         mongo_uri: str | None = None,
         spider_args: Mapping[str, str] | None = None,
+        wrapper: Sequence[str] = (),
     ) -> None:
         super().__init__()
         self.index = index
@@ -54,9 +55,12 @@ class Worker(ManagedProcess):
         #: given to the worker as the MONGO_URI environment variable (the bundled settings read
         #: it), never on its command line; None: the worker stores no items
         self.mongo_uri = mongo_uri
+        #: a command the worker runs under, e.g. ``["faketime", "-f", "-1h"]`` for a host
+        #: whose clock is an hour behind
+        self.wrapper = list(wrapper)
 
     def command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "scrapy", "crawl", self.spider]
+        cmd = [*self.wrapper, sys.executable, "-m", "scrapy", "crawl", self.spider]
         settings = {"USER_AGENT": worker_agent(self.index), "LOG_FILE": str(self.log_path)}
         settings.update(self.settings)
         for key, value in settings.items():
