@@ -68,6 +68,7 @@ def fill(client, keys):
     client.zadd(keys.revisit_queue, {b"example.com\0x": 0})
     client.hset(keys.revisit_of, b"fp", b"4")
     client.sadd(keys.seen, b"fp")
+    client.sadd(keys.legacy_seen, b"0123456789ab")
     client.hset(keys.bloom, b"layers", 0)
     client.set(keys.seq, 2)
     client.lpush(keys.dead, dead_letter("bad", raw=b"x", source="start_urls"))
