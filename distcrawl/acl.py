@@ -197,7 +197,7 @@ PRODUCER_COMMANDS = (
 #: own on the keys that hold no request (:func:`producer_record_keys`) and on no other: a
 #: Redis ACL grants commands to all of a user's keys, so with ZRANGE beside ``<ns>:queue`` the
 #: producer could read every queued request with its headers and cookies
-PRODUCER_RECORD_COMMANDS = ("hget", "hgetall", "zrange", "zrevrange")
+PRODUCER_RECORD_COMMANDS = ("exists", "hget", "hgetall", "zrange", "zrevrange")
 
 
 def producer_size_keys(keys: FrontierKeys) -> tuple[str, ...]:

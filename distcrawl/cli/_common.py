@@ -102,10 +102,14 @@ class Context:
         Redis no worker of the crawl has seen yet is warned about too, which is right when
         the name is wrong and harmless when it is not."""
         named = self.keys(keys)
-        # one slot on a cluster (a crawl's keys share its hash tag): one EXISTS
-        traces = (named.meta, named.start_urls, named.queue, named.seen, named.stats)
+        # one slot on a cluster (a crawl's keys share its hash tag), one round trip; two
+        # EXISTS, as the producer's ACL grants the records (meta, stats) and the keys that
+        # hold requests in selectors of their own, and one command must fit in one of them
+        pipe = self.client.pipeline(transaction=False)
+        pipe.exists(named.meta, named.stats)
+        pipe.exists(named.start_urls, named.queue, named.seen)
         try:
-            ran = bool(self.client.exists(*traces))
+            ran = any(pipe.execute())
         except redis.ResponseError:  # EXISTS not granted to this user: nothing to say
             return
         if not ran:
