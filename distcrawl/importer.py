@@ -377,7 +377,6 @@ class Importer:
         """Copy the dupefilter's hex fingerprints, cut to what the seen-set holds: into every
         shard's seen-set in a sharded crawl (a fingerprint does not tell its URL's shard);
         counted as converted when no shard held it yet."""
-        cursor = 0
         parts = self.producer.parts
         if len(parts) > 1:
             self.report.notes.append(
@@ -385,6 +384,16 @@ class Importer:
                 "shards' seen-sets (DISTCRAWL_SHARDS): a fingerprint does not tell which "
                 "shard its URL belongs to"
             )
+        for fps in self._dupefilter_pages():
+            new = [True] * len(fps)
+            for part in parts:
+                new = [a and b for a, b in zip(new, part.add_seen(fps), strict=True)]
+            self.report.conversion.converted += sum(new)
+
+    def _dupefilter_pages(self) -> Iterator[list[bytes]]:
+        """The dupefilter's fingerprints, a SSCAN page at a time, cut to FINGERPRINT_BYTES;
+        a member that is no hex SHA1 (not scrapy-redis') is passed over."""
+        cursor = 0
         while True:
             cursor, values = self.client.sscan(self.source.dupefilter_key, cursor, count=PAGE)
             fps = []
@@ -393,10 +402,7 @@ class Importer:
                     fps.append(bytes.fromhex(to_unicode(value))[:FINGERPRINT_BYTES])
                 except ValueError:
                     continue
-            new = [True] * len(fps)
-            for part in parts:
-                new = [a and b for a, b in zip(new, part.add_seen(fps), strict=True)]
-            self.report.conversion.converted += sum(new)
+            yield fps
             if not cursor:
                 return
 
@@ -406,23 +412,13 @@ class Importer:
         say so in ``<ns>:meta``, which the workers read at open: only then do they compute
         scrapy-redis' fingerprint of their requests, so that a crawl without one pays
         nothing. A run again adds what is there again (no change)."""
-        cursor = 0
         parts = self.producer.parts
-        while True:
-            cursor, values = self.client.sscan(self.source.dupefilter_key, cursor, count=PAGE)
-            fps = []
-            for value in values:
-                try:
-                    fps.append(bytes.fromhex(to_unicode(value))[:FINGERPRINT_BYTES])
-                except ValueError:
-                    continue
+        for fps in self._dupefilter_pages():
             if fps:
                 pipe = self.client.pipeline(transaction=False)
                 for part in parts:
                     pipe.sadd(part.keys.legacy_seen, *fps)
                 pipe.execute()
-            if not cursor:
-                break
         self.report.conversion.legacy = int(self.client.scard(parts[0].keys.legacy_seen))
         self.client.hset(self.keys.meta, LEGACY_SEEN, LEGACY_SCRAPY_REDIS)
 
