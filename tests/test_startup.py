@@ -29,6 +29,9 @@ from distcrawl.spiders import RedisCrawlSpider, RedisSpider
 class Plain(RedisSpider):
     name = "plain"
 
+    def parse(self, response):
+        yield {"url": response.url}
+
 
 class Rules(RedisCrawlSpider):
     name = "rules"
@@ -81,6 +84,29 @@ def test_redis_spider_without_the_addon_stops_naming_addons(
     assert "ADDONS" in errors[0] and "distcrawl.Addon" in errors[0], errors
     assert "Spider closed (distcrawl_addon_missing)" in text
     assert "Traceback" not in text
+
+
+@pytest.mark.integration
+def test_redis_spider_with_start_urls_of_its_own_runs_on_plain_scrapy_with_a_warning(
+    tmp_path: Path, demo_site
+) -> None:
+    """Without the add-on a spider given start URLs is a plain Scrapy crawl of them (what
+    the benchmarks' plain Scrapy row runs): crawled, exit 0, one WARNING that Redis is not
+    read; only a spider with nothing but Redis to read from is refused (test above)."""
+    site = demo_site(pages=5)
+    project = _project(
+        tmp_path,
+        'BOT_NAME = "newproj"\nSPIDER_MODULES = ["newproj.spiders"]\nROBOTSTXT_OBEY = False\n',
+    )
+    log = tmp_path / "crawl.log"
+    result = _crawl(project, "plain", log, "-a", f"start_urls={site.url}/")
+    text = log.read_text()
+    warnings = [line for line in text.splitlines() if "] WARNING:" in line and "add-on" in line]
+    assert result.returncode == 0, text
+    assert len(warnings) == 1, warnings
+    assert "plain:start_urls in Redis is not read" in warnings[0]
+    assert "'downloader/response_status_count/200': 1" in text
+    assert "] ERROR:" not in text and "Traceback" not in text
 
 
 def _refused_worker(tmp_path: Path, url: str) -> tuple[int | None, str]:

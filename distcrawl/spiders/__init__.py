@@ -40,10 +40,10 @@ class RedisMixin:
     start_urls: list[str]
 
     async def start(self) -> AsyncIterator[Any]:
-        self._check_scheduler()
         urls = getattr(self, "start_urls", ())
         if isinstance(urls, str):  # `scrapy crawl NAME -a start_urls=URL,URL`
             urls = [u.strip() for u in urls.split(",") if u.strip()]
+        self._check_scheduler(own_start_urls=bool(urls))
         crawler = getattr(self, "crawler", None)
         schemes = (
             DistcrawlConfig.from_settings(crawler.settings).allowed_schemes
@@ -69,11 +69,14 @@ class RedisMixin:
             raise exc
         scheduler.dead_letter_start(str(url), reason)
 
-    def _check_scheduler(self) -> None:
-        """Refuse to run without distcrawl's scheduler: Scrapy's own never reads
-        ``<name>:start_urls``, so the crawl would close ``finished`` at once, 0 pages, exit 0,
-        the pushed URLs left in Redis, and nothing said. Checked here (the engine is open) and
-        not in ``from_crawler``, because add-ons are applied after the spider is made."""
+    def _check_scheduler(self, own_start_urls: bool) -> None:
+        """Refuse to run without distcrawl's scheduler when the spider has no start URL of
+        its own: Scrapy's own scheduler never reads ``<name>:start_urls``, so the crawl would
+        close ``finished`` at once, 0 pages, exit 0, the pushed URLs left in Redis, and
+        nothing said. A spider given start URLs (``-a start_urls=...`` or the class's) is a
+        plain Scrapy crawl of them, which runs, with a warning that Redis is not read.
+        Checked here (the engine is open) and not in ``from_crawler``, because add-ons are
+        applied after the spider is made."""
         from distcrawl.scheduler import Scheduler
 
         crawler = getattr(self, "crawler", None)
@@ -86,6 +89,18 @@ class RedisMixin:
         if isinstance(cls, type) and Scheduler in cls.__mro__:
             return
         name = getattr(self, "name", "?")
+        if own_start_urls:
+            logger.warning(
+                "%s %r runs without distcrawl's add-on (SCHEDULER is %s): a plain Scrapy crawl "
+                "of its own start URLs; %s:start_urls in Redis is not read and nothing is shared "
+                'with other workers (ADDONS = {"distcrawl.Addon": 0} turns distcrawl on)',
+                type(self).__name__,
+                name,
+                path if isinstance(path, str) else getattr(path, "__qualname__", path),
+                name,
+                extra={"spider": self},
+            )
+            return
         logger.error(
             "%s %r needs distcrawl's add-on, which is not enabled: add "
             'ADDONS = {"distcrawl.Addon": 0} to the project\'s settings.py (SCHEDULER is %s, '
