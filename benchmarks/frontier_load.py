@@ -54,10 +54,12 @@ from typing import Any
 import msgpack
 import redis
 
-from distcrawl.batch import Batch, Commit, Runner
+from distcrawl._batch_types import Batch, Commit
+from distcrawl.batch import Runner
 from distcrawl.connection import make_redis
-from distcrawl.frontier import Entry, EntryKind, Frontier, Politeness
+from distcrawl.frontier import Frontier
 from distcrawl.keys import FrontierKeys, key_slot
+from distcrawl.records import Entry, EntryKind, Politeness
 from distcrawl.sharded_batch import ShardedRunner
 from distcrawl.shards import Shards, shard_of_url
 from distcrawl.testing.redis_server import RedisServer

@@ -161,8 +161,9 @@ def revisit_storage(count: int, workdir: Path) -> dict[str, Any]:
 
     from benchmarks.storage import BATCH, SLOT, key_bytes, sample_requests, used_memory
     from distcrawl.dupefilter import FINGERPRINT_BYTES
-    from distcrawl.frontier import Entry, EntryKind, Frontier
+    from distcrawl.frontier import Frontier
     from distcrawl.keys import FrontierKeys
+    from distcrawl.records import Entry, EntryKind
     from distcrawl.revisit import STATE_META, RevisitState
     from distcrawl.serialize import RequestCodec
     from distcrawl.spiders.site import SiteSpider

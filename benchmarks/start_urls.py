@@ -58,8 +58,9 @@ def worker(redis_url: str, start_at: float, out: Path, max_seconds: float, shard
     import redis
 
     import distcrawl
-    from distcrawl.frontier import Entry, EntryKind, Frontier
+    from distcrawl.frontier import Frontier
     from distcrawl.keys import FrontierKeys
+    from distcrawl.records import Entry, EntryKind
 
     print(f"worker {os.getpid()}: distcrawl from {distcrawl.__file__}", flush=True)
 

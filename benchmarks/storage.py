@@ -22,8 +22,9 @@ from scrapy_redis.queue import PriorityQueue
 
 from benchmarks.spiders import ScrapyRedisSiteSpider
 from distcrawl.dupefilter import FINGERPRINT_BYTES
-from distcrawl.frontier import Entry, EntryKind, Frontier
+from distcrawl.frontier import Frontier
 from distcrawl.keys import FrontierKeys
+from distcrawl.records import Entry, EntryKind
 from distcrawl.seen import BloomState, part_keys
 from distcrawl.serialize import RequestCodec
 from distcrawl.spiders.site import SCOPE_META, SiteSpider

@@ -18,20 +18,12 @@ from typing import Any, NamedTuple
 import redis
 from scrapy import Request
 
-from distcrawl.frontier import (
-    START_KINDS,
-    CommitResult,
-    Drained,
-    Entry,
-    Feedback,
-    LeaseRef,
-    LeaseResult,
-    Op,
-    RequeueResult,
-    SweepResult,
-)
 from distcrawl.layout import Rejoined
+from distcrawl.ops import Op
+from distcrawl.queue_entry import LeaseRef
+from distcrawl.records import START_KINDS, Entry, Feedback
 from distcrawl.replicas import ReplicaChange
+from distcrawl.replies import CommitResult, Drained, LeaseResult, RequeueResult, SweepResult
 
 
 class Ack(NamedTuple):

@@ -31,29 +31,22 @@ import redis
 from redis.cluster import RedisCluster
 
 # what a batch holds and what it gives back: importable from here, where they always were
-from distcrawl._batch_types import Ack as Ack
-from distcrawl._batch_types import Batch as Batch
-from distcrawl._batch_types import BatchResult as BatchResult
-from distcrawl._batch_types import Commit as Commit
-from distcrawl._batch_types import LeasedRequest as LeasedRequest
-from distcrawl._batch_types import RedisMemory as RedisMemory
-from distcrawl._batch_types import Rider as Rider
-from distcrawl.connection import node_info
-from distcrawl.frontier import (
-    START_KINDS,
-    CommitResult,
-    Entry,
-    EntryKind,
-    Frontier,
-    Leased,
-    LeaseResult,
-    Op,
-    Places,
-    dead_letter,
+from distcrawl._batch_types import (
+    Batch,
+    BatchResult,
+    Commit,
+    LeasedRequest,
+    RedisMemory,
 )
+from distcrawl.connection import node_info
+from distcrawl.deadrecord import dead_letter
+from distcrawl.frontier import Frontier
 from distcrawl.layout import Joined, generation_op
-from distcrawl.refusals import outage_code
-from distcrawl.refusals import refused as refused
+from distcrawl.ops import Op
+from distcrawl.queue_entry import Leased
+from distcrawl.records import START_KINDS, Entry, EntryKind
+from distcrawl.refusals import outage_code, refused
+from distcrawl.replies import CommitResult, LeaseResult, Places
 from distcrawl.serialize import DecodeError, RequestCodec
 
 if TYPE_CHECKING:

@@ -14,9 +14,7 @@ from typing import Any
 from scrapy.settings import BaseSettings
 
 from distcrawl._convert import (
-    ConfigError as ConfigError,
-)
-from distcrawl._convert import (
+    ConfigError,
     _at_least,
     _bool,
     _fraction,
@@ -27,9 +25,7 @@ from distcrawl._convert import (
     _positive,
     _probability,
     _seconds,
-)
-from distcrawl._convert import (
-    cluster_mode as cluster_mode,
+    cluster_mode,
 )
 from distcrawl.backoff import RetrySettings, retry_settings
 from distcrawl.keys import MAX_SHARDS, NamespaceError, check_namespace

@@ -25,8 +25,10 @@ from urllib.parse import urlsplit
 
 from scrapy import Request
 
-from distcrawl.frontier import Entry, EntryKind, Frontier, Redrive, RedriveKind, bad_slot
+from distcrawl.frontier import Frontier
 from distcrawl.politeness import slot_for
+from distcrawl.queue_entry import bad_slot
+from distcrawl.records import Entry, EntryKind, Redrive, RedriveKind
 from distcrawl.serialize import DecodeError, RequestCodec, SerializationError
 from distcrawl.shards import shard_of_url
 

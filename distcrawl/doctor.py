@@ -30,7 +30,7 @@ from typing import Any
 
 import redis
 
-from distcrawl.frontier import dead_letter
+from distcrawl.deadrecord import dead_letter
 from distcrawl.frontier_admin import recorded_shards
 from distcrawl.keys import FrontierKeys
 from distcrawl.lua import DOCTOR_NAMES, LuaScript, ScriptMode, lua_script

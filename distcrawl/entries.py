@@ -25,9 +25,10 @@ from scrapy.utils.misc import build_from_crawler, load_object
 from distcrawl.batch import refused_scheme
 from distcrawl.config import DistcrawlConfig
 from distcrawl.dupefilter import FINGERPRINT_BYTES, get_fingerprint, url_only
-from distcrawl.frontier import Entry, EntryKind, bad_slot
 from distcrawl.layout import Layout, class_path
 from distcrawl.politeness import slot_for
+from distcrawl.queue_entry import bad_slot
+from distcrawl.records import Entry, EntryKind
 from distcrawl.serialize import (
     DecodeError,
     RequestCodec,

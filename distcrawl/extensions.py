@@ -29,12 +29,14 @@ from scrapy.exceptions import NotConfigured
 from twisted.internet import task
 from twisted.python.failure import Failure
 
+from distcrawl._batch_types import Rider
 from distcrawl._monitor_reads import part_ops, part_replies, parts_of, sizes_of, split_replies
-from distcrawl.batch import Rider
 from distcrawl.config import DistcrawlConfig
 from distcrawl.connection import RedisIO, execute_timed, is_cluster, node_info, redis_io
-from distcrawl.frontier import Frontier, Op, worker_id
+from distcrawl.deadrecord import worker_id
+from distcrawl.frontier import Frontier
 from distcrawl.keys import FrontierKeys
+from distcrawl.ops import Op
 from distcrawl.redact import redact_error, redact_text, url_secrets
 from distcrawl.revisits_admin import gauges_of, server_ms
 from distcrawl.scheduler import scheduler_of

@@ -18,36 +18,25 @@ from typing import Any, TypeVar
 import redis
 
 from distcrawl.connection import execute_timed
-from distcrawl.deadrecord import DEAD_RAW_BYTES, dead_letter, worker_id
+from distcrawl.deadrecord import worker_id
 from distcrawl.frontier_admin import FrontierAdmin, recorded_shards
 from distcrawl.keys import FrontierKeys
 from distcrawl.layout import GENERATION, new_generation
 from distcrawl.lua import SEEN_MODES, Scripts
 from distcrawl.ops import Op, sent_alone
 from distcrawl.queue_entry import (
-    MAX_SLOT_BYTES,
     TOKEN_BYTES,
-    Leased,
     LeaseRef,
-    QueueEntryError,
-    bad_slot,
-    make_entry,
     new_tag,
-    parse_entry,
-    worker_tags,
 )
 from distcrawl.records import (
-    START_KINDS,
     Entry,
-    EntryKind,
     Feedback,
     Politeness,
     Redrive,
-    RedriveKind,
     slot_overrides,
 )
 from distcrawl.replies import (
-    BadLease,
     CommitResult,
     Drained,
     LeaseResult,
@@ -64,40 +53,6 @@ from distcrawl.replies import (
     parse_sweep,
 )
 from distcrawl.seen import DEFAULT_CAPACITY, DEFAULT_ERROR_RATE, BloomFilter
-
-#: the names other modules, tests and tools import from here (defined in the modules above)
-__all__ = [
-    "DEAD_RAW_BYTES",
-    "MAX_SLOT_BYTES",
-    "START_KINDS",
-    "TOKEN_BYTES",
-    "BadLease",
-    "CommitResult",
-    "Drained",
-    "Entry",
-    "EntryKind",
-    "Feedback",
-    "Frontier",
-    "LeaseRef",
-    "LeaseResult",
-    "Leased",
-    "Op",
-    "Places",
-    "Politeness",
-    "QueueEntryError",
-    "Redrive",
-    "RedriveKind",
-    "RequeueResult",
-    "RobotsTxt",
-    "SweepResult",
-    "bad_slot",
-    "dead_letter",
-    "make_entry",
-    "new_tag",
-    "parse_entry",
-    "worker_id",
-    "worker_tags",
-]
 
 T = TypeVar("T")
 
@@ -488,3 +443,22 @@ class Frontier(FrontierAdmin):
         k = self.keys
         keys = [*k.script_keys("unclaim"), *(k.claims(tag) for tag in tags)]
         return Op("unclaim", keys, [mode, *tags], int)
+
+
+def shard_frontiers(frontier: Frontier, count: int | None = None) -> list[Frontier]:
+    """The Frontier of each shard of ``frontier``'s crawl, made as ``frontier`` is (its
+    client, seen-set, politeness and tag): ``count`` shards (DISTCRAWL_SHARDS, a producer's),
+    else those the layout record names (the operator's tools). With one shard, the list is
+    ``[frontier]`` itself: its keys are the shard's."""
+    keys = frontier.keys
+    if count is None:
+        parts = recorded_shards(frontier.client, keys)
+    else:
+        parts = [] if count == 1 else [keys.sharded(count).of_shard(i) for i in range(count)]
+    if not parts:
+        return [frontier]
+    bloom = frontier.bloom
+    options: dict[str, Any] = {"tag": frontier.tag, "seen": "set" if bloom is None else "bloom"}
+    if bloom is not None:
+        options.update(bloom_capacity=bloom.capacity, bloom_error_rate=bloom.error_rate)
+    return [Frontier(frontier.client, k, frontier.politeness, **options) for k in parts]

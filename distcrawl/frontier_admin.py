@@ -5,7 +5,7 @@ sizes). ``Frontier`` has these methods; they live here to keep frontier.py about
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import redis
 
@@ -14,9 +14,6 @@ from distcrawl.keys import MAX_SHARDS, FrontierKeys
 from distcrawl.queue_entry import worker_tags
 from distcrawl.replies import throttle_state
 from distcrawl.seen import BloomFilter, BloomState, part_keys
-
-if TYPE_CHECKING:
-    from distcrawl.frontier import Frontier
 
 
 class FrontierAdmin:
@@ -161,27 +158,6 @@ def recorded_shards(client: redis.Redis, keys: FrontierKeys) -> list[FrontierKey
         return []
     crawl = keys.sharded(count)
     return [crawl.of_shard(i) for i in range(count)]
-
-
-def shard_frontiers(frontier: Frontier, count: int | None = None) -> list[Frontier]:
-    """The Frontier of each shard of ``frontier``'s crawl, made as ``frontier`` is (its
-    client, seen-set, politeness and tag): ``count`` shards (DISTCRAWL_SHARDS, a producer's),
-    else those the layout record names (the operator's tools). With one shard, the list is
-    ``[frontier]`` itself: its keys are the shard's."""
-    from distcrawl.frontier import Frontier as _Frontier  # frontier.py imports this module
-
-    keys = frontier.keys
-    if count is None:
-        parts = recorded_shards(frontier.client, keys)
-    else:
-        parts = [] if count == 1 else [keys.sharded(count).of_shard(i) for i in range(count)]
-    if not parts:
-        return [frontier]
-    bloom = frontier.bloom
-    options: dict[str, Any] = {"tag": frontier.tag, "seen": "set" if bloom is None else "bloom"}
-    if bloom is not None:
-        options.update(bloom_capacity=bloom.capacity, bloom_error_rate=bloom.error_rate)
-    return [_Frontier(frontier.client, k, frontier.politeness, **options) for k in parts]
 
 
 def _merged_states(found: Sequence[tuple[int, dict[str, Any]]]) -> list[dict[str, Any]]:

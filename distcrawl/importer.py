@@ -60,8 +60,8 @@ from scrapy.settings import BaseSettings
 from scrapy.utils.python import to_unicode
 
 from distcrawl._import_report import Report
+from distcrawl.deadrecord import dead_letter
 from distcrawl.dupefilter import FINGERPRINT_BYTES, scrapy_redis_fingerprint
-from distcrawl.frontier import dead_letter
 from distcrawl.keys import FrontierKeys
 from distcrawl.layout import LEGACY_SCRAPY_REDIS, LEGACY_SEEN
 from distcrawl.producer import Outcome, Producer

@@ -32,7 +32,7 @@ from typing import Any
 from bson import json_util
 from scrapy.settings import BaseSettings
 
-from distcrawl.config import ConfigError
+from distcrawl._convert import ConfigError
 from distcrawl.mongo import JSON_OPTIONS, SpillFile, json_lines
 from distcrawl.redact import redact_text, redact_url, url_secrets
 

@@ -41,7 +41,6 @@ from scrapy.utils.defer import maybe_deferred_to_future
 from twisted.internet.defer import Deferred
 
 from distcrawl import _engine
-from distcrawl._pipeline_report import STATS as STATS  # re-exported: it was defined here
 from distcrawl._pipeline_report import PipelineReport
 from distcrawl.config import DistcrawlConfig
 from distcrawl.mongo import (

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 from scrapy.resolver import dnscache
 from scrapy.utils.httpobj import urlparse_cached
 
-from distcrawl.frontier import Feedback, Politeness
+from distcrawl.records import Feedback, Politeness
 
 if TYPE_CHECKING:
     from scrapy import Request

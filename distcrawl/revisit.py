@@ -41,7 +41,6 @@ from scrapy.spidermiddlewares.httperror import HttpError
 from scrapy.utils.conf import build_component_list
 from scrapy.utils.misc import load_object
 
-from distcrawl.addon import MONGO_PIPELINE
 from distcrawl.config import DistcrawlConfig
 from distcrawl.items import PageFetch
 from distcrawl.recrawl import Outcome, RecrawlSettings, next_fetch
@@ -368,7 +367,9 @@ class RecrawlSpiderMiddleware:
         if DistcrawlConfig.from_settings(crawler.settings).recrawl is None:
             raise NotConfigured("DISTCRAWL_RECRAWL_INTERVAL is not set")
         pipelines = build_component_list(crawler.settings.getwithbase("ITEM_PIPELINES"))
-        mongo = load_object(MONGO_PIPELINE)
+        from distcrawl.pipelines import MongoPipeline  # pymongo: only when recrawl is on
+
+        mongo = MongoPipeline
         track = any(load_object(p) is mongo for p in pipelines)
         return cls(crawler, track)
 

@@ -47,10 +47,9 @@ from scrapy.dupefilters import BaseDupeFilter
 from twisted.internet import defer, task
 
 from distcrawl import _engine
+from distcrawl._batch_types import Batch, BatchResult, Rider
 from distcrawl._scheduler.building import BatchBuilding
-from distcrawl._scheduler.handlers import DRAIN_CHECK_MAX_AGE as DRAIN_CHECK_MAX_AGE
 from distcrawl._scheduler.handlers import SignalHandlers
-from distcrawl._scheduler.intake import RETRY_DELAY_META as RETRY_DELAY_META
 from distcrawl._scheduler.intake import Intake
 from distcrawl._scheduler.leases import Leases
 from distcrawl._scheduler.opening import (
@@ -67,17 +66,20 @@ from distcrawl._scheduler.polling import Polling
 from distcrawl._scheduler.pump import Pump
 from distcrawl._scheduler.report import Reporter
 from distcrawl._scheduler.riders import Riders
-from distcrawl.batch import Batch, BatchResult, Rider, Runner
+from distcrawl.batch import Runner
 from distcrawl.config import DistcrawlConfig
 from distcrawl.connection import RedisIO, redact_url, redis_io, unmendable, url_problem
 from distcrawl.dupefilter import RedisDupeFilter
-from distcrawl.frontier import Drained, EntryKind, Frontier, new_tag
+from distcrawl.frontier import Frontier
 from distcrawl.keys import FrontierKeys
 from distcrawl.layout import LayoutMismatch
 from distcrawl.liveness import Liveness
 from distcrawl.lua import LibraryMismatch, ScriptsRefused
 from distcrawl.politeness import ServerClock
+from distcrawl.queue_entry import new_tag
+from distcrawl.records import EntryKind
 from distcrawl.redact import redact_error, redacted_exc_info
+from distcrawl.replies import Drained
 from distcrawl.serialize import RequestCodec
 from distcrawl.shards import Shards
 

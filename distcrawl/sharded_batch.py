@@ -24,34 +24,22 @@ from typing import Any
 import redis
 from redis.cluster import RedisCluster
 
-from distcrawl._batch_types import NO_WAIT
-from distcrawl.batch import (
-    Batch,
-    BatchResult,
-    Commit,
-    Runner,
-    _filler,
-    _ignore,
-    _setter,
-    _Step,
-    refused,
-    refused_entry,
-)
-from distcrawl.frontier import (
-    START_KINDS,
+from distcrawl._batch_types import NO_WAIT, Batch, BatchResult, Commit
+from distcrawl.batch import Runner, _filler, _ignore, _setter, _Step, refused_entry
+from distcrawl.frontier import Frontier
+from distcrawl.ops import Op
+from distcrawl.queue_entry import LeaseRef
+from distcrawl.records import START_KINDS, EntryKind
+from distcrawl.refusals import refused, reply_code
+from distcrawl.replicas import RECHECK, ReplicaWatch
+from distcrawl.replies import (
+    BadLease,
     CommitResult,
-    EntryKind,
-    Frontier,
-    LeaseRef,
     LeaseResult,
-    Op,
     Places,
     RequeueResult,
     SweepResult,
 )
-from distcrawl.refusals import reply_code
-from distcrawl.replicas import RECHECK, ReplicaWatch
-from distcrawl.replies import BadLease
 from distcrawl.shards import CommitPart, Fan, Shards, merge_commits
 
 #: a shard that had nothing to lease is asked again after at most this long (s)

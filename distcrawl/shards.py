@@ -38,9 +38,12 @@ from urllib.parse import urlsplit
 import redis
 import tldextract
 
-from distcrawl.frontier import CommitResult, Drained, Entry, Feedback, Frontier, LeaseRef, Op
+from distcrawl.frontier import Frontier
 from distcrawl.keys import FrontierKeys
-from distcrawl.records import EntryKind
+from distcrawl.ops import Op
+from distcrawl.queue_entry import LeaseRef
+from distcrawl.records import Entry, EntryKind, Feedback
+from distcrawl.replies import CommitResult, Drained
 
 T = TypeVar("T")
 

@@ -16,8 +16,7 @@ from scrapy.settings import Settings
 
 from distcrawl import Producer, acl
 from distcrawl.cli import main
-from distcrawl.frontier import Frontier
-from distcrawl.frontier_admin import shard_frontiers
+from distcrawl.frontier import Frontier, shard_frontiers
 from distcrawl.keys import FrontierKeys
 from tests.test_acl import create_users
 

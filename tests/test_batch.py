@@ -8,10 +8,15 @@ import json
 import pytest
 import redis
 
-from distcrawl.batch import Batch, BatchResult, Commit, Rider, Runner, refused
+from distcrawl._batch_types import Batch, BatchResult, Commit, Rider
+from distcrawl.batch import Runner
 from distcrawl.connection import make_redis
-from distcrawl.frontier import Entry, EntryKind, Frontier, LeaseRef, Op
+from distcrawl.frontier import Frontier
 from distcrawl.keys import FrontierKeys
+from distcrawl.ops import Op
+from distcrawl.queue_entry import LeaseRef
+from distcrawl.records import Entry, EntryKind
+from distcrawl.refusals import refused
 from distcrawl.serialize import RequestCodec
 
 LEASE = {"lease_ms": 60_000, "worker_timeout_ms": 10_000}

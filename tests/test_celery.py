@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from distcrawl.frontier import parse_entry
 from distcrawl.keys import FrontierKeys
+from distcrawl.queue_entry import parse_entry
 from distcrawl.serialize import RequestCodec
 from distcrawl.testing.redis_server import RedisServer
 from tests.support import page_fetches, wait_until

@@ -18,9 +18,11 @@ import scrapy
 
 import distcrawl
 from distcrawl.cli import main
-from distcrawl.frontier import Entry, EntryKind, Frontier, dead_letter
-from distcrawl.frontier import parse_entry as parse_queue_entry
+from distcrawl.deadrecord import dead_letter
+from distcrawl.frontier import Frontier
 from distcrawl.keys import FrontierKeys
+from distcrawl.queue_entry import parse_entry as parse_queue_entry
+from distcrawl.records import Entry, EntryKind
 from distcrawl.serialize import RequestCodec
 from distcrawl.start_urls import parse_entry
 from distcrawl.testing.redis_server import RedisServer

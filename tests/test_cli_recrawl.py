@@ -12,8 +12,10 @@ from scrapy.utils.request import RequestFingerprinter
 
 from distcrawl.cli import main
 from distcrawl.dupefilter import RedisDupeFilter
-from distcrawl.frontier import Entry, EntryKind, Frontier, make_entry
+from distcrawl.frontier import Frontier
 from distcrawl.keys import FrontierKeys
+from distcrawl.queue_entry import make_entry
+from distcrawl.records import Entry, EntryKind
 from distcrawl.revisits_admin import under_domain
 from distcrawl.shards import shard_of_url
 

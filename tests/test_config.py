@@ -3,7 +3,8 @@ import dataclasses
 import pytest
 from scrapy.settings import Settings
 
-from distcrawl.config import ConfigError, DistcrawlConfig
+from distcrawl._convert import ConfigError
+from distcrawl.config import DistcrawlConfig
 
 
 def config(**values):

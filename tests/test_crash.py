@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from distcrawl.frontier import parse_entry
 from distcrawl.lua import script_source
+from distcrawl.queue_entry import parse_entry
 from distcrawl.serialize import RequestCodec
 from distcrawl.testing.workers import worker_agent
 from tests.hooks import EXIT_STATUS

@@ -12,8 +12,8 @@ import subprocess
 import time
 from collections import Counter
 
-from distcrawl.frontier import make_entry
 from distcrawl.keys import FrontierKeys
+from distcrawl.queue_entry import make_entry
 from distcrawl.testing.workers import worker_agent
 from tests.support import (
     assert_only_the_victims_leases_refetched,

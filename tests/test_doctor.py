@@ -9,8 +9,8 @@ import pytest
 
 from distcrawl.cli import main
 from distcrawl.doctor import Doctor, entry_problem, record_problem
-from distcrawl.frontier import make_entry
 from distcrawl.keys import FrontierKeys
+from distcrawl.queue_entry import make_entry
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -22,10 +22,10 @@ from benchmarks.spiders import SPIDER_NAME
 from distcrawl import importer
 from distcrawl.cli import main
 from distcrawl.dupefilter import legacy_fingerprint, scrapy_redis_fingerprint
-from distcrawl.frontier import parse_entry
 from distcrawl.keys import FrontierKeys
 from distcrawl.lua import Scripts
 from distcrawl.producer import Producer, RedriveResult
+from distcrawl.queue_entry import parse_entry
 from distcrawl.serialize import RequestCodec
 from distcrawl.testing.workers import worker_agent
 from tests.support import page_fetches

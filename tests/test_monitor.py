@@ -250,8 +250,10 @@ def test_revisit_gauges_count_the_backlog_and_its_age(redis_client, redis_url, s
     """distcrawl_revisits, distcrawl_revisits_due, distcrawl_revisits_overdue_seconds: read
     in the beat's round trip, per shard, on the server's clock."""
     from distcrawl.extensions import Beat
-    from distcrawl.frontier import Entry, EntryKind, Frontier, make_entry
+    from distcrawl.frontier import Frontier
     from distcrawl.keys import FrontierKeys
+    from distcrawl.queue_entry import make_entry
+    from distcrawl.records import Entry, EntryKind
 
     crawl = FrontierKeys("site").sharded(shards)
     parts = [crawl.of_shard(i) for i in range(shards)]
@@ -295,8 +297,9 @@ def test_frontier_gauges_add_up_every_shard(request, redis_client, redis_url, sh
     from redis.cluster import RedisCluster
 
     from distcrawl.extensions import Beat
-    from distcrawl.frontier import Entry, EntryKind, Frontier
+    from distcrawl.frontier import Frontier
     from distcrawl.keys import FrontierKeys
+    from distcrawl.records import Entry, EntryKind
 
     client = redis_client
     if cluster:

@@ -210,8 +210,8 @@ def test_a_retrys_answer_feeds_the_rate_only_with_a_retry_after():
     from scrapy.settings import Settings
 
     from distcrawl.config import DistcrawlConfig
-    from distcrawl.frontier import Feedback
     from distcrawl.politeness import FeedbackBuffer
+    from distcrawl.records import Feedback
 
     buffer = FeedbackBuffer(DistcrawlConfig.from_settings(Settings()))
 

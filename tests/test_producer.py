@@ -20,12 +20,15 @@ from scrapy.utils.request import fingerprint as scrapy_fingerprint
 
 from distcrawl import AsyncProducer, Outcome, Producer
 from distcrawl.config import DistcrawlConfig
+from distcrawl.deadrecord import dead_letter
 from distcrawl.dupefilter import get_fingerprint
 from distcrawl.entries import EntryMaker, Refused, entry_bytes
-from distcrawl.frontier import Frontier, dead_letter, parse_entry
+from distcrawl.frontier import Frontier
 from distcrawl.keys import FrontierKeys
 from distcrawl.politeness import slot_for, slot_of
-from distcrawl.producer import ProducerError, RedriveResult, _execute
+from distcrawl.producer import ProducerError, RedriveResult
+from distcrawl.producer._commit import _execute
+from distcrawl.queue_entry import parse_entry
 from distcrawl.serialize import RequestCodec
 from tests.support import page_fetches, wait_until
 

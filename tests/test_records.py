@@ -9,18 +9,12 @@ import redis
 from redis.connection import Connection
 
 import distcrawl.lua
-from distcrawl.frontier import (
-    Entry,
-    EntryKind,
-    Feedback,
-    Frontier,
-    LeaseRef,
-    Places,
-    RedriveKind,
-    make_entry,
-)
+from distcrawl.frontier import Frontier
 from distcrawl.keys import FrontierKeys
-from distcrawl.producer import _pack
+from distcrawl.producer._commit import _pack
+from distcrawl.queue_entry import LeaseRef, make_entry
+from distcrawl.records import Entry, EntryKind, Feedback, RedriveKind
+from distcrawl.replies import Places
 
 
 def test_the_entry_kinds_are_the_ones_commit_lua_accepts():
@@ -50,47 +44,6 @@ def test_a_commit_sends_each_kind_as_its_letter_byte_for_byte():
         entry = b"$1\r\n%s\r\n$2\r\nfp\r\n$6\r\nt.test\r\n$1\r\n3\r\n" % kind.value.encode()
         assert entry in mine[0]
     assert b"EntryKind" not in mine[0]
-
-
-#: what ``distcrawl.frontier`` exported before its records moved to modules of their own
-FRONTIER_NAMES = [
-    "DEAD_RAW_BYTES",
-    "MAX_SLOT_BYTES",
-    "TOKEN_BYTES",
-    "BadLease",
-    "CommitResult",
-    "Drained",
-    "Entry",
-    "Feedback",
-    "Frontier",
-    "LeaseRef",
-    "LeaseResult",
-    "Leased",
-    "Op",
-    "Politeness",
-    "QueueEntryError",
-    "Redrive",
-    "RequeueResult",
-    "SweepResult",
-    "bad_slot",
-    "dead_letter",
-    "make_entry",
-    "new_tag",
-    "parse_entry",
-    "worker_id",
-    "worker_tags",
-]
-
-
-def test_distcrawl_frontier_still_exports_every_name_it_had():
-    import distcrawl.frontier
-
-    missing = [name for name in FRONTIER_NAMES if not hasattr(distcrawl.frontier, name)]
-    assert not missing
-    assert set(FRONTIER_NAMES) <= set(distcrawl.frontier.__all__)
-    namespace: dict[str, object] = {}
-    exec("from distcrawl.frontier import *", namespace)
-    assert set(distcrawl.frontier.__all__) <= set(namespace)
 
 
 def test_replies_read_by_name():

@@ -15,10 +15,12 @@ import pytest
 import redis
 from redis._parsers.base import BaseParser
 
-from distcrawl.batch import Batch, Commit, Runner
+from distcrawl._batch_types import Batch, Commit
+from distcrawl.batch import Runner
 from distcrawl.connection import auth_refusal
-from distcrawl.frontier import Entry, EntryKind, Frontier
+from distcrawl.frontier import Frontier
 from distcrawl.keys import FrontierKeys
+from distcrawl.records import Entry, EntryKind
 from distcrawl.refusals import outage_code, refused, reply_code
 from distcrawl.serialize import RequestCodec
 from distcrawl.testing.process import find_free_port

@@ -9,9 +9,10 @@ import time
 
 import pytest
 
-from distcrawl.batch import Batch, Commit
-from distcrawl.frontier import Entry, EntryKind, Frontier
+from distcrawl._batch_types import Batch, Commit
+from distcrawl.frontier import Frontier
 from distcrawl.keys import FrontierKeys
+from distcrawl.records import Entry, EntryKind
 from distcrawl.serialize import RequestCodec
 from distcrawl.sharded_batch import ShardedRunner
 from distcrawl.shards import Shards, shard_of_url

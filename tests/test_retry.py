@@ -99,8 +99,8 @@ def test_the_slot_hold_and_the_retry_delay_read_the_answers_date():
     from scrapy.settings import Settings
 
     from distcrawl.config import DistcrawlConfig
-    from distcrawl.frontier import Feedback
     from distcrawl.politeness import FeedbackBuffer, ServerClock, retry_after_of
+    from distcrawl.records import Feedback
 
     real = time.time()
     headers = {
@@ -196,7 +196,7 @@ def test_a_page_that_always_fails_is_dead_lettered_and_can_be_redriven(
 
 
 def test_redrive_filters_by_domain_and_error(redis_url, redis_client, capsys):
-    from distcrawl.frontier import dead_letter
+    from distcrawl.deadrecord import dead_letter
 
     redis_client.lpush(
         "site:dead",
@@ -224,7 +224,8 @@ def test_redrive_of_a_long_list_goes_page_by_page_and_keeps_the_rest_in_order(
     redis_url, redis_client, capsys, monkeypatch
 ):
     from distcrawl import deadletter
-    from distcrawl.frontier import Frontier, dead_letter
+    from distcrawl.deadrecord import dead_letter
+    from distcrawl.frontier import Frontier
 
     letters = [
         dead_letter(f"gave up: {500 + i % 2}", url=f"http://a.test/{i}", source="retry")

@@ -14,11 +14,12 @@ from scrapy.http import HtmlResponse
 from scrapy.settings import Settings
 from scrapy.statscollectors import StatsCollector
 
-from distcrawl.config import ConfigError
+from distcrawl._convert import ConfigError
 from distcrawl.demo.fresh import FRESH_INDEX, fresh_path, fresh_paths
-from distcrawl.frontier import Entry, EntryKind, Frontier, LeaseRef
+from distcrawl.frontier import Frontier
 from distcrawl.keys import FrontierKeys
-from distcrawl.records import Politeness
+from distcrawl.queue_entry import LeaseRef
+from distcrawl.records import Entry, EntryKind, Politeness
 from distcrawl.recrawl import Outcome, recrawl_settings
 from distcrawl.revisit import (
     FETCH_META,

@@ -7,12 +7,14 @@ import time
 
 from scrapy import Request
 
+from distcrawl._batch_types import Batch, LeasedRequest
 from distcrawl._scheduler.leases import Leases
 from distcrawl._scheduler.outbox import Outbox
 from distcrawl._scheduler.polling import CONTENDED_POLL_MAX, Polling
-from distcrawl.batch import Batch, LeasedRequest
 from distcrawl.config import DistcrawlConfig
-from distcrawl.frontier import Entry, EntryKind, LeaseRef, LeaseResult
+from distcrawl.queue_entry import LeaseRef
+from distcrawl.records import Entry, EntryKind
+from distcrawl.replies import LeaseResult
 
 
 def leased(n: int, slot: str = "a.example", *, reserve: bool = False, paced: bool = False):

@@ -27,7 +27,7 @@ from scrapy.utils.python import without_none_values
 from distcrawl import Addon
 from distcrawl.batch import refused_scheme
 from distcrawl.demo.site import HOSTILE_PAGE, SiteConfig, route
-from distcrawl.frontier import make_entry
+from distcrawl.queue_entry import make_entry
 from distcrawl.serialize import RequestCodec
 from distcrawl.spiders import RedisSpider
 from tests.support import crawl_settings, page_fetches, wait_until

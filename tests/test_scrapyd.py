@@ -33,6 +33,8 @@ from distcrawl import scrapyd
 from distcrawl.cli import main
 from distcrawl.demo.site import DemoSite
 from distcrawl.scrapyd._egg import _BUILD_IGNORE
+from distcrawl.scrapyd._launcher import _take_secrets
+from distcrawl.scrapyd._nodes import _auth_header
 from distcrawl.testing.mongo_server import MongoServer
 from distcrawl.testing.redis_server import HOST, RedisServer, find_free_port
 from tests.support import wait_until
@@ -122,7 +124,7 @@ def test_launcher_hides_secrets_from_argv_and_the_runner_puts_them_back(tmp_path
         "token": "abc",
         "allowed_domains": "example.com",
     }
-    secrets = scrapyd._take_secrets(message)
+    secrets = _take_secrets(message)
     assert secrets == {"settings": {"REDIS_URL": "redis://:pw@h/0"}, "args": {"token": "abc"}}
     assert message["settings"] == {"USER_AGENT": "ua"}
     assert "token" not in message and message["allowed_domains"] == "example.com"
@@ -585,7 +587,7 @@ def pages_per_job(site: DemoSite, jobs: list[str]) -> tuple[Counter[str], Counte
 
 def raw_listjobs(node: ScrapydNode) -> str:
     request = Request(node.url + "listjobs.json?project=distcrawl")
-    for name, value in scrapyd._auth_header(node.node).items():
+    for name, value in _auth_header(node.node).items():
         request.add_header(name, value)
     with urlopen(request, timeout=10) as response:
         return response.read().decode()

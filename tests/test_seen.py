@@ -13,10 +13,12 @@ from scrapy.settings import Settings
 from scrapy.utils.test import get_crawler
 
 from distcrawl import dupefilter as dupefilter_module
-from distcrawl.config import ConfigError, DistcrawlConfig
+from distcrawl._convert import ConfigError
+from distcrawl.config import DistcrawlConfig
 from distcrawl.dupefilter import FINGERPRINT_BYTES, RedisDupeFilter
-from distcrawl.frontier import Entry, EntryKind, Frontier
+from distcrawl.frontier import Frontier
 from distcrawl.keys import FrontierKeys
+from distcrawl.records import Entry, EntryKind
 from distcrawl.seen import BloomFilter, bytes_per_url, layer_size, nth_layer
 from tests.support import page_fetches
 

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 import scrapy
 
-from distcrawl import deadletter, politeness, retry, scheduler, start_urls
+from distcrawl import deadletter, politeness, retry, start_urls
+from distcrawl._scheduler.intake import RETRY_DELAY_META
 from distcrawl.spiders import site
 from distcrawl.start_urls import (
     RESERVED_META_KEYS,
@@ -121,7 +122,7 @@ def test_distcrawl_meta_keys_are_reserved():
     own = {
         retry.ERRORS_META,
         retry.CALLBACK_FAILURES_META,
-        scheduler.RETRY_DELAY_META,
+        RETRY_DELAY_META,
         site.SCOPE_META,
         politeness.DOWNLOAD_SLOT,
         *deadletter.ATTEMPT_META,

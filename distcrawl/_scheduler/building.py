@@ -8,9 +8,9 @@ in one place and can change without touching how batches run.
 
 from __future__ import annotations
 
+from distcrawl._batch_types import Batch
 from distcrawl._scheduler.state import SchedulerState
-from distcrawl.batch import Batch
-from distcrawl.frontier import LeaseRef
+from distcrawl.queue_entry import LeaseRef
 
 
 class BatchBuilding(SchedulerState):

@@ -22,9 +22,11 @@ from distcrawl import entries
 from distcrawl._scheduler.report import Reporter
 from distcrawl.batch import refused_scheme
 from distcrawl.config import DistcrawlConfig
+from distcrawl.deadrecord import dead_letter
 from distcrawl.dupefilter import FINGERPRINT_BYTES, RedisDupeFilter, legacy_fingerprint
-from distcrawl.frontier import Entry, EntryKind, bad_slot, dead_letter
 from distcrawl.politeness import slot_of
+from distcrawl.queue_entry import bad_slot
+from distcrawl.records import Entry, EntryKind
 from distcrawl.serialize import RequestCodec, SerializationError
 from distcrawl.start_urls import InvalidEntry
 

@@ -16,8 +16,8 @@ from collections.abc import Container
 
 from scrapy import Request
 
-from distcrawl.batch import Batch, LeasedRequest
-from distcrawl.frontier import LeaseRef
+from distcrawl._batch_types import Batch, LeasedRequest
+from distcrawl.queue_entry import LeaseRef
 
 
 class Leases:

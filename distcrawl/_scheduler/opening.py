@@ -22,8 +22,9 @@ from scrapy.settings import SETTINGS_PRIORITIES
 from scrapy.utils.misc import build_from_crawler, load_object
 
 from distcrawl import lua
+from distcrawl._convert import ConfigError
 from distcrawl.batch import Runner
-from distcrawl.config import ConfigError, DistcrawlConfig
+from distcrawl.config import DistcrawlConfig
 from distcrawl.connection import RedisIO, node_info, redact_url
 from distcrawl.dupefilter import RedisDupeFilter
 from distcrawl.frontier import Frontier

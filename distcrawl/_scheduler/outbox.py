@@ -14,10 +14,11 @@ from collections import deque
 from scrapy import Request
 from scrapy.http import Response
 
-from distcrawl.batch import Ack, Commit
+from distcrawl._batch_types import Ack, Commit
 from distcrawl.config import DistcrawlConfig
-from distcrawl.frontier import Entry, LeaseRef
 from distcrawl.politeness import FeedbackBuffer, ServerClock
+from distcrawl.queue_entry import LeaseRef
+from distcrawl.records import Entry
 
 
 class Outbox:

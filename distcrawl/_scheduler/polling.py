@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 
 from distcrawl.config import DistcrawlConfig
-from distcrawl.frontier import LeaseResult
+from distcrawl.replies import LeaseResult
 
 #: seconds between two claims of start URLs while this worker has requests in hand
 BUSY_PEEK_INTERVAL = 1.0

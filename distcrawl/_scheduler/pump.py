@@ -17,11 +17,15 @@ from scrapy.utils.defer import deferred_from_coro
 
 from distcrawl import _engine
 from distcrawl import signals as distcrawl_signals
+from distcrawl._batch_types import Batch, BatchResult, Commit
 from distcrawl._scheduler.state import SchedulerState
-from distcrawl.batch import SPLIT_AFTER, Batch, BatchResult, Commit, refused
-from distcrawl.frontier import CommitResult, Entry, EntryKind, dead_letter
+from distcrawl.batch import SPLIT_AFTER
+from distcrawl.deadrecord import dead_letter
 from distcrawl.layout import LayoutMismatch, Rejoined
+from distcrawl.records import Entry, EntryKind
 from distcrawl.redact import redact_error, redacted_exc_info
+from distcrawl.refusals import refused
+from distcrawl.replies import CommitResult
 
 #: the scheduler's logger: these are its messages, filtered and configured as such
 logger = logging.getLogger("distcrawl.scheduler")

@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy import Request, Spider, signals
 
-from distcrawl.batch import BatchResult, Commit
+from distcrawl._batch_types import BatchResult, Commit
 from distcrawl.config import DistcrawlConfig
 from distcrawl.connection import redact_url
 from distcrawl.dupefilter import RedisDupeFilter
-from distcrawl.frontier import CommitResult, LeaseResult
 from distcrawl.replicas import ReplicaChange
+from distcrawl.replies import CommitResult, LeaseResult
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler

@@ -16,7 +16,7 @@ from typing import Any
 import redis
 from scrapy import Spider
 
-from distcrawl.batch import Rider
+from distcrawl._batch_types import Rider
 
 #: the scheduler's logger: these are its messages, filtered and configured as such
 logger = logging.getLogger("distcrawl.scheduler")

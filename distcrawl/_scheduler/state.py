@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
     from twisted.internet import task
 
+    from distcrawl._batch_types import Batch
     from distcrawl._scheduler.intake import Intake
     from distcrawl._scheduler.leases import Leases
     from distcrawl._scheduler.outage import Outage
@@ -24,14 +25,14 @@ if TYPE_CHECKING:
     from distcrawl._scheduler.polling import Polling
     from distcrawl._scheduler.report import Reporter
     from distcrawl._scheduler.riders import Riders
-    from distcrawl.batch import Batch, Runner
+    from distcrawl.batch import Runner
     from distcrawl.config import DistcrawlConfig
     from distcrawl.connection import RedisIO
     from distcrawl.dupefilter import RedisDupeFilter
-    from distcrawl.frontier import Drained
     from distcrawl.keys import FrontierKeys
     from distcrawl.liveness import Liveness
     from distcrawl.politeness import ServerClock
+    from distcrawl.replies import Drained
 
 
 class SchedulerState:

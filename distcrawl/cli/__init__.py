@@ -21,18 +21,20 @@ import sys
 
 import redis
 
-from distcrawl._version import VersionAction
-from distcrawl.cli import _admin, _crawl, _dead
-from distcrawl.cli._common import (
+from distcrawl._commandline import (
     EXIT_FULL,
     EXIT_OK,
     EXIT_PARTIAL,
     EXIT_UNREACHABLE,
     EXIT_USAGE,
+    _emit_json,
+)
+from distcrawl._version import VersionAction
+from distcrawl.cli import _admin, _crawl, _dead
+from distcrawl.cli._common import (
     Context,
     Handler,
     UsageError,
-    _emit_json,
     _project_settings,
     default_redis_url,
     global_options,

@@ -8,23 +8,25 @@ import os
 import sys
 from typing import Any
 
-from distcrawl.cli._common import (
+from distcrawl._commandline import (
     EXIT_OK,
     EXIT_PARTIAL,
     EXIT_UNREACHABLE,
-    Context,
-    UsageError,
     _emit_json,
-    _project_settings,
-    _spider,
     command_group,
-    command_maker,
     env_option,
-    existing_files,
-    files_argument,
     subcommand,
 )
-from distcrawl.config import ConfigError
+from distcrawl._convert import ConfigError
+from distcrawl.cli._common import (
+    Context,
+    UsageError,
+    _project_settings,
+    _spider,
+    command_maker,
+    existing_files,
+    files_argument,
+)
 from distcrawl.keys import FrontierKeys
 from distcrawl.redact import redact_text, redact_url, url_secrets
 

@@ -20,18 +20,20 @@ from redis.retry import Retry
 from scrapy.settings import BaseSettings, Settings
 from scrapy.utils.project import get_project_settings, inside_project
 
-from distcrawl.config import DEFAULT_REDIS_URL, ConfigError, cluster_mode
+from distcrawl._commandline import (
+    EXIT_OK,
+    EXIT_PARTIAL,
+    EXIT_UNREACHABLE,
+    _emit_json,
+    subcommand,
+)
+from distcrawl._convert import ConfigError, cluster_mode
+from distcrawl.config import DEFAULT_REDIS_URL
 from distcrawl.connection import auth_refusal, is_cluster, make_redis
 from distcrawl.frontier import Frontier
 from distcrawl.keys import FrontierKeys, check_namespace
 from distcrawl.producer import Producer
 from distcrawl.redact import redact_text, redact_url, url_secrets
-
-EXIT_OK = 0
-EXIT_PARTIAL = 1
-EXIT_USAGE = 2
-EXIT_UNREACHABLE = 3
-EXIT_FULL = 4
 
 #: how much of an entry or dead-letter field a human-readable line shows
 SHOW_CHARS = 200
@@ -172,23 +174,6 @@ def _json_object(value: str) -> dict[str, Any]:
     return data
 
 
-def _non_negative_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
-    if number < 0:
-        raise argparse.ArgumentTypeError("must be >= 0")
-    return number
-
-
-def _positive_int(value: str) -> int:
-    number = _non_negative_int(value)
-    if number == 0:
-        raise argparse.ArgumentTypeError("must be >= 1")
-    return number
-
-
 def _one_line(text: str, limit: int | None = SHOW_CHARS) -> str:
     """``text`` safe for one terminal line: control characters escaped, long text cut."""
     text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
@@ -199,11 +184,6 @@ def _one_line(text: str, limit: int | None = SHOW_CHARS) -> str:
 
 def _show_entry(raw: bytes) -> str:
     return _one_line(raw.decode("utf-8", errors="backslashreplace"))
-
-
-def _emit_json(data: Any) -> None:
-    """One JSON document on stdout; what JSON has no type for is written as its text."""
-    print(json.dumps(data, ensure_ascii=False, default=str))
 
 
 def _confirm(args: argparse.Namespace, question: str) -> bool:
@@ -262,16 +242,6 @@ def _project_settings(overrides: list[str]) -> BaseSettings:
 Handler = Callable[[argparse.Namespace, Context], int]
 
 
-def env_option(
-    parser: argparse.ArgumentParser, option: str, env: str, *, metavar: str, help: str
-) -> None:
-    """An option whose default is ``$env``: its help names the variable, never the value
-    (``%(default)s`` would print a password)."""
-    parser.add_argument(
-        option, default=os.environ.get(env), metavar=metavar, help=f"{help} (default: ${env})"
-    )
-
-
 def global_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
     """``--redis-url``/``--json``, accepted before and after the subcommand.
 
@@ -303,49 +273,9 @@ def global_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
     )
 
 
-def subcommand(
-    group: Any, name: str, help_text: str, parents: Sequence[argparse.ArgumentParser]
-) -> argparse.ArgumentParser:
-    """A subcommand of ``group`` whose one-line help is also its description."""
-    sub: argparse.ArgumentParser = group.add_parser(
-        name, parents=list(parents), help=help_text, description=help_text
-    )
-    return sub
-
-
-def command_group(
-    commands: Any,
-    common: argparse.ArgumentParser,
-    name: str,
-    help_text: str,
-    description: str,
-    *,
-    dest: str | None = None,
-    metavar: str = "ACTION",
-) -> Any:
-    """A command that only picks one of its own subcommands (``distcrawl dead list``): the
-    subparsers to add them to, one of which must be given."""
-    group = commands.add_parser(name, parents=[common], help=help_text, description=description)
-    return group.add_subparsers(dest=dest or f"{name}_command", required=True, metavar=metavar)
-
-
 def settings_option(parser: argparse.ArgumentParser, help_text: str) -> None:
     """``-s NAME=VALUE``, read by :func:`_project_settings` as ``scrapy crawl`` reads it."""
     parser.add_argument("-s", "--set", action="append", metavar="NAME=VALUE", help=help_text)
-
-
-def count_option(
-    parser: argparse.ArgumentParser,
-    option: str,
-    default: int,
-    help_text: str | None = None,
-    *,
-    at_least_one: bool = False,
-) -> None:
-    """An option that takes a count N (0 allowed unless ``at_least_one``), refused when
-    negative as the command line is read rather than by the command."""
-    kind = _positive_int if at_least_one else _non_negative_int
-    parser.add_argument(option, type=kind, default=default, metavar="N", help=help_text)
 
 
 def files_argument(parser: argparse.ArgumentParser, help_text: str) -> None:

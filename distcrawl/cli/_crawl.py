@@ -10,19 +10,15 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from distcrawl._commandline import EXIT_FULL, EXIT_OK, EXIT_PARTIAL, _emit_json, count_option
 from distcrawl.cli._common import (
-    EXIT_FULL,
-    EXIT_OK,
-    EXIT_PARTIAL,
     Context,
     UsageError,
-    _emit_json,
     _json_object,
     _one_line,
     _project_settings,
     _show_entry,
     command_maker,
-    count_option,
     delete_confirmed,
     settings_option,
 )

@@ -7,17 +7,13 @@ import sys
 from datetime import datetime, timezone
 from typing import Any
 
+from distcrawl._commandline import EXIT_OK, EXIT_PARTIAL, _emit_json, command_group, count_option
 from distcrawl.cli._common import (
-    EXIT_OK,
-    EXIT_PARTIAL,
     Context,
     UsageError,
-    _emit_json,
     _one_line,
     _project_settings,
-    command_group,
     command_maker,
-    count_option,
     delete_confirmed,
 )
 from distcrawl.producer import ProducerError

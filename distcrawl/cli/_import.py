@@ -9,18 +9,16 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from distcrawl import importer
-from distcrawl.cli._common import (
+from distcrawl._commandline import (
     EXIT_OK,
     EXIT_PARTIAL,
-    UsageError,
     _emit_json,
-    _project_settings,
     command_group,
     env_option,
-    settings_option,
     subcommand,
 )
-from distcrawl.config import ConfigError
+from distcrawl._convert import ConfigError
+from distcrawl.cli._common import UsageError, _project_settings, settings_option
 from distcrawl.importer import Importer, ImportRefused, Source
 from distcrawl.producer import Producer, ProducerError
 from distcrawl.redact import redact_text, url_secrets

@@ -18,16 +18,8 @@ from typing import Any
 
 import redis
 
-from distcrawl.cli._common import (
-    EXIT_OK,
-    EXIT_PARTIAL,
-    Context,
-    UsageError,
-    _cluster_option,
-    _emit_json,
-    command_maker,
-    redis_failure,
-)
+from distcrawl._commandline import EXIT_OK, EXIT_PARTIAL, _emit_json
+from distcrawl.cli._common import Context, UsageError, _cluster_option, command_maker, redis_failure
 from distcrawl.connection import make_redis
 from distcrawl.migrate import KeyInfo, Migration, MigrationRefused, RunOutcome
 from distcrawl.redact import redact_text, redact_url, url_secrets

@@ -13,17 +13,8 @@ from typing import Any, cast
 
 from scrapy import Request
 
-from distcrawl.cli._common import (
-    EXIT_OK,
-    EXIT_PARTIAL,
-    Context,
-    UsageError,
-    _emit_json,
-    _non_negative_int,
-    _one_line,
-    _project_settings,
-    command_maker,
-)
+from distcrawl._commandline import EXIT_OK, EXIT_PARTIAL, _emit_json, _non_negative_int
+from distcrawl.cli._common import Context, UsageError, _one_line, _project_settings, command_maker
 from distcrawl.dupefilter import FINGERPRINT_BYTES, get_fingerprint
 from distcrawl.keys import FrontierKeys
 from distcrawl.layout import class_path

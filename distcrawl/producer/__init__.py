@@ -29,27 +29,16 @@ Settings are Scrapy settings: ``get_project_settings()`` (``scrapy.cfg`` or
 
 from __future__ import annotations
 
-from distcrawl.config import ConfigError
+from distcrawl._convert import ConfigError
 from distcrawl.producer._async import AsyncProducer
-from distcrawl.producer._commit import CAP_TTL as CAP_TTL
-from distcrawl.producer._commit import PIPELINE_ENTRIES as PIPELINE_ENTRIES
-from distcrawl.producer._commit import _execute as _execute
-from distcrawl.producer._commit import _pack as _pack
 from distcrawl.producer._results import (
     Outcome,
     ProducerError,
     PushResult,
     RedriveResult,
 )
-from distcrawl.producer._results import _url_of as _url_of
-from distcrawl.producer._results import dead_record as dead_record
-from distcrawl.producer._sync import LPUSH_CHUNK as LPUSH_CHUNK
-from distcrawl.producer._sync import TARGETS as TARGETS
 from distcrawl.producer._sync import Producer
-from distcrawl.producer._sync import _settings as _settings
-from distcrawl.producer._sync import _spider_class as _spider_class
 
-# the names imported ``as`` themselves are the module's from before it became a package
 __all__ = [
     "AsyncProducer",
     "ConfigError",

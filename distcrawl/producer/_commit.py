@@ -13,9 +13,10 @@ import redis
 
 from distcrawl.config import DistcrawlConfig
 from distcrawl.entries import Made
-from distcrawl.frontier import Entry, Frontier, Politeness
+from distcrawl.frontier import Frontier
 from distcrawl.politeness import politeness
 from distcrawl.producer._results import Outcome, PushResult
+from distcrawl.records import Entry, Politeness
 from distcrawl.shards import shard_of_url
 
 #: how long a pending cap published by the workers (``<ns>:settings``) is trusted

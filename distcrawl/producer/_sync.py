@@ -29,8 +29,7 @@ from distcrawl.entries import (
     fields_of,
     push_key,
 )
-from distcrawl.frontier import Frontier
-from distcrawl.frontier_admin import shard_frontiers
+from distcrawl.frontier import Frontier, shard_frontiers
 from distcrawl.keys import FrontierKeys
 from distcrawl.producer._commit import Committer
 from distcrawl.producer._results import (

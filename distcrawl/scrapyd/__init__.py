@@ -53,7 +53,6 @@ from distcrawl.scrapyd._launcher import (
     _server_components,
     runner_main,
 )
-from distcrawl.scrapyd._launcher import _take_secrets as _take_secrets  # tests use it
 from distcrawl.scrapyd._nodes import (
     NODES_ENV,
     TIMEOUT,
@@ -66,7 +65,6 @@ from distcrawl.scrapyd._nodes import (
     deploy_targets,
     parse_nodes,
 )
-from distcrawl.scrapyd._nodes import _auth_header as _auth_header  # tests use it
 from distcrawl.scrapyd._secrets import is_secret, redact_argv, redact_setting, redact_settings
 
 __all__ = [

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from distcrawl.cli._common import (
+from distcrawl._commandline import (
     EXIT_OK,
     EXIT_PARTIAL,
     EXIT_UNREACHABLE,
@@ -23,7 +23,7 @@ from distcrawl.cli._common import (
     env_option,
     subcommand,
 )
-from distcrawl.cli._common import _emit_json as _emit
+from distcrawl._commandline import _emit_json as _emit
 from distcrawl.scrapyd._egg import build_egg, egg_settings_module, project_root
 from distcrawl.scrapyd._jobs import Job, _close_reason, _matches, list_jobs, schedule
 from distcrawl.scrapyd._nodes import (
