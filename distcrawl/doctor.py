@@ -34,6 +34,7 @@ from distcrawl.deadrecord import dead_letter
 from distcrawl.frontier_admin import recorded_shards
 from distcrawl.keys import FrontierKeys
 from distcrawl.lua import DOCTOR_NAMES, LuaScript, ScriptMode, lua_script
+from distcrawl.queue_entry import TOKEN_BYTES, entry_problem
 
 logger = logging.getLogger(__name__)
 
@@ -49,37 +50,9 @@ KINDS: dict[str, tuple[str, str]] = {
     "slot_not_ready": ("slots with queued entries missing from ready", "added to ready"),
     "inflight_mismatch": ("in-flight counts that disagree with the leases", "rewritten"),
 }
-#: longest slot a queue entry may have (bytes)
-MAX_SLOT_BYTES = 255
-#: bytes after the slot's "\0": 4 of priority, 6 of sequence number
-ENTRY_HEAD = 10
-#: bytes of a record before its queue entry (the lease token)
-TOKEN_BYTES = 8
 #: how many bytes of an unparsable value a sample shows (as hex)
 SAMPLE_BYTES = 32
 SCRIPT_NAMES = DOCTOR_NAMES
-
-
-def entry_problem(member: bytes) -> str | None:
-    """Why a queue member cannot be parsed (the layout is in ``lua/lib.lua``), or None.
-
-    The same rule the workers apply before they trust an entry: a ``\\0``, a non-empty
-    UTF-8 slot of at most 255 bytes before it, and the priority and sequence bytes after.
-    """
-    cut = member.find(b"\0")
-    if cut < 0:
-        return "no \\0 after the slot"
-    if cut == 0:
-        return "empty slot"
-    if cut > MAX_SLOT_BYTES:
-        return f"slot longer than {MAX_SLOT_BYTES} bytes"
-    try:
-        member[:cut].decode("utf-8")
-    except UnicodeDecodeError:
-        return "slot is not valid UTF-8"
-    if len(member) - cut - 1 < ENTRY_HEAD:
-        return f"fewer than {ENTRY_HEAD} bytes after the slot"
-    return None
 
 
 def record_problem(record: bytes) -> str | None:

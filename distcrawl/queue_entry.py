@@ -1,14 +1,16 @@
 """The queue entry's layout (``lua/lib.lua``) and the lease tokens, on the Python side.
 
 A queue member is ``<slot> NUL <4-byte inverted priority> <6-byte id> <payload>``; the scripts
-build and split it, and so do these functions, for the worker reading what it leased and for
-the tools and tests that write or read the queue directly.
+build and split it, and so does this module: the one Python reader of a member
+(:func:`split_member`, :func:`parse_entry`, :func:`entry_problem`, one rule), for the worker
+reading what it leased, ``distcrawl doctor``, ``distcrawl migrate --shards`` and the tests.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import NamedTuple
 
 #: bytes of a lease token: the holder's 4-byte worker tag, then 4 bytes that differ per lease
@@ -67,19 +69,73 @@ def bad_slot(slot: str) -> str | None:
     return None
 
 
+#: bytes after the slot's NUL: 4 of inverted priority, then 6 of id (sequence number)
+ENTRY_HEAD = 10
+
+
+def _slot_of(member: bytes) -> tuple[int, str]:
+    """Where the slot's NUL is and the slot, or QueueEntryError with why not: the one rule
+    for a queue member, which the worker (a lease's items), ``distcrawl doctor`` and
+    ``distcrawl migrate --shards`` all apply. Stricter than lib.lua's ``entry_slot`` (which
+    only needs the NUL and the 10 bytes) by the checks ``bad_slot`` makes where entries are
+    written, so that whatever a writer could not have made is refused the same everywhere."""
+    cut = member.find(b"\0")
+    if cut < 0:
+        raise QueueEntryError("no \\0 after the slot")
+    if cut == 0:
+        raise QueueEntryError("empty slot")
+    if cut > MAX_SLOT_BYTES:
+        raise QueueEntryError(f"slot longer than {MAX_SLOT_BYTES} bytes")
+    try:
+        slot = member[:cut].decode()
+    except UnicodeDecodeError:
+        raise QueueEntryError("slot is not valid UTF-8") from None
+    if len(member) - cut - 1 < ENTRY_HEAD:
+        raise QueueEntryError(f"fewer than {ENTRY_HEAD} bytes after the slot")
+    return cut, slot
+
+
+@dataclass(frozen=True)
+class QueueMember:
+    """A queue member split by :func:`split_member` (layout in ``lua/lib.lua``)."""
+
+    slot: str
+    priority: int
+    #: the 6-byte id (sequence number), as lease.lua names requests: 12 hex digits
+    id: str
+    payload: bytes
+    #: where the 6 id bytes start in the member (to renumber it: :func:`renumbered`)
+    id_at: int
+
+
+def split_member(member: bytes) -> QueueMember:
+    """The parts of a queue member; QueueEntryError (its text: why) for one that is not."""
+    cut, slot = _slot_of(member)
+    prio = 2**31 - int.from_bytes(member[cut + 1 : cut + 5], "big")
+    return QueueMember(slot, prio, member[cut + 5 : cut + 11].hex(), member[cut + 11 :], cut + 5)
+
+
+def entry_problem(member: bytes) -> str | None:
+    """Why ``member`` is not a queue entry (the reason doctor reports), None when it is."""
+    try:
+        _slot_of(member)
+    except QueueEntryError as exc:
+        return str(exc)
+    return None
+
+
+def renumbered(member: QueueMember, entry: bytes, new_id: int) -> bytes:
+    """``entry`` (split as ``member``) with the id ``new_id``: the same slot, priority, payload."""
+    return entry[: member.id_at] + new_id.to_bytes(6, "big") + entry[member.id_at + 6 :]
+
+
 def parse_entry(entry: bytes) -> Leased:
     """Split a queue entry (layout in ``lua/lib.lua``) into id, priority, payload, slot;
-    QueueEntryError for a member that is not one."""
-    cut = entry.find(b"\0")
-    if cut < 0 or len(entry) < cut + 11:
-        raise QueueEntryError("malformed queue entry")
+    QueueEntryError (``malformed queue entry: <why>``) for a member that is not one."""
     try:
-        slot = entry[:cut].decode()
-    except UnicodeDecodeError:
-        raise QueueEntryError("queue entry slot is not UTF-8") from None
-    why = bad_slot(slot)
-    if why is not None:
-        raise QueueEntryError(f"queue entry: {why}")
+        cut, slot = _slot_of(entry)
+    except QueueEntryError as exc:
+        raise QueueEntryError(f"malformed queue entry: {exc}") from None
     prio = 2**31 - int.from_bytes(entry[cut + 1 : cut + 5], "big")
     return Leased(entry[cut + 5 : cut + 11].hex(), prio, entry[cut + 11 :], slot)
 

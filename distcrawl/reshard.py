@@ -43,6 +43,7 @@ from distcrawl.connection import is_cluster
 from distcrawl.deadrecord import dead_letter
 from distcrawl.keys import MAX_SHARDS, FrontierKeys
 from distcrawl.migrate import RunOutcome, not_stopped, server_ms, text_of
+from distcrawl.queue_entry import QueueEntryError, QueueMember, renumbered, split_member
 from distcrawl.seen import BloomState, part_keys
 from distcrawl.serialize import DecodeError, RequestCodec
 from distcrawl.shards import shard_keys, shard_of_url
@@ -77,20 +78,6 @@ class ReshardOutcome(RunOutcome):
     retries: int = 0
     dead_lettered: int = 0
     seen: int = 0
-
-
-def _split(member: bytes) -> tuple[int, bytes] | None:
-    """Where the 10 bytes of priority and sequence number start, and the payload; None for a
-    member that is not a queue entry (lib.lua's entry_slot)."""
-    cut = member.find(b"\0")
-    if cut < 1 or len(member) < cut + 11:
-        return None
-    return cut + 1, member[cut + 11 :]
-
-
-def _renumbered(entry: bytes, cut: int, new_id: int) -> bytes:
-    """A queue entry with sequence number ``new_id`` (its 6 bytes after the 4 of priority)."""
-    return entry[: cut + 4] + new_id.to_bytes(6, "big") + entry[cut + 10 :]
 
 
 @dataclass(frozen=True)
@@ -296,13 +283,15 @@ class Resharding:
             return str(exc)
         return shard_of_url(url, self.to_shards)
 
-    def _entry(self, member: bytes) -> tuple[int | str, int, bytes]:
-        """(target shard or reason, where the sequence number starts, payload) of a member."""
-        split = _split(member)
-        if split is None:
-            return "malformed queue entry", 0, b""
-        at, payload = split
-        return self._url_shard(payload), at, payload
+    def _entry(self, member: bytes) -> tuple[int | str, QueueMember | None]:
+        """(target shard or why it has none, its parts) of a queue member: parsed by the
+        rule the workers apply (queue_entry.split_member), so that what they would refuse
+        goes to the dead letters here instead of into the new shards."""
+        try:
+            parts = split_member(member)
+        except QueueEntryError as exc:
+            return f"malformed queue entry: {exc}", None
+        return self._url_shard(parts.payload), parts
 
     def _in_batches(
         self, rec: dict[str, str], name: str, count: int, out: ReshardOutcome, batch: _Batch
@@ -326,15 +315,15 @@ class Resharding:
         def batch(at: int, pipe: Any, dead: dict[Any, Any]) -> int:
             members: Any = self.client.zrange(src.keys.queue, at, at + BATCH - 1)
             for pos, member in enumerate(members, start=at):
-                shard, cut, _ = self._entry(member)
-                if isinstance(shard, str):
+                shard, parts = self._entry(member)
+                if isinstance(shard, str) or parts is None:
                     dead[f"{PREFIX}dead:q:{src.j}:{pos}"] = dead_letter(
-                        shard, raw=member, source="queue", moved="reshard"
+                        str(shard), raw=member, source="queue", moved="reshard"
                     )
                     continue
                 t = src.targets[shard]
-                pipe.zadd(t.queue, {_renumbered(member, cut, src.first_id + pos): 0})
-                pipe.zadd(t.ready, {member[: cut - 1]: now})
+                pipe.zadd(t.queue, {renumbered(parts, member, src.first_id + pos): 0})
+                pipe.zadd(t.ready, {parts.slot.encode(): now})
                 out.queued += 1
             return len(members)
 
@@ -346,15 +335,19 @@ class Resharding:
             records: Any = self.client.hmget(src.keys.requests, [i for i, _ in due]) if due else []
             for pos, ((old, when), record) in enumerate(zip(due, records, strict=True), start=at):
                 entry = record[len(NO_TOKEN) :] if record else b""
-                shard, cut, _ = self._entry(entry) if record else ("retry without record", 0, b"")
-                if isinstance(shard, str):
+                shard, parts = self._entry(entry) if record else ("retry without record", None)
+                if isinstance(shard, str) or parts is None:
                     dead[f"{PREFIX}dead:d:{src.j}:{pos}"] = dead_letter(
-                        shard, raw=entry or old, source="retry", moved="reshard", id=text_of(old)
+                        str(shard),
+                        raw=entry or old,
+                        source="retry",
+                        moved="reshard",
+                        id=text_of(old),
                     )
                     continue
                 new = src.first_id + pos
                 t = src.targets[shard]
-                pipe.hset(t.requests, f"{new:012x}", NO_TOKEN + _renumbered(entry, cut, new))
+                pipe.hset(t.requests, f"{new:012x}", NO_TOKEN + renumbered(parts, entry, new))
                 pipe.zadd(t.delayed, {f"{new:012x}": when})
                 out.retries += 1
             return len(due)

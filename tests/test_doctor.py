@@ -8,9 +8,9 @@ import json
 import pytest
 
 from distcrawl.cli import main
-from distcrawl.doctor import Doctor, entry_problem, record_problem
+from distcrawl.doctor import Doctor, record_problem
 from distcrawl.keys import FrontierKeys
-from distcrawl.queue_entry import make_entry
+from distcrawl.queue_entry import entry_problem, make_entry
 
 pytestmark = pytest.mark.timeout(60)
 

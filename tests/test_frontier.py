@@ -734,7 +734,8 @@ def test_a_member_whose_slot_is_not_utf8_is_handed_over_to_be_dead_lettered(fron
     redis_client.zadd("t:ready", {b"\xff\xfe": 0})
     result = frontier.lease(10, 60_000)
     assert result.items == [] and len(result.bad) == 1
-    assert "not UTF-8" in result.bad[0].reason and result.bad[0].raw == bad
+    assert result.bad[0].reason == "malformed queue entry: slot is not valid UTF-8"
+    assert result.bad[0].raw == bad
     # the worker dead-letters it with its acknowledgement: the place it held is freed
     record = dead_letter(result.bad[0].reason, raw=bad, source="queue")
     frontier.commit([result.bad[0].ref], [Entry(EntryKind.DEAD_LETTER, b"", 0, record)])
