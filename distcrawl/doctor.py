@@ -34,7 +34,7 @@ from distcrawl.deadrecord import dead_letter
 from distcrawl.frontier_admin import recorded_shards
 from distcrawl.keys import FrontierKeys
 from distcrawl.lua import DOCTOR_NAMES, LuaScript, ScriptMode, lua_script
-from distcrawl.queue_entry import TOKEN_BYTES, entry_problem
+from distcrawl.queue_entry import TOKEN_BYTES, QueueEntryError, entry_problem, split_member
 
 logger = logging.getLogger(__name__)
 
@@ -284,8 +284,8 @@ class Doctor:
                 found.add(rid)
                 problem = record_problem(record)
                 if problem is None:
-                    entry = record[TOKEN_BYTES:]
-                    sample = {"id": _text(rid), "slot": _text(entry[: entry.index(b"\0")])}
+                    slot = split_member(record[TOKEN_BYTES:]).slot
+                    sample = {"id": _text(rid), "slot": slot}
                     letter = b""
                 else:
                     reason = f"unparsable request record: {problem}"
@@ -314,10 +314,11 @@ class Doctor:
             poison: list[bytes] = []
             slots: set[bytes] = set()
             for member, _ in items:
-                problem = entry_problem(member)
-                if problem is None:
-                    slots.add(member[: member.index(b"\0")])
+                try:
+                    slots.add(split_member(member).slot.encode())
                     continue
+                except QueueEntryError as exc:
+                    problem = str(exc)
                 if member in found:
                     continue
                 found.add(member)
