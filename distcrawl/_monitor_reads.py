@@ -2,10 +2,12 @@
 
 A crawl of one shard keeps its queue, leases, retries and revisits in the crawl's own keys;
 with ``DISTCRAWL_SHARDS`` above 1 they are all in the shards' keys (each under its hash tag)
-and none in the crawl's. So the monitor reads each part's and adds them up: per part three
-ZCARDs (``SIZE_REPLIES``) for the frontier sizes, then the revisit gauges' reads
-(``GAUGE_REPLIES``, see :func:`~distcrawl.revisits_admin.gauges_of`), then one TIME. Every
-read is O(1) or O(log n): a beat costs O(shards) of them, however big the crawl.
+and none in the crawl's. So the monitor reads each part's and adds them up: per part the
+reads of the sizes it publishes (``MONITOR_SIZES``, by the one reader of sizes,
+distcrawl/sizes.py, so that they count as ``distcrawl status`` counts), then the revisit
+gauges' reads (``GAUGE_REPLIES``, see :func:`~distcrawl.revisits_admin.gauges_of`), then
+one TIME. Every read is O(1) or O(log n): a beat costs O(shards) of them, however big the
+crawl.
 """
 
 from __future__ import annotations
@@ -16,9 +18,12 @@ from typing import Any
 from distcrawl.keys import FrontierKeys
 from distcrawl.ops import Op
 from distcrawl.revisits_admin import GAUGE_REPLIES
+from distcrawl.sizes import add_up, size_commands, size_replies, sizes_from
 
-#: replies per part that :func:`sizes_of` reads: ZCARD of queue, leases and delayed
-SIZE_REPLIES = 3
+#: the sizes the monitor publishes (distcrawl_queue, _leased, _delayed)
+MONITOR_SIZES = ("queue", "leased", "delayed")
+#: replies per part of the sizes' reads
+SIZE_REPLIES = size_replies(MONITOR_SIZES)
 
 
 def parts_of(keys: FrontierKeys, shards: int) -> list[FrontierKeys]:
@@ -38,7 +43,7 @@ def part_ops(parts: Sequence[FrontierKeys], due_until: int | str) -> list[Op[Any
     gauges' reads of every part, counting those due up to ``due_until``, then TIME."""
     ops: list[Op[Any]] = []
     for k in parts:
-        ops += [Op("", [], ["ZCARD", key], _same) for key in (k.queue, k.leases, k.delayed)]
+        ops += [Op("", [], command, _same) for command in size_commands(k, MONITOR_SIZES)]
     for k in parts:
         ops += [
             Op("", [], ["ZCARD", k.revisits], _same),
@@ -62,11 +67,11 @@ def split_replies(replies: Sequence[Any], parts: int) -> tuple[list[Any], list[A
 
 
 def sizes_of(replies: Sequence[Any], parts: int) -> dict[str, int]:
-    """The frontier sizes, all parts added up, from their ZCARDs (``SIZE_REPLIES`` each)."""
-    queue = leased = delayed = 0
-    for i in range(parts):
-        q, leases, d = replies[i * SIZE_REPLIES : (i + 1) * SIZE_REPLIES]
-        queue += int(q)
-        leased += int(leases)
-        delayed += int(d)
-    return {"queue": queue, "leased": leased, "delayed": delayed}
+    """The frontier sizes, all parts added up, from their reads (``SIZE_REPLIES`` each)."""
+    total = add_up(
+        [
+            sizes_from(replies[i * SIZE_REPLIES : (i + 1) * SIZE_REPLIES], MONITOR_SIZES)
+            for i in range(parts)
+        ]
+    )
+    return {name: getattr(total, name) for name in MONITOR_SIZES}

@@ -15,7 +15,13 @@ from typing import Any
 
 from distcrawl.connection import execute_timed
 from distcrawl.frontier import Frontier
-from distcrawl.frontier_admin import SIZE_REPLIES, read_sizes, recorded_shards, sizes_of
+from distcrawl.sizes import (
+    SIZE_REPLIES,
+    queue_size_reads,
+    read_shard_sizes,
+    recorded_count,
+    sizes_from,
+)
 
 #: a worker whose last liveness beat is older than this is reported as stale (dead or stuck);
 #: the workers' own default timeout, after which they reap each other
@@ -24,51 +30,40 @@ SPARKS = "▁▂▃▄▅▆▇█"
 
 
 def snapshot(frontier: Frontier, stale_after: float = STALE_AFTER) -> dict[str, Any]:
+    """The crawl's state in two round trips: the sizes (distcrawl/sizes.py) with the
+    workers, counters and domains, then the shards' sizes when the crawl has shards."""
     k = frontier.keys
     pipe = frontier.client.pipeline(transaction=False)
-    read_sizes(pipe, k)
-    pipe.zcard(k.ready)
+    queue_size_reads(pipe, k)
+    pipe.hget(k.meta, "shards")
     pipe.exists(k.paused)
     pipe.hgetall(k.stats)
     pipe.hgetall(k.workers)
     pipe.zrevrange(k.domains, 0, 9, withscores=True)
     pipe.zrange(k.alive, 0, -1, withscores=True)
     replies = execute_timed(frontier.client, pipe, k.queue)
-    sizes = sizes_of(replies)
-    slots, paused, totals, workers, domains, alive, server_time = replies[SIZE_REPLIES:]
+    sizes = sizes_from(replies)
+    shards, paused, totals, workers, domains, alive, server_time = replies[SIZE_REPLIES:]
     now = server_time[0] + server_time[1] / 1e6
-    quarantined = int(totals.get(b"quarantined", 0))
-    parts = recorded_shards(frontier.client, k)
-    if parts:
+    count = recorded_count(shards)
+    if count > 1 and k.shard is None:
         # a sharded crawl (DISTCRAWL_SHARDS): the shards hold the requests and their own
-        # counters of quarantined entries; start URLs and dead letters are the crawl's
-        pipe = frontier.client.pipeline(transaction=False)
-        for part in parts:
-            read_sizes(pipe, part)
-            pipe.zcard(part.ready)
-            pipe.hget(part.stats, "quarantined")
-        more = pipe.execute()
-        step = SIZE_REPLIES + 2
-        for at in range(0, len(more), step):
-            part_sizes = sizes_of(more[at : at + step])
-            for name in ("queue", "leased", "delayed", "revisits", "seen", "dead"):
-                sizes[name] += part_sizes[name]
-            slots += int(more[at + SIZE_REPLIES])
-            quarantined += int(more[at + SIZE_REPLIES + 1] or 0)
+        # counters of quarantined entries; start URLs are the crawl's
+        sizes = sizes.with_shards(read_shard_sizes(frontier.client, k, count))
     return {
         "namespace": k.namespace,
         "time": now,
-        "queue": sizes["queue"],
-        "queue_slots": slots,
-        "leased": sizes["leased"],
-        "delayed": sizes["delayed"],
-        "revisits": sizes["revisits"],
-        "seen": sizes["seen"],
-        "start_urls": sizes["start_urls"],
-        "dead": sizes["dead"],
+        "queue": sizes.queue,
+        "queue_slots": sizes.queue_slots,
+        "leased": sizes.leased,
+        "delayed": sizes.delayed,
+        "revisits": sizes.revisits,
+        "seen": sizes.seen,
+        "start_urls": sizes.start_urls,
+        "dead": sizes.dead,
         "paused": bool(paused),
         "totals": {key.decode(): int(value) for key, value in totals.items()},
-        "quarantined": quarantined,
+        "quarantined": sizes.quarantined,
         "workers": _workers(workers, _beats(alive), now, stale_after),
         "domains": [[d.decode(), int(n)] for d, n in domains],
     }

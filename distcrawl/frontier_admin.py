@@ -14,6 +14,7 @@ from distcrawl.keys import MAX_SHARDS, FrontierKeys
 from distcrawl.queue_entry import worker_tags
 from distcrawl.replies import throttle_state
 from distcrawl.seen import BloomFilter, BloomState, part_keys
+from distcrawl.sizes import queue_size_reads, sizes_from
 
 
 class FrontierAdmin:
@@ -110,9 +111,11 @@ class FrontierAdmin:
         return sum(int(x) for x in pipe.execute())
 
     def sizes(self) -> dict[str, int]:
+        """The sizes of this keyset alone (a shard's, or a crawl of one shard's): the
+        scheduler adds up its shards'. ``read_frontier_sizes`` reads a whole crawl."""
         pipe = self.client.pipeline(transaction=False)
-        read_sizes(pipe, self.keys)
-        return sizes_of(pipe.execute())
+        queue_size_reads(pipe, self.keys)
+        return sizes_from(pipe.execute()).as_dict()
 
     def netloc_keys(self) -> list[bytes]:
         """The per-netloc keys (robots.txt and its download lock): found by SCAN, which only
@@ -182,37 +185,3 @@ def _merged_states(found: Sequence[tuple[int, dict[str, Any]]]) -> list[dict[str
         have["override"] = have["override"] or state["override"]
         have["shards"] += busy
     return list(out.values())
-
-
-#: how many replies :func:`read_sizes` adds to a pipeline
-SIZE_REPLIES = 9
-
-
-def read_sizes(pipe: Any, keys: FrontierKeys) -> None:
-    """Queue the reads of the frontier's sizes on ``pipe`` (SIZE_REPLIES replies, which
-    :func:`sizes_of` reads), so that ``status`` can send them with its other reads."""
-    pipe.zcard(keys.queue)
-    pipe.zcard(keys.revisit_queue)
-    pipe.zcard(keys.leases)
-    pipe.zcard(keys.delayed)
-    pipe.zcard(keys.revisits)
-    pipe.scard(keys.seen)
-    pipe.hgetall(keys.bloom)
-    pipe.llen(keys.start_urls)
-    pipe.llen(keys.dead)
-
-
-def sizes_of(replies: list[Any]) -> dict[str, int]:
-    """The sizes from the first SIZE_REPLIES replies of a pipeline :func:`read_sizes` filled:
-    the seen-set counts the Bloom filter's URLs when there is one."""
-    queue, due, leases, delayed, revisits, seen, bloom, start_urls, dead = replies[:SIZE_REPLIES]
-    return {
-        # due revisits wait in a queue of their own (lease.lua), queued all the same
-        "queue": int(queue) + int(due),
-        "leased": int(leases),
-        "delayed": int(delayed),
-        "revisits": int(revisits),
-        "seen": int(seen) + BloomState.parse(bloom).count,
-        "start_urls": int(start_urls),
-        "dead": int(dead),
-    }
