@@ -43,7 +43,7 @@ def part_ops(parts: Sequence[FrontierKeys], due_until: int | str) -> list[Op[Any
     gauges' reads of every part, counting those due up to ``due_until``, then TIME."""
     ops: list[Op[Any]] = []
     for k in parts:
-        ops += [Op("", [], command, _same) for command in size_commands(k, MONITOR_SIZES)]
+        ops += size_commands(k, MONITOR_SIZES)
     for k in parts:
         ops += [
             Op("", [], ["ZCARD", k.revisits], _same),

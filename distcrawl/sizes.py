@@ -23,6 +23,7 @@ from typing import Any
 import redis
 
 from distcrawl.keys import MAX_SHARDS, FrontierKeys
+from distcrawl.ops import Op
 from distcrawl.seen import BloomState
 
 #: the sizes a sharded crawl's total adds up over its shards (start URLs are the crawl's)
@@ -86,28 +87,36 @@ class FrontierSizes:
         return dataclasses.replace(self, shards=tuple(shards), **summed)
 
 
-def _commands(k: FrontierKeys) -> dict[str, list[list[Any]]]:
-    """Each size -> the commands that count it in one keyset (all O(1))."""
+def _same(reply: Any) -> Any:
+    return reply
+
+
+def _commands(k: FrontierKeys) -> dict[str, list[Op[Any]]]:
+    """Each size -> the plain commands that count it in one keyset (all O(1))."""
     return {
         # due revisits wait in a queue of their own (lease.lua), queued all the same
-        "queue": [["ZCARD", k.queue], ["ZCARD", k.revisit_queue]],
-        "leased": [["ZCARD", k.leases]],
-        "delayed": [["ZCARD", k.delayed]],
-        "revisits": [["ZCARD", k.revisits]],
+        "queue": [
+            Op("", [], ["ZCARD", k.queue], _same),
+            Op("", [], ["ZCARD", k.revisit_queue], _same),
+        ],
+        "leased": [Op("", [], ["ZCARD", k.leases], _same)],
+        "delayed": [Op("", [], ["ZCARD", k.delayed], _same)],
+        "revisits": [Op("", [], ["ZCARD", k.revisits], _same)],
         # the seen-set counts the Bloom filter's URLs when there is one
-        "seen": [["SCARD", k.seen], ["HGETALL", k.bloom]],
-        "start_urls": [["LLEN", k.start_urls]],
-        "dead": [["LLEN", k.dead]],
-        "queue_slots": [["ZCARD", k.ready]],
-        "quarantined": [["HGET", k.stats, "quarantined"]],
+        "seen": [Op("", [], ["SCARD", k.seen], _same), Op("", [], ["HGETALL", k.bloom], _same)],
+        "start_urls": [Op("", [], ["LLEN", k.start_urls], _same)],
+        "dead": [Op("", [], ["LLEN", k.dead], _same)],
+        "queue_slots": [Op("", [], ["ZCARD", k.ready], _same)],
+        "quarantined": [Op("", [], ["HGET", k.stats, "quarantined"], _same)],
     }
 
 
-def size_commands(keys: FrontierKeys, fields: Sequence[str] = ALL_SIZES) -> list[list[Any]]:
-    """The commands that read ``fields`` of one keyset, for a caller that sends them its own
-    way (the worker monitor, in its beat's MULTI); :func:`sizes_from` reads their replies."""
+def size_commands(keys: FrontierKeys, fields: Sequence[str] = ALL_SIZES) -> list[Op[Any]]:
+    """The plain-command Ops that read ``fields`` of one keyset, for a caller that sends
+    them its own way (the worker monitor, in its beat's MULTI); :func:`sizes_from` reads
+    their replies."""
     reads = _commands(keys)
-    return [command for name in fields for command in reads[name]]
+    return [op for name in fields for op in reads[name]]
 
 
 def size_replies(fields: Sequence[str] = ALL_SIZES) -> int:
@@ -122,8 +131,8 @@ SIZE_REPLIES = size_replies()
 def queue_size_reads(pipe: Any, keys: FrontierKeys) -> None:
     """Queue the reads of one keyset's sizes on ``pipe`` (SIZE_REPLIES replies, which
     :func:`sizes_from` reads), so that a caller can send them with reads of its own."""
-    for command in size_commands(keys):
-        pipe.execute_command(*command)
+    for op in size_commands(keys):
+        pipe.execute_command(*op.args)
 
 
 def _bloom_count(reply: Any) -> int:

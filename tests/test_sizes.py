@@ -78,8 +78,8 @@ def test_any_subset_of_sizes_reads_only_its_commands(redis_client):
     assert len(size_commands(keys)) == SIZE_REPLIES
     for fields in (("queue", "leased", "delayed"), ("seen",), ALL_SIZES):
         pipe = redis_client.pipeline(transaction=False)
-        for command in size_commands(keys, fields):
-            pipe.execute_command(*command)
+        for op in size_commands(keys, fields):
+            pipe.execute_command(*op.args)
         got = sizes_from(pipe.execute(), fields)
         whole = read_frontier_sizes(redis_client, keys)
         assert {f: getattr(got, f) for f in fields} == {f: getattr(whole, f) for f in fields}
