@@ -10,11 +10,11 @@ from typing import Any
 import redis
 
 from distcrawl.connection import execute_timed
-from distcrawl.keys import MAX_SHARDS, FrontierKeys
+from distcrawl.keys import FrontierKeys
 from distcrawl.queue_entry import worker_tags
 from distcrawl.replies import throttle_state
 from distcrawl.seen import BloomFilter, BloomState, part_keys
-from distcrawl.sizes import queue_size_reads, sizes_from
+from distcrawl.sizes import queue_size_reads, recorded_count, sizes_from
 
 
 class FrontierAdmin:
@@ -152,12 +152,8 @@ def recorded_shards(client: redis.Redis, keys: FrontierKeys) -> list[FrontierKey
     (none when the crawl has one shard: its keys are the crawl's own)."""
     if keys.shard is not None:
         return []
-    raw = client.hget(keys.meta, "shards")
-    try:
-        count = int(raw) if raw is not None else 1
-    except ValueError:
-        count = 1
-    if not 1 < count <= MAX_SHARDS:
+    count = recorded_count(client.hget(keys.meta, "shards"))
+    if count == 1:
         return []
     crawl = keys.sharded(count)
     return [crawl.of_shard(i) for i in range(count)]
