@@ -199,6 +199,7 @@ def test_memory_of_every_master_holding_a_shard_is_watched(redis_cluster, worker
         node.close()
 
 
+@pytest.mark.serial
 def test_sigkill_of_a_worker_on_a_cluster_loses_no_page(
     redis_cluster, demo_site, workers, cluster_client
 ):

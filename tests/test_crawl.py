@@ -12,6 +12,8 @@ import subprocess
 import time
 from collections import Counter
 
+import pytest
+
 from distcrawl.keys import FrontierKeys
 from distcrawl.queue_entry import make_entry
 from distcrawl.testing.workers import worker_agent
@@ -81,6 +83,7 @@ def test_push_to_idle_workers_starts_the_crawl_at_once(
         assert "Spider closed (shutdown)" in w.log()
 
 
+@pytest.mark.serial
 def test_sigkill_of_a_worker_loses_no_page(demo_site, workers, redis_client):
     site = demo_site(pages=600, delay=0.25)  # slow pages: the kill lands mid-crawl
     settings = {

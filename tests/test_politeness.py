@@ -38,6 +38,7 @@ def finish(pool, timeout: float = 120) -> None:
         assert w.wait(timeout) == 0, w.log()[-3000:]
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("shards", [1, 4])
 def test_delay_holds_across_workers_while_another_host_runs_at_full_speed(
     shards, demo_site, workers, redis_client
@@ -228,6 +229,7 @@ def test_a_retrys_answer_feeds_the_rate_only_with_a_retry_after():
     assert answer(503, retry_times=1) and not buffer  # nothing to send
 
 
+@pytest.mark.serial
 def test_robots_crawl_delay_is_shared_and_robots_txt_read_once(demo_site, workers, redis_client):
     site = demo_site(pages=4, links=2, host="127.0.0.2", crawl_delay=2)
     settings = {"DISTCRAWL_IDLE_TIMEOUT": 5}
@@ -247,6 +249,7 @@ def test_robots_crawl_delay_is_shared_and_robots_txt_read_once(demo_site, worker
     assert redis_client.hget("site:robots", "127.0.0.2") == b"2000"
 
 
+@pytest.mark.serial
 def test_limit_set_while_the_crawl_runs_applies_to_every_worker(
     demo_site, workers, redis_client, redis_url, capsys
 ):

@@ -222,6 +222,7 @@ def test_two_workers_crawl_eight_hosts_over_four_shards_every_page_once(
         assert "ERROR" not in w.log(), w.log()[-3000:]
 
 
+@pytest.mark.serial
 def test_sigkill_of_a_worker_loses_no_page_across_shards(demo_site, workers, redis_client):
     sites = _sites(demo_site, 4, pages=150, delay=0.25)
     settings = {
@@ -249,6 +250,7 @@ def test_sigkill_of_a_worker_loses_no_page_across_shards(demo_site, workers, red
     _assert_drained(redis_client)
 
 
+@pytest.mark.serial
 def test_links_across_shards_survive_a_sigkill_each_page_once(demo_site, workers, redis_client):
     """Each site links to pages of the sites started before it, on other hosts and so (for
     at least one pair, checked) other shards: a page's children are stored in their shards
