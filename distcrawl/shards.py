@@ -217,7 +217,15 @@ class Shards:
         succeeded in every shard. Entries stored in a shard that acknowledges nothing, or in
         one while other shards acknowledge, go first: a request is acknowledged only once
         everything it produced is stored, in whatever shard. With everything in one shard
-        (a site's links stay in its shard) it is one part, as unsharded."""
+        (a site's links stay in its shard) it is one part, as unsharded. With one shard the
+        commit is the one part, under its own id, its entries as they are: the crawl's own
+        keys are the shard's, so the commit script takes stored start URLs out of the claim
+        list itself."""
+        if not self.sharded:
+            positions = list(range(len(entries)))
+            return [
+                [CommitPart(0, commit_id, list(acks), list(entries), list(feedback), positions)]
+            ]
         refs = self.by_shard(acks)
         default = min(refs) if refs else 0
         routed: dict[int, list[tuple[int, Entry]]] = {}

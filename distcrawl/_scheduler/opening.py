@@ -40,7 +40,6 @@ from distcrawl.layout import (
 from distcrawl.liveness import Liveness
 from distcrawl.politeness import politeness
 from distcrawl.serialize import RequestCodec
-from distcrawl.sharded_batch import ShardedRunner
 from distcrawl.shards import Shards
 
 if TYPE_CHECKING:
@@ -279,21 +278,19 @@ def connect(
         "schemes": config.allowed_schemes,
         "liveness": liveness,
     }
-    if shards.sharded:
-        runner: Runner = ShardedRunner(
-            shards,
-            codec,
-            wait_replicas=config.wait_replicas,
-            wait_replicas_ms=int(config.wait_replicas_timeout * 1000),
-            **options,
+    if config.wait_replicas and not shards.sharded:
+        logger.warning(
+            "DISTCRAWL_WAIT_REPLICAS=%d has no effect with one shard: a commit is one "
+            "script, replicated whole, acknowledgement and children together",
+            config.wait_replicas,
+            extra={"spider": spider},
         )
-    else:
-        if config.wait_replicas:
-            logger.warning(
-                "DISTCRAWL_WAIT_REPLICAS=%d has no effect with one shard: a commit is one "
-                "script, replicated whole, acknowledgement and children together",
-                config.wait_replicas,
-                extra={"spider": spider},
-            )
-        runner = Runner(frontier, codec, **options)
+    runner = Runner(
+        frontier,
+        codec,
+        shards=shards,
+        wait_replicas=config.wait_replicas if shards.sharded else 0,
+        wait_replicas_ms=int(config.wait_replicas_timeout * 1000),
+        **options,
+    )
     return Connected(keys, frontier, liveness, runner, shards)
