@@ -32,11 +32,11 @@ from twisted.python.failure import Failure
 from distcrawl._monitor_reads import part_ops, part_replies, parts_of, sizes_of, split_replies
 from distcrawl.batch import Rider
 from distcrawl.config import DistcrawlConfig
-from distcrawl.connection import RedisIO, execute_timed, is_cluster, node_info, redis_io
+from distcrawl.connection import RedisIO, execute_timed, is_cluster, node_info, redis_io, server_ms
 from distcrawl.frontier import Frontier, Op, worker_id
 from distcrawl.keys import FrontierKeys
 from distcrawl.redact import redact_error, redact_text, url_secrets
-from distcrawl.revisits_admin import gauges_of, server_ms
+from distcrawl.revisits_admin import gauges_of
 from distcrawl.scheduler import scheduler_of
 
 if TYPE_CHECKING:

@@ -39,10 +39,10 @@ from typing import Any
 import redis
 
 from distcrawl._reshard_copy import BATCH, copy_bloom, copy_per_slot
-from distcrawl.connection import is_cluster
+from distcrawl.connection import is_cluster, server_ms
 from distcrawl.deadrecord import dead_letter
 from distcrawl.keys import MAX_SHARDS, FrontierKeys
-from distcrawl.migrate import RunOutcome, not_stopped, server_ms, text_of
+from distcrawl.migrate import RunOutcome, not_stopped, text_of
 from distcrawl.seen import BloomState, part_keys
 from distcrawl.serialize import DecodeError, RequestCodec
 from distcrawl.shards import shard_keys, shard_of_url
@@ -232,7 +232,7 @@ class Resharding:
             pipe.get(k.seq)
         replies = pipe.execute()
         base = max(int(v or 0) for v in replies[2 * source :])
-        now = server_ms(self.client, self.crawl)
+        now = server_ms(self.client, self.crawl.alive)
         rec = {
             "id": uuid.uuid4().hex,
             "from": str(source),

@@ -9,6 +9,7 @@ import redis
 from redis.connection import Connection
 
 import distcrawl.lua
+from distcrawl._batch_send import _pack
 from distcrawl.frontier import (
     Entry,
     EntryKind,
@@ -20,7 +21,6 @@ from distcrawl.frontier import (
     make_entry,
 )
 from distcrawl.keys import FrontierKeys
-from distcrawl.producer import _pack
 
 
 def test_the_entry_kinds_are_the_ones_commit_lua_accepts():

@@ -33,8 +33,6 @@ from distcrawl.config import ConfigError
 from distcrawl.producer._async import AsyncProducer
 from distcrawl.producer._commit import CAP_TTL as CAP_TTL
 from distcrawl.producer._commit import PIPELINE_ENTRIES as PIPELINE_ENTRIES
-from distcrawl.producer._commit import _execute as _execute
-from distcrawl.producer._commit import _pack as _pack
 from distcrawl.producer._results import (
     Outcome,
     ProducerError,
