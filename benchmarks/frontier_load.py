@@ -133,7 +133,7 @@ def runner_of(
     if shards == 1:
         sh = Shards.single(crawl)
         return Runner(crawl, PayloadCodec(), **_runner_options()), sh
-    parts = [Frontier(client, keys.of_shard(i), politeness, tag=tag) for i in range(shards)]
+    parts = [Frontier(client, part, politeness, tag=tag) for part in keys.parts(shards)]
     sh = Shards(crawl, parts)
     return Runner(crawl, PayloadCodec(), shards=sh, **_runner_options()), sh
 

@@ -382,9 +382,8 @@ class WorkerMonitor:
         if not isinstance(client, RedisCluster) or self.config.shards == 1:
             return keys
         seen = {client.get_node_from_key(keys[0]).name}
-        crawl = self.keys.sharded(self.config.shards)
-        for i in range(self.config.shards):
-            key = crawl.of_shard(i).queue
+        for part in self.keys.parts(self.config.shards):
+            key = part.queue
             node = client.get_node_from_key(key).name
             if node not in seen:
                 seen.add(node)

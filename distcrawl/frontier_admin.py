@@ -159,8 +159,7 @@ def recorded_shards(client: redis.Redis, keys: FrontierKeys) -> list[FrontierKey
         count = 1
     if not 1 < count <= MAX_SHARDS:
         return []
-    crawl = keys.sharded(count)
-    return [crawl.of_shard(i) for i in range(count)]
+    return keys.parts(count)
 
 
 def shard_frontiers(frontier: Frontier, count: int | None = None) -> list[Frontier]:
@@ -174,7 +173,7 @@ def shard_frontiers(frontier: Frontier, count: int | None = None) -> list[Fronti
     if count is None:
         parts = recorded_shards(frontier.client, keys)
     else:
-        parts = [] if count == 1 else [keys.sharded(count).of_shard(i) for i in range(count)]
+        parts = [] if count == 1 else keys.parts(count)
     if not parts:
         return [frontier]
     bloom = frontier.bloom

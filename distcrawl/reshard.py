@@ -45,7 +45,7 @@ from distcrawl.keys import MAX_SHARDS, FrontierKeys
 from distcrawl.migrate import RunOutcome, not_stopped, text_of
 from distcrawl.seen import BloomState, part_keys
 from distcrawl.serialize import DecodeError, RequestCodec
-from distcrawl.shards import shard_keys, shard_of_url
+from distcrawl.shards import shard_of_url
 
 #: a lease's token, for a retry waiting in ``delayed`` (lib.lua's NO_TOKEN)
 NO_TOKEN = b"\0" * 8
@@ -139,7 +139,7 @@ class Resharding:
         return int(self.client.hget(self.crawl.meta, "shards") or 1)
 
     def _layout(self, count: int) -> list[FrontierKeys]:
-        return shard_keys(self.crawl, count)
+        return self.crawl.parts(count)
 
     def problems(self, *, force: bool = False) -> list[str]:
         """Why the crawl may not be re-sharded now (empty: it may). ``force`` skips the checks

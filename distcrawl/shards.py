@@ -39,7 +39,6 @@ import redis
 import tldextract
 
 from distcrawl.frontier import CommitResult, Drained, Entry, Feedback, Frontier, LeaseRef, Op
-from distcrawl.keys import FrontierKeys
 from distcrawl.records import EntryKind
 
 T = TypeVar("T")
@@ -356,9 +355,3 @@ def merge_commits(parts: Sequence[CommitPart], results: Sequence[CommitResult]) 
     return CommitResult.of(
         total.counts(), sorted(not_stored, key=lambda p: p if p >= 0 else -p - 1)
     )
-
-
-def shard_keys(keys: FrontierKeys, shards: int) -> list[FrontierKeys]:
-    """The keys of every shard of a crawl of ``shards`` shards."""
-    crawl = keys.sharded(shards)
-    return [crawl.of_shard(i) for i in range(shards)]

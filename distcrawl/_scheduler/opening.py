@@ -260,7 +260,7 @@ def connect(
     if config.shards == 1:
         shards = Shards.single(frontier)
     else:
-        shards = Shards(frontier, [frontier_of(keys.of_shard(i)) for i in range(config.shards)])
+        shards = Shards(frontier, [frontier_of(part) for part in keys.parts(config.shards)])
     liveness = Liveness(
         config.redis_url,
         keys,
