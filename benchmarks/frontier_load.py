@@ -18,7 +18,7 @@ domain keeps (one node, one shard only).
 Each load process runs the worker's own batch runner: one ``Batch`` per round carries the
 commit of the pages leased the round before (``Commit``: their acknowledgements and
 children) and the next lease, as the scheduler sends them. With ``--shards N`` (N > 1) it is
-``ShardedRunner`` over a ``Shards`` of N shard frontiers, as a worker with
+``Runner`` over a ``Shards`` of N shard frontiers, as a worker with
 ``DISTCRAWL_SHARDS = N``: each lease asks the shards due, children go to the shard of their
 URL's site in a first phase, the acknowledgements to the shard each page was leased from
 once those are stored. Hosts are ``h<i>.test``, each a site of its own, so ``--hosts``
@@ -60,7 +60,6 @@ from distcrawl.connection import make_redis
 from distcrawl.frontier import Frontier
 from distcrawl.keys import FrontierKeys, key_slot
 from distcrawl.records import Entry, EntryKind, Politeness
-from distcrawl.sharded_batch import ShardedRunner
 from distcrawl.shards import Shards, shard_of_url
 from distcrawl.testing.redis_server import RedisServer
 
@@ -136,9 +135,9 @@ def runner_of(
     if shards == 1:
         sh = Shards.single(crawl)
         return Runner(crawl, PayloadCodec(), **_runner_options()), sh
-    parts = [Frontier(client, keys.of_shard(i), politeness, tag=tag) for i in range(shards)]
+    parts = [Frontier(client, part, politeness, tag=tag) for part in keys.parts(shards)]
     sh = Shards(crawl, parts)
-    return ShardedRunner(sh, PayloadCodec(), **_runner_options()), sh
+    return Runner(crawl, PayloadCodec(), shards=sh, **_runner_options()), sh
 
 
 def _runner_options() -> dict[str, Any]:

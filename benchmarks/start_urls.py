@@ -70,7 +70,7 @@ def worker(redis_url: str, start_at: float, out: Path, max_seconds: float, shard
         from distcrawl.shards import shard_of_site
 
         keys = keys.sharded(shards)
-        parts = [Frontier(client, keys.of_shard(i)) for i in range(shards)]
+        parts = [Frontier(client, part) for part in keys.parts(shards)]
     frontier = Frontier(client, keys, tag=parts[0].tag if shards > 1 else None)
     read = getattr(frontier, "claim_start_urls", None) or frontier.peek_start_urls  # type: ignore[attr-defined]
     time.sleep(max(0.0, start_at - time.time()))

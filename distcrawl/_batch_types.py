@@ -1,7 +1,7 @@
 """What a batch of frontier work holds, and what comes back from running it.
 
 Plain data that crosses threads: the scheduler builds a ``Batch`` on the reactor, a runner
-(batch.py, sharded_batch.py) runs it on the Redis thread and hands back a ``BatchResult``.
+(batch.py) runs it on the Redis thread and hands back a ``BatchResult``.
 Kept apart from the runners so that the rules written into these shapes (a commit's id, its
 acknowledgements that wait for the entries pushed before them) read on their own, next to no
 Redis code. ``distcrawl.batch`` re-exports every name here: import them from there.
@@ -43,12 +43,15 @@ class Commit:
     failures: int = 0
     #: refused for its content SPLIT_AFTER times: run piece by piece
     split: bool = False
-    #: leading entries a split commit has stored so far (a retry goes on from there)
+    #: leading entries of the part being split (``splitting``, its id) stored so far: a
+    #: retry goes on from there (with one shard the part is the whole commit)
     stored: int = 0
-    #: with shards: the parts stored so far, by part id, with their results (a retry sends
-    #: only the others: the shard's replay check knows only its last commit)
+    splitting: str = ""
+    #: the parts stored so far, by part id, with their results (a retry sends only the
+    #: others: a shard's replay check knows only its last commit)
     parts_done: dict[str, CommitResult] = field(default_factory=dict)
-    #: with shards: its phases of per-shard parts, made once (shards.py, ``Shards.plan``)
+    #: its phases of per-shard parts, made once (shards.py, ``Shards.plan``; one part with
+    #: one shard)
     phases: list[list[Any]] | None = None
 
     @property
@@ -167,7 +170,7 @@ class BatchResult:
     unclaimed: int = 0
     #: finished slots whose state the reclaim's sweep forgot (sweep.lua)
     swept: SweepResult | None = None
-    #: dead letters moved from the shards' quarantines to the crawl's (sharded_batch.py)
+    #: dead letters moved from the shards' quarantines to the crawl's (Shards.move_dead)
     dead_moved: int = 0
     #: the fewest replicas a WAIT behind a commit's first phase counted (DISTCRAWL_WAIT_REPLICAS;
     #: NO_WAIT when none was sent; 0 for a node with too few replicas to wait for)

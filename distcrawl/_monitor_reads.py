@@ -30,8 +30,7 @@ def parts_of(keys: FrontierKeys, shards: int) -> list[FrontierKeys]:
     """The keys holding the crawl's requests: every shard's, or the crawl's own (1 shard)."""
     if shards == 1:
         return [keys]
-    crawl = keys.sharded(shards)
-    return [crawl.of_shard(i) for i in range(shards)]
+    return keys.parts(shards)
 
 
 def _same(reply: Any) -> Any:

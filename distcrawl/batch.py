@@ -1,4 +1,4 @@
-"""One batch of frontier work, run on the crawler's Redis thread.
+"""One batch of frontier work, run on the crawler's Redis thread, with one shard or many.
 
 The scheduler (scheduler.py) decides on the reactor what a batch holds; this module runs it
 against Redis and hands back what happened. The steps go in one pipeline of EVALSHA calls,
@@ -18,36 +18,37 @@ here, are in _batch_types.py):
 - a commit Redis refuses twice for its content is split to find the entry that breaks it,
   which goes to the dead letters with the reason; the rest is stored;
 - renewals and the other steps run even when the commit fails for its content.
+
+With shards (``DISTCRAWL_SHARDS``) each step goes to the shards it concerns (sharded_batch.py)
+and a commit may take two phases (_batch_commit.py); one shard is ``Shards.single``, whose
+every step has one part, sent as it is: the same one round trip.
 """
 
 from __future__ import annotations
 
 import base64
 from collections.abc import Callable
-from dataclasses import KW_ONLY, dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from dataclasses import KW_ONLY, dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import redis
-from redis.cluster import RedisCluster
 
-# what a batch holds and what it gives back: importable from here, where they always were
-from distcrawl._batch_types import (
-    Batch,
-    BatchResult,
-    Commit,
-    LeasedRequest,
-    RedisMemory,
-)
+from distcrawl._batch_commit import Commits
+from distcrawl._batch_send import Step, failed, filler, ignore, send, setter
+from distcrawl._batch_types import Batch, BatchResult, Commit, LeasedRequest, RedisMemory
 from distcrawl.connection import node_info
 from distcrawl.deadrecord import dead_letter
 from distcrawl.frontier import Frontier
 from distcrawl.layout import Joined, generation_op
 from distcrawl.ops import Op
-from distcrawl.queue_entry import Leased
+from distcrawl.queue_entry import Leased, LeaseRef
 from distcrawl.records import START_KINDS, Entry, EntryKind
-from distcrawl.refusals import outage_code, refused
+from distcrawl.refusals import outage_code
+from distcrawl.replicas import RECHECK
 from distcrawl.replies import CommitResult, LeaseResult, Places
 from distcrawl.serialize import DecodeError, RequestCodec
+from distcrawl.sharded_batch import ShardLeases, sum_ints, sum_places, sum_requeue, sum_sweeps
+from distcrawl.shards import Fan, Shards
 
 if TYPE_CHECKING:
     from distcrawl.liveness import Liveness
@@ -55,40 +56,15 @@ if TYPE_CHECKING:
 #: times a commit is refused for its content before it is split
 SPLIT_AFTER = 2
 
-T = TypeVar("T")
-
-
-class _Step(NamedTuple):
-    op: Op[Any]
-    #: takes the parsed reply (on the Redis thread)
-    done: Callable[[Any], None]
-    #: the batch's commit: its failure is ``commit_error``, not ``error``
-    commit: bool = False
-    #: a rider's: its failure goes to ``done`` too, and is no failure of the batch
-    rider: bool = False
-
-
-def _ignore(_: Any) -> None:
-    return None
-
-
-def _filler(replies: list[Any], i: int) -> Callable[[Any], None]:
-    def done(value: Any) -> None:
-        replies[i] = value
-
-    return done
-
-
-def _setter(res: BatchResult, name: str) -> Callable[[Any], None]:
-    def done(value: Any) -> None:
-        setattr(res, name, value)
-
-    return done
+_MISSING = object()
 
 
 @dataclass(eq=False)
 class Runner:
-    """Runs batches for one worker: ``Runner.run`` is called on the Redis thread only."""
+    """Runs batches for one worker: ``Runner.run`` is called on the Redis thread only.
+
+    ``frontier`` is the crawl's own keys; ``shards`` its shards (``Shards.single(frontier)``
+    unless given)."""
 
     frontier: Frontier
     codec: RequestCodec
@@ -103,82 +79,136 @@ class Runner:
     #: the crawl this worker joined (set once it has): its generation is checked with the
     #: batches that take work in, and a reset is noticed (layout.py)
     joined: Joined | None = None
+    shards: Shards | None = None
+    #: DISTCRAWL_WAIT_REPLICAS and its timeout (shards only, _batch_commit.py)
+    wait_replicas: int = 0
+    wait_replicas_ms: int = 1000
+    replica_recheck: float = RECHECK
+    leases: ShardLeases = field(init=False)
+    commits: Commits = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.shards is None:
+            self.shards = Shards.single(self.frontier)
+        elif self.shards.crawl is not self.frontier:
+            raise ValueError("the runner's frontier is its shards' crawl")
+        self.leases = ShardLeases(self.shards, self.lease_ms, self.worker_timeout_ms)
+        self.commits = Commits(
+            self.shards,
+            self.leases,
+            self._send,
+            refused_entry,
+            wait_replicas=self.wait_replicas,
+            wait_replicas_ms=self.wait_replicas_ms,
+            replica_recheck=self.replica_recheck,
+        )
+
+    @property
+    def sh(self) -> Shards:
+        assert self.shards is not None
+        return self.shards
+
+    def arrived(self, shards: list[int] | None = None) -> None:
+        """Work arrived in these shards (every shard: None): ask them at the next lease."""
+        self.leases.arrived(shards)
 
     def run(self, batch: Batch) -> BatchResult:
-        """Run ``batch``: its steps go in one pipeline of EVALSHA calls, one round trip,
-        unless the commits must run one at a time (several, a split one, or the Bloom
-        seen-set, whose state may need reading around the script): then the steps before
-        them share one pipeline and those after another."""
+        """Run ``batch``: its steps go in one pipeline of EVALSHA calls, one round trip with
+        one shard, unless the commits must run one at a time (several, a split one, or the
+        Bloom seen-set, whose state may need reading around the script): then the steps
+        before them share one pipeline and those after another. With shards, a commit in two
+        phases and the steps that follow it take a round trip each."""
         res = BatchResult()
-        frontier = self.frontier
+        sh, crawl = self.sh, self.frontier
+        fans: list[tuple[Fan[Any], list[Any], Callable[[Any], None]]] = []
+
+        def fanned(fan: Fan[Any], done: Callable[[Any], None]) -> list[Step]:
+            if len(fan.ops) == 1:
+                # one part: its reply read as it comes (always so with one shard)
+                (op,) = fan.ops
+                merge = fan.merge
+                return [Step(op, lambda value: done(merge([value])))]
+            values: list[Any] = [_MISSING] * len(fan.ops)
+            fans.append((fan, values, done))
+            return [Step(op, filler(values, i)) for i, op in enumerate(fan.ops)]
+
         before = self._wait_steps(batch, res)
         if batch.sent:
-            before.append(_Step(frontier.sent_op(batch.sent), _ignore))
+            before += fanned(sh.sent_fan(batch.sent), ignore)
         if batch.freed or batch.taken:
-
-            def places(out: Places) -> None:
-                res.freed, res.taken = out.freed, out.taken
-
-            before.append(_Step(frontier.places_op(batch.freed, batch.taken), places))
-        alone = len(batch.commits) > 1 or frontier.bloom is not None
-        alone = alone or any(c.split for c in batch.commits)
-        after: list[_Step] = []
-        if batch.commits and not alone:
-            (commit,) = batch.commits
-            after.append(_Step(self._commit_op(commit), self._committed(res), commit=True))
+            before += fanned(self._places_fan(batch.freed, batch.taken), self._placed(res))
+        after: list[Step] = []
+        #: dead letters waiting in each shard's quarantine (read with the reclaim)
+        waiting: list[int] = []
         if batch.release:
-            after.append(_Step(frontier.release_op(batch.release), _setter(res, "released")))
+            fan = sh.refs_fan(batch.release, Frontier.release_op, sum_ints)
+            after += fanned(fan, setter(res, "released"))
         if batch.unclaim:
             # after the commits, which take from the claim list what they store
-            unclaim = frontier.unclaim_op("own", [frontier.tag])
-            after.append(_Step(unclaim, _setter(res, "unclaimed")))
+            unclaim = crawl.unclaim_op("own", [crawl.tag])
+            after.append(Step(unclaim, setter(res, "unclaimed")))
         if batch.renew:
-            after.append(
-                _Step(frontier.renew_op(batch.renew, self.lease_ms), _setter(res, "renewed"))
+            fan = sh.refs_fan(
+                batch.renew, lambda f, refs: f.renew_op(refs, self.lease_ms), sum_ints
             )
+            after += fanned(fan, setter(res, "renewed"))
         if batch.reclaim:
-            reclaim = frontier.requeue_op(worker_timeout_ms=self.worker_timeout_ms)
-            after.append(_Step(reclaim, _setter(res, "requeue")))
+            timeout = self.worker_timeout_ms
+            requeue = sh.every_fan(lambda f: f.requeue_op(worker_timeout_ms=timeout), sum_requeue)
+            after += fanned(requeue, setter(res, "requeue"))
             # finished slots' state is forgotten at the same pace, a page at a time
-            after.append(_Step(frontier.sweep_op(), _setter(res, "swept")))
+            after += fanned(Fan([f.sweep_op() for f in sh.parts], sum_sweeps), setter(res, "swept"))
+            if sh.sharded:
+                # the shards' quarantines, read in the same round trip; moved after it
+                lengths = Fan([Op("", [], ["LLEN", f.keys.dead], int) for f in sh.parts], list)
+                after += fanned(lengths, waiting.extend)
         if batch.want:
-            lease = frontier.lease_op(
-                batch.want,
-                self.lease_ms,
-                held=batch.held,
-                worker_timeout_ms=self.worker_timeout_ms,
-                reserve=batch.reserve,
-                reserved=batch.reserved,
-            )
-            after.append(_Step(lease, self._leased(res)))
+            if sh.sharded:
+                if batch.wait > 0:
+                    # an idle poll: its wait may end with a token for work in any shard
+                    self.arrived()
+                for commit in batch.commits:
+                    # the lease follows the commit in Redis: it finds what the commit stores
+                    phases = self.commits.phases(commit)
+                    self.arrived([p.shard for phase in phases for p in phase if p.entries])
+            after += fanned(self.leases.fan(batch), self._leased(res))
         if batch.peek and not batch.wait > 0:
-            after.append(_Step(frontier.claim_op(batch.peek), _setter(res, "peeked")))
+            after.append(Step(crawl.claim_op(batch.peek), setter(res, "peeked")))
         after += self._generation_steps(batch, res)
         if batch.beat and self.liveness is not None:
-            after.append(_Step(frontier.alive_op(), self._beaten(res)))
+            after += fanned(sh.every_fan(Frontier.alive_op, sum_ints), self._beaten(res))
         after += self._rider_steps(batch, res)
-        if alone and batch.commits:
+
+        alone = len(batch.commits) > 1 or crawl.bloom is not None
+        alone = alone or any(c.split for c in batch.commits)
+        if not batch.commits:
+            down = self._send(before + after, res)
+        elif alone:
             down = self._commit_alone(batch, before, after, res)
         else:
-            down = self._send(before + after, res)
+            down = self.commits.send_around(batch.commits[0], before, after, res)
+        for fan, values, done in fans:
+            if all(v is not _MISSING for v in values):
+                done(fan.merge(values))
+        if res.woken and sh.sharded:
+            self.arrived()
         if res.requeue is not None and res.requeue.orphan_claims and not down:
             # rare: workers found dead held start_urls claims; unclaim.lua checks again
             try:
-                unclaimed = frontier.unclaim_orphans(res.requeue.orphan_claims)
+                unclaimed = crawl.unclaim_orphans(res.requeue.orphan_claims)
                 res.requeue = res.requeue._replace(unclaimed=unclaimed)
             except redis.RedisError as exc:
-                if res.error is None:
-                    res.error = exc
-                down = not isinstance(exc, redis.ResponseError)
+                down = failed(res, exc)
+        if batch.reclaim and not down and any(waiting):
+            down = self._move_dead(res, [i for i, n in enumerate(waiting) if n])
         if not down:
             down = self._rejoin(res)
         if batch.drain and not down:
             # a transaction of its own (its reads must agree), and only when closing idle
             try:
-                res.drained = frontier.drained()
+                res.drained = sh.drained()
             except redis.RedisError as exc:
-                if res.error is None:
-                    res.error = exc
+                failed(res, exc)
         self._read_memory(res)
         return res
 
@@ -197,7 +227,7 @@ class Runner:
             str(info.get("maxmemory_policy", "")),
         )
 
-    def _generation_steps(self, batch: Batch, res: BatchResult) -> list[_Step]:
+    def _generation_steps(self, batch: Batch, res: BatchResult) -> list[Step]:
         """The read of the crawl's generation (layout.py), with the batches that take work
         in (leases, claims) and the periodic reclaim, after their claim and lease: what they
         took was in Redis before the read, so a claim of the next crawl's first start URL
@@ -209,7 +239,7 @@ class Runner:
             res.generation = generation
             res.generation_read = True
 
-        return [_Step(generation_op(self.frontier.keys), done)]
+        return [Step(generation_op(self.frontier.keys), done)]
 
     def _rejoin(self, res: BatchResult) -> bool:
         """Join the crawl that is there now when the batch found another generation (the
@@ -219,48 +249,70 @@ class Runner:
         try:
             res.rejoined = self.joined.rejoin(res.generation, self.frontier.record_layout)
         except redis.RedisError as exc:
-            if res.error is None:
-                res.error = exc
-            return not isinstance(exc, redis.ResponseError)
+            return failed(res, exc)
         if res.rejoined is not None:
-            for part in self._frontiers():
+            for part in self.sh.frontiers:
                 if part.bloom is not None:
                     part.bloom.state = None  # its layers went with the old crawl: read again
         return False
 
-    def _frontiers(self) -> list[Frontier]:
-        """The frontiers whose scripts this runner calls (the shards' too, ShardedRunner)."""
-        return [self.frontier]
-
-    def _wait_steps(self, batch: Batch, res: BatchResult) -> list[_Step]:
+    def _wait_steps(self, batch: Batch, res: BatchResult) -> list[Step]:
         """An idle poll's first steps, on the crawl's own keys: the claim first, so that start
         URLs pushed during the last wait are taken now (a claim ends the wait); then the wait,
         after which Redis runs the rest."""
         if not batch.wait > 0:
             return []
-        steps: list[_Step] = []
+        steps: list[Step] = []
         if batch.peek:
             claim = self.frontier.claim_op(batch.peek, then_wait=True)
-            steps.append(_Step(claim, _setter(res, "peeked")))
-        steps.append(_Step(self.frontier.wait_op(batch.wait), _setter(res, "woken")))
+            steps.append(Step(claim, setter(res, "peeked")))
+        steps.append(Step(self.frontier.wait_op(batch.wait), setter(res, "woken")))
         return steps
 
     @staticmethod
-    def _rider_steps(batch: Batch, res: BatchResult) -> list[_Step]:
+    def _rider_steps(batch: Batch, res: BatchResult) -> list[Step]:
         """The riders' ops, each reply filled in ``res.riders`` (a connection error until
         it comes)."""
-        steps: list[_Step] = []
+        steps: list[Step] = []
         for rider in batch.riders:
             replies: list[Any] = [redis.ConnectionError("not sent: Redis unreachable")] * len(
                 rider.ops
             )
             res.riders.append(replies)
             for i, op in enumerate(rider.ops):
-                steps.append(_Step(op, _filler(replies, i), rider=True))
+                steps.append(Step(op, filler(replies, i), rider=True))
         return steps
 
+    def _places_fan(self, freed: list[LeaseRef], taken: list[LeaseRef]) -> Fan[Places]:
+        sh = self.sh
+        if not sh.sharded:
+            return Fan([sh.crawl.places_op(freed, taken)], sum_places)
+        by_freed, by_taken = sh.by_shard(freed), sh.by_shard(taken)
+        ops = [
+            sh.parts[s].places_op(by_freed.get(s, []), by_taken.get(s, []))
+            for s in sorted(set(by_freed) | set(by_taken))
+        ]
+        return Fan(ops, sum_places)
+
+    @staticmethod
+    def _placed(res: BatchResult) -> Callable[[Places], None]:
+        def done(out: Places) -> None:
+            res.freed, res.taken = out.freed, out.taken
+
+        return done
+
+    def _move_dead(self, res: BatchResult, shards: list[int]) -> bool:
+        """Move the quarantined dead letters of these shards to the crawl's; whether Redis
+        is down."""
+        try:
+            for shard in shards:
+                res.dead_moved += self.sh.move_dead(shard)
+        except redis.RedisError as exc:
+            return failed(res, exc)
+        return False
+
     def _commit_alone(
-        self, batch: Batch, before: list[_Step], after: list[_Step], res: BatchResult
+        self, batch: Batch, before: list[Step], after: list[Step], res: BatchResult
     ) -> bool:
         """The steps before the commits, the commits one at a time (each only if the one
         before succeeded), then the steps after; returns whether Redis is unreachable."""
@@ -277,115 +329,16 @@ class Runner:
                 res.commits_done += 1
         return down or self._send(after, res)
 
-    @staticmethod
-    def _unsent(pending: list[_Step], res: BatchResult, exc: redis.RedisError) -> bool:
-        """No reply is known: a commit among ``pending`` may have run (sent again, it is
-        recognised by its id); everything else is as if it had failed. Returns whether
-        Redis is unreachable."""
-        for st in pending:
-            if st.rider:
-                st.done(exc)
-        if any(st.commit for st in pending):
-            res.commit_error = exc
-        if res.error is None and any(not (st.commit or st.rider) for st in pending):
-            res.error = exc
-        return not isinstance(exc, redis.ResponseError)
-
     def _send(
         self,
-        steps: list[_Step],
+        steps: list[Step],
         res: BatchResult,
         *,
         client: Any = None,
         wait: tuple[int, int] | None = None,
     ) -> bool:
-        """Send ``steps`` in one non-transactional pipeline and hand each its reply; returns
-        whether Redis is unreachable (then no step's outcome is known).
-
-        EVALSHA, not redis-py's Script objects: those ask SCRIPT EXISTS on every execute, a
-        round trip of its own. A step refused with NOSCRIPT (the server restarted or its
-        script cache was flushed) did not run: once the scripts are loaded, exactly those
-        steps are sent again, in their order.
-
-        ``client``: one node's client instead of the frontier's; ``wait``: (replicas,
-        timeout ms) for a WAIT behind the steps, on the same connection as their writes,
-        whose reply (the replicas that acknowledged them) goes to ``res.replicas``."""
-        client = client if client is not None else self.frontier.client
-        scripts = self.frontier.scripts
-        cluster = isinstance(client, RedisCluster)
-        pending = steps
-        for attempt in range(2):
-            if not pending:
-                return False
-            pipe = client.pipeline(transaction=False)
-            try:
-                # FCALL or EVALSHA: settled on the frontier's first batch (lua.ScriptMode)
-                scripts.mode.resolve(self.frontier.client)
-            except redis.RedisError as exc:
-                return self._unsent(pending, res, exc)
-            for st in pending:
-                op = st.op
-                if op.script:
-                    # as a plain command: redis-py's cluster pipeline refuses its evalsha()
-                    # method, but routes an EVALSHA (or FCALL) by its keys (all in one slot)
-                    args = getattr(scripts, op.script).command(op.keys, op.args)
-                    if cluster and op.keys:
-                        # routed here, from the slot map it holds: left to itself, redis-py
-                        # 8 asks a node COMMAND GETKEYS for each EVALSHA, a round trip each
-                        # (after a MOVED it routes the command again, by its keys)
-                        node = client.get_node_from_key(op.keys[0])
-                        pipe.execute_command(*args, target_nodes=node)
-                    else:
-                        pipe.execute_command(*args)
-                else:
-                    pipe.execute_command(*op.args)
-            if wait is not None:
-                pipe.execute_command("WAIT", *wait)
-            try:
-                replies = pipe.execute(raise_on_error=False)
-            except redis.RedisError as exc:
-                return self._unsent(pending, res, exc)
-            if wait is not None:
-                acked = replies.pop()
-                if not isinstance(acked, BaseException):
-                    res.replicas = min(int(acked), res.replicas)
-            again: list[_Step] = []
-            for st, reply in zip(pending, replies, strict=True):
-                if isinstance(reply, redis.exceptions.NoScriptError) and attempt == 0:
-                    again.append(st)
-                elif isinstance(reply, redis.RedisError):
-                    if st.rider:
-                        st.done(reply)
-                    elif st.commit:
-                        res.commit_error = reply
-                    elif res.error is None:
-                        res.error = reply
-                else:
-                    st.done(st.op.parse(reply))
-            if again:
-                try:
-                    scripts.load(client)
-                except redis.RedisError as exc:
-                    if any(st.commit for st in again):
-                        res.commit_error = exc
-                    if res.error is None and any(not st.commit for st in again):
-                        res.error = exc
-                    return not isinstance(exc, redis.ResponseError)
-            pending = again
-        return False
-
-    def _commit_op(self, commit: Commit) -> Op[CommitResult]:
-        return self.frontier.commit_op(
-            commit.acks, commit.entries, commit.feedback, commit_id=commit.id, positions=True
-        )
-
-    @staticmethod
-    def _committed(res: BatchResult) -> Callable[[CommitResult], None]:
-        def done(result: CommitResult) -> None:
-            res.committed = result
-            res.commits_done = 1
-
-        return done
+        """``steps`` in one pipeline (_batch_send.py); whether Redis is unreachable."""
+        return send(self.frontier, steps, res, client=client, wait=wait)
 
     def _leased(self, res: BatchResult) -> Callable[[LeaseResult], None]:
         def done(lease: LeaseResult) -> None:
@@ -419,41 +372,8 @@ class Runner:
 
     def commit(self, commit: Commit, res: BatchResult) -> CommitResult:
         """One commit on its own (several in a batch run one after another, each only if
-        the one before succeeded)."""
-        if not commit.split:
-            return self.frontier.commit(
-                commit.acks, commit.entries, commit.feedback, commit_id=commit.id, positions=True
-            )
-        total = CommitResult()
-        for part in self._pieces(commit, len(commit.entries) - commit.stored, res):
-            total += part
-        # the acknowledgements last, once every entry before them is stored
-        return total + self.frontier.commit(commit.acks, [], commit.feedback, commit_id=commit.id)
-
-    def _pieces(self, commit: Commit, count: int, res: BatchResult) -> list[CommitResult]:
-        """Store the next ``count`` entries of a split commit by halves, until each piece is
-        stored or is a single entry that Redis refuses, which is dead-lettered instead. Each
-        piece's id follows from its place, so a piece sent again after a lost reply is seen
-        as the replay it is, and a retry of the whole goes on after the pieces stored."""
-        if count <= 0:
-            return []
-        at = commit.stored
-        piece = commit.entries[at : at + count]
-        piece_id = f"{commit.id}:{at}:{count}"
-        try:
-            done = self.frontier.commit([], piece, commit_id=piece_id)
-        except redis.ResponseError as exc:
-            if not refused(exc):
-                raise
-            if count > 1:
-                half = count // 2
-                return self._pieces(commit, half, res) + self._pieces(commit, count - half, res)
-            res.split_dead += 1
-            done = self.frontier.commit(
-                [], [refused_entry(piece[0], str(exc))], commit_id=piece_id + ":dead"
-            )
-        commit.stored += count
-        return [done]
+        the one before succeeded); a split one piece by piece (_batch_commit.py)."""
+        return self.commits.alone(commit, res)
 
 
 def refused_scheme(url: str, schemes: tuple[str, ...]) -> str | None:

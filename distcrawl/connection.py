@@ -196,6 +196,13 @@ def execute_timed(client: redis.Redis, pipe: Any, key: str) -> list[Any]:
     return values
 
 
+def server_ms(client: redis.Redis, key: str) -> int:
+    """Now on the clock of the Redis server holding ``key`` (ms): the clock of due times and
+    of the workers' beats, by which Redis ages them (TIME, one round trip)."""
+    seconds, micros = execute_timed(client, client.pipeline(transaction=False), key)[-1]
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
 def _outage(exc: redis.exceptions.RedisClusterException) -> redis.RedisError:
     """redis-py raises these when no node answers or a slot has no master (a failover):
     an outage to distcrawl, which keeps its work and retries, not a bug."""

@@ -32,13 +32,13 @@ from twisted.python.failure import Failure
 from distcrawl._batch_types import Rider
 from distcrawl._monitor_reads import part_ops, part_replies, parts_of, sizes_of, split_replies
 from distcrawl.config import DistcrawlConfig
-from distcrawl.connection import RedisIO, execute_timed, is_cluster, node_info, redis_io
+from distcrawl.connection import RedisIO, execute_timed, is_cluster, node_info, redis_io, server_ms
 from distcrawl.deadrecord import worker_id
 from distcrawl.frontier import Frontier
 from distcrawl.keys import FrontierKeys
 from distcrawl.ops import Op
 from distcrawl.redact import redact_error, redact_text, url_secrets
-from distcrawl.revisits_admin import gauges_of, server_ms
+from distcrawl.revisits_admin import gauges_of
 from distcrawl.scheduler import scheduler_of
 
 if TYPE_CHECKING:
@@ -384,9 +384,8 @@ class WorkerMonitor:
         if not isinstance(client, RedisCluster) or self.config.shards == 1:
             return keys
         seen = {client.get_node_from_key(keys[0]).name}
-        crawl = self.keys.sharded(self.config.shards)
-        for i in range(self.config.shards):
-            key = crawl.of_shard(i).queue
+        for part in self.keys.parts(self.config.shards):
+            key = part.queue
             node = client.get_node_from_key(key).name
             if node not in seen:
                 seen.add(node)

@@ -454,7 +454,7 @@ def shard_frontiers(frontier: Frontier, count: int | None = None) -> list[Fronti
     if count is None:
         parts = recorded_shards(frontier.client, keys)
     else:
-        parts = [] if count == 1 else [keys.sharded(count).of_shard(i) for i in range(count)]
+        parts = [] if count == 1 else keys.parts(count)
     if not parts:
         return [frontier]
     bloom = frontier.bloom

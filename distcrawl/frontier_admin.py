@@ -155,8 +155,7 @@ def recorded_shards(client: redis.Redis, keys: FrontierKeys) -> list[FrontierKey
     count = recorded_count(client.hget(keys.meta, "shards"))
     if count == 1:
         return []
-    crawl = keys.sharded(count)
-    return [crawl.of_shard(i) for i in range(count)]
+    return keys.parts(count)
 
 
 def _merged_states(found: Sequence[tuple[int, dict[str, Any]]]) -> list[dict[str, Any]]:

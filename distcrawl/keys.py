@@ -155,6 +155,12 @@ class FrontierKeys:
             return dataclasses.replace(self, shard=None)
         return dataclasses.replace(self, shard=shard)
 
+    def parts(self, shards: int) -> list[FrontierKeys]:
+        """The keys of every shard of this crawl at ``shards`` shards, in shard order: the
+        one builder of a crawl's parts (one shard: the crawl's own keys)."""
+        crawl = self.sharded(shards)
+        return [crawl.of_shard(i) for i in range(shards)]
+
     @property
     def prefix(self) -> str:
         """What every key of the crawl but ``start_urls`` starts with: ``<ns>:``, or

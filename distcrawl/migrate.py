@@ -144,12 +144,6 @@ def text_of(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
-def server_ms(client: redis.Redis, keys: FrontierKeys) -> int:
-    """The clock (ms) of the node holding the crawl's worker beats, by which the workers'
-    reaper ages them."""
-    return int(node_info(client, "server", keys.alive)["server_time_usec"]) // 1000
-
-
 def not_stopped(
     client: redis.Redis, keys: FrontierKeys, worker_timeout: float, why: str = ""
 ) -> list[str]:

@@ -39,14 +39,14 @@ from typing import Any
 import redis
 
 from distcrawl._reshard_copy import BATCH, copy_bloom, copy_per_slot
-from distcrawl.connection import is_cluster
+from distcrawl.connection import is_cluster, server_ms
 from distcrawl.deadrecord import dead_letter
 from distcrawl.keys import MAX_SHARDS, FrontierKeys
-from distcrawl.migrate import RunOutcome, not_stopped, server_ms, text_of
+from distcrawl.migrate import RunOutcome, not_stopped, text_of
 from distcrawl.queue_entry import QueueEntryError, QueueMember, renumbered, split_member
 from distcrawl.seen import BloomState, part_keys
 from distcrawl.serialize import DecodeError, RequestCodec
-from distcrawl.shards import shard_keys, shard_of_url
+from distcrawl.shards import shard_of_url
 
 #: a lease's token, for a retry waiting in ``delayed`` (lib.lua's NO_TOKEN)
 NO_TOKEN = b"\0" * 8
@@ -126,7 +126,7 @@ class Resharding:
         return int(self.client.hget(self.crawl.meta, "shards") or 1)
 
     def _layout(self, count: int) -> list[FrontierKeys]:
-        return shard_keys(self.crawl, count)
+        return self.crawl.parts(count)
 
     def problems(self, *, force: bool = False) -> list[str]:
         """Why the crawl may not be re-sharded now (empty: it may). ``force`` skips the checks
@@ -219,7 +219,7 @@ class Resharding:
             pipe.get(k.seq)
         replies = pipe.execute()
         base = max(int(v or 0) for v in replies[2 * source :])
-        now = server_ms(self.client, self.crawl)
+        now = server_ms(self.client, self.crawl.alive)
         rec = {
             "id": uuid.uuid4().hex,
             "from": str(source),

@@ -22,7 +22,7 @@ from typing import Any, cast
 
 import redis
 
-from distcrawl.connection import execute_timed
+from distcrawl.connection import execute_timed, server_ms
 from distcrawl.frontier_admin import recorded_shards
 from distcrawl.keys import FrontierKeys
 from distcrawl.queue_entry import TOKEN_BYTES, QueueEntryError, parse_entry
@@ -36,12 +36,6 @@ HOUR_MS = 3_600_000
 def crawl_parts(client: redis.Redis, keys: FrontierKeys) -> list[FrontierKeys]:
     """The keys holding the crawl's revisits: each shard's, or the crawl's own."""
     return recorded_shards(client, keys) or [keys]
-
-
-def server_ms(client: redis.Redis, key: str) -> int:
-    """Now on the clock of the Redis server holding ``key`` (ms), the clock of due times."""
-    seconds, micros = execute_timed(client, client.pipeline(transaction=False), key)[-1]
-    return int(seconds) * 1000 + int(micros) // 1000
 
 
 def slot_of_record(record: bytes | None) -> str | None:

@@ -39,7 +39,6 @@ import redis
 import tldextract
 
 from distcrawl.frontier import Frontier
-from distcrawl.keys import FrontierKeys
 from distcrawl.ops import Op
 from distcrawl.queue_entry import LeaseRef
 from distcrawl.records import Entry, EntryKind, Feedback
@@ -220,7 +219,15 @@ class Shards:
         succeeded in every shard. Entries stored in a shard that acknowledges nothing, or in
         one while other shards acknowledge, go first: a request is acknowledged only once
         everything it produced is stored, in whatever shard. With everything in one shard
-        (a site's links stay in its shard) it is one part, as unsharded."""
+        (a site's links stay in its shard) it is one part, as unsharded. With one shard the
+        commit is the one part, under its own id, its entries as they are: the crawl's own
+        keys are the shard's, so the commit script takes stored start URLs out of the claim
+        list itself."""
+        if not self.sharded:
+            positions = list(range(len(entries)))
+            return [
+                [CommitPart(0, commit_id, list(acks), list(entries), list(feedback), positions)]
+            ]
         refs = self.by_shard(acks)
         default = min(refs) if refs else 0
         routed: dict[int, list[tuple[int, Entry]]] = {}
@@ -351,9 +358,3 @@ def merge_commits(parts: Sequence[CommitPart], results: Sequence[CommitResult]) 
     return CommitResult.of(
         total.counts(), sorted(not_stored, key=lambda p: p if p >= 0 else -p - 1)
     )
-
-
-def shard_keys(keys: FrontierKeys, shards: int) -> list[FrontierKeys]:
-    """The keys of every shard of a crawl of ``shards`` shards."""
-    crawl = keys.sharded(shards)
-    return [crawl.of_shard(i) for i in range(shards)]

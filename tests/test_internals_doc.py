@@ -78,6 +78,7 @@ def test_every_key_method_is_listed_here():
         "on_cluster",
         "sharded",
         "of_shard",
+        "parts",
         "same_key_in",
         "all",
         "script_keys",

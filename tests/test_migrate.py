@@ -22,7 +22,7 @@ from distcrawl.cli import main
 from distcrawl.frontier import Frontier
 from distcrawl.keys import FrontierKeys
 from distcrawl.serialize import RequestCodec
-from distcrawl.shards import shard_keys, shard_of_url
+from distcrawl.shards import shard_of_url
 from distcrawl.testing.redis_server import RedisServer
 from tests.cluster import RedisClusterNodes
 from tests.support import page_fetches, wait_until
@@ -415,7 +415,7 @@ def test_copy_batches_are_bounded_in_keys_and_bytes(monkeypatch):
 
 
 def shards_of(count: int) -> list[FrontierKeys]:
-    return shard_keys(PLAIN, count)
+    return PLAIN.parts(count)
 
 
 def queue_entry(slot: str, seq: int, payload: bytes, priority: int = 0) -> bytes:

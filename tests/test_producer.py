@@ -19,6 +19,7 @@ from scrapy.spiderloader import get_spider_loader
 from scrapy.utils.request import fingerprint as scrapy_fingerprint
 
 from distcrawl import AsyncProducer, Outcome, Producer
+from distcrawl._batch_send import _execute
 from distcrawl.config import DistcrawlConfig
 from distcrawl.deadrecord import dead_letter
 from distcrawl.dupefilter import get_fingerprint
@@ -27,7 +28,6 @@ from distcrawl.frontier import Frontier
 from distcrawl.keys import FrontierKeys
 from distcrawl.politeness import slot_for, slot_of
 from distcrawl.producer import ProducerError, RedriveResult
-from distcrawl.producer._commit import _execute
 from distcrawl.queue_entry import parse_entry
 from distcrawl.serialize import RequestCodec
 from tests.support import page_fetches, wait_until
@@ -120,7 +120,7 @@ def test_push_many_in_pipelined_batches_and_the_pending_cap(redis_url, redis_cli
 
 
 def test_push_many_after_a_script_flush_and_a_lost_reply(redis_proxy, redis_client):
-    """push_many packs its commits itself (producer._execute): a server that lost the
+    """push_many packs its commits itself (_batch_send._execute): a server that lost the
     scripts (NOSCRIPT) gets them again; a lost reply is a ConnectionError (the client
     retries nothing: producer clients are made as the workers', and a push is retried by
     its caller, the Celery task) after which pushing again is safe and stores nothing twice;

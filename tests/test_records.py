@@ -9,9 +9,9 @@ import redis
 from redis.connection import Connection
 
 import distcrawl.lua
+from distcrawl._batch_send import _pack
 from distcrawl.frontier import Frontier
 from distcrawl.keys import FrontierKeys
-from distcrawl.producer._commit import _pack
 from distcrawl.queue_entry import LeaseRef, make_entry
 from distcrawl.records import Entry, EntryKind, Feedback, RedriveKind
 from distcrawl.replies import Places

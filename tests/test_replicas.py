@@ -10,11 +10,11 @@ import time
 import pytest
 
 from distcrawl._batch_types import Batch, Commit
+from distcrawl.batch import Runner
 from distcrawl.frontier import Frontier
 from distcrawl.keys import FrontierKeys
 from distcrawl.records import Entry, EntryKind
 from distcrawl.serialize import RequestCodec
-from distcrawl.sharded_batch import ShardedRunner
 from distcrawl.shards import Shards, shard_of_url
 from tests.support import page_fetches, stat, wait_until
 from tests.test_shards import _linked_sites
@@ -62,9 +62,10 @@ def replicated(redis_server, redis_client, redis_replica):
 def test_commits_to_a_master_without_its_replica_do_not_wait(redis_client, replicated):
     parts = [Frontier(redis_client, KEYS.of_shard(i)) for i in range(SHARDS)]
     shards = Shards(Frontier(redis_client, KEYS), parts)
-    runner = ShardedRunner(
-        shards,
+    runner = Runner(
+        shards.crawl,
         RequestCodec(),
+        shards=shards,
         wait_replicas=1,
         wait_replicas_ms=1500,
         replica_recheck=0.2,

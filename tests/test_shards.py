@@ -85,6 +85,12 @@ def test_shard_keys_are_pinned():
     assert PARTS[1].start_urls == "site:start_urls"
     # one shard: the crawl's own keys, as before shards existed
     assert FrontierKeys("site").sharded(1).of_shard(0).queue == "site:queue"
+    # the one builder of a crawl's parts: every shard's keys, in shard order
+    assert [p.queue for p in FrontierKeys("site").parts(SHARDS)] == [p.queue for p in PARTS]
+    assert [p.queue for p in FrontierKeys("site").parts(1)] == ["site:queue"]
+    assert [p.prefix for p in FrontierKeys("site").parts(2)] == [
+        f"{{{shard_tag('site', i, 2)}}}:" for i in range(2)
+    ]
     for part in PARTS:
         slots = {key_slot(part.queue.encode()), key_slot(part.requests.encode())}
         assert len(slots) == 1

@@ -41,7 +41,6 @@ from distcrawl.layout import (
 from distcrawl.liveness import Liveness
 from distcrawl.politeness import politeness
 from distcrawl.serialize import RequestCodec
-from distcrawl.sharded_batch import ShardedRunner
 from distcrawl.shards import Shards
 
 if TYPE_CHECKING:
@@ -262,7 +261,7 @@ def connect(
     if config.shards == 1:
         shards = Shards.single(frontier)
     else:
-        shards = Shards(frontier, [frontier_of(keys.of_shard(i)) for i in range(config.shards)])
+        shards = Shards(frontier, [frontier_of(part) for part in keys.parts(config.shards)])
     liveness = Liveness(
         config.redis_url,
         keys,
@@ -280,21 +279,19 @@ def connect(
         "schemes": config.allowed_schemes,
         "liveness": liveness,
     }
-    if shards.sharded:
-        runner: Runner = ShardedRunner(
-            shards,
-            codec,
-            wait_replicas=config.wait_replicas,
-            wait_replicas_ms=int(config.wait_replicas_timeout * 1000),
-            **options,
+    if config.wait_replicas and not shards.sharded:
+        logger.warning(
+            "DISTCRAWL_WAIT_REPLICAS=%d has no effect with one shard: a commit is one "
+            "script, replicated whole, acknowledgement and children together",
+            config.wait_replicas,
+            extra={"spider": spider},
         )
-    else:
-        if config.wait_replicas:
-            logger.warning(
-                "DISTCRAWL_WAIT_REPLICAS=%d has no effect with one shard: a commit is one "
-                "script, replicated whole, acknowledgement and children together",
-                config.wait_replicas,
-                extra={"spider": spider},
-            )
-        runner = Runner(frontier, codec, **options)
+    runner = Runner(
+        frontier,
+        codec,
+        shards=shards,
+        wait_replicas=config.wait_replicas if shards.sharded else 0,
+        wait_replicas_ms=int(config.wait_replicas_timeout * 1000),
+        **options,
+    )
     return Connected(keys, frontier, liveness, runner, shards)

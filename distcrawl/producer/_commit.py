@@ -1,5 +1,6 @@
 """How a :class:`~distcrawl.producer.Producer` stores the requests it made: through the
-frontier's commit script, several batches per pipeline, packed by hand for a single server;
+frontier's commit script, several batches per pipeline (the workers' sender, packed by hand
+for a single server);
 with DISTCRAWL_SHARDS above 1, each request in the shard of its URL's site."""
 
 from __future__ import annotations
@@ -9,8 +10,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-import redis
-
+from distcrawl._batch_send import pipelined
 from distcrawl.config import DistcrawlConfig
 from distcrawl.entries import Made
 from distcrawl.frontier import Frontier
@@ -152,76 +152,12 @@ class Committer:
                     results[at] = PushResult(Outcome.QUEUED, url)
 
     def _pipelined(self, ops: list[Any]) -> list[Any]:
-        """Commit ops as EVALSHA (or FCALL, lua.ScriptMode) in one pipeline (as the workers'
-        batch runner sends them), loading the scripts and sending again what a restarted
-        server refused (NOSCRIPT)."""
-        frontier = self.frontier
-        commit = frontier.scripts.commit
-        replies: list[Any] = [None] * len(ops)
-        todo = list(range(len(ops)))
-        for attempt in range(2):
-            commands = [commit.command(ops[i].keys, ops[i].args) for i in todo]
-            again = []
-            for i, reply in zip(todo, _execute(frontier.client, commands), strict=True):
-                if isinstance(reply, redis.exceptions.NoScriptError) and attempt == 0:
-                    again.append(i)
-                elif isinstance(reply, Exception):
-                    raise reply
-                else:
-                    replies[i] = ops[i].parse(reply)
-            if not again:
-                break
-            frontier.scripts.load(frontier.client)
-            todo = again
-        return replies
-
-
-def _execute(client: Any, commands: list[tuple[Any, ...]]) -> list[Any]:
-    """The replies to ``commands`` sent in one pipeline, errors as exceptions in the list.
-
-    For a single server, the commands are packed here: redis-py packs a command by
-    appending each argument to a growing buffer, and a commit of 500 entries has 3,000
-    arguments; that packing was a tenth of push_many's time in profiles, on the GIL beside
-    the thread making the next entries. The connection, its retry policy and the reading
-    of the replies are redis-py's, as in ``Pipeline.execute``. A cluster client gets a
-    pipeline (it routes the commands)."""
-    if not isinstance(client, redis.Redis):
-        pipe = client.pipeline(transaction=False)
-        for command in commands:
-            pipe.execute_command(*command)
-        return list(pipe.execute(raise_on_error=False))
-    pool = client.connection_pool
-    conn = pool.get_connection()
-    encoder = conn.encoder
-    packed = [_pack(command, encoder) for command in commands]
-
-    def send() -> list[Any]:
-        conn.send_packed_command(packed)
-        out: list[Any] = []
-        for _ in packed:
-            try:
-                out.append(conn.read_response())
-            except redis.ResponseError as exc:  # this command's error: the others stand
-                out.append(exc)
+        """Commit ops in one pipeline, by the workers' sender (_batch_send.py), packed by
+        hand for a single server: a commit of 500 entries has 3,000 arguments."""
+        replies, _ = pipelined(self.frontier, ops, packed=True)
+        out = []
+        for op, reply in zip(ops, replies, strict=True):
+            if isinstance(reply, Exception):
+                raise reply
+            out.append(op.parse(reply))
         return out
-
-    try:
-        return list(conn.retry.call_with_retry(send, lambda error: conn.disconnect()))
-    finally:
-        pool.release(conn)
-
-
-def _pack(args: Sequence[Any], encoder: Any) -> bytes:
-    """One command in RESP, joined once; arguments encoded as redis-py's Encoder does."""
-    parts = [b"*%d\r\n" % len(args)]
-    for arg in args:
-        if isinstance(arg, bytes):
-            data = arg
-        elif isinstance(arg, str):
-            data = arg.encode(encoder.encoding, encoder.encoding_errors)
-        elif isinstance(arg, int) and not isinstance(arg, bool):
-            data = b"%d" % arg
-        else:
-            data = encoder.encode(arg)  # floats, memoryviews; refuses what Redis cannot take
-        parts += (b"$%d\r\n" % len(data), data, b"\r\n")
-    return b"".join(parts)
