@@ -54,13 +54,13 @@ from typing import Any
 import msgpack
 import redis
 
-from distcrawl._batch_types import Batch, Commit
-from distcrawl.batch import Runner
-from distcrawl.connection import make_redis
-from distcrawl.frontier import Frontier
-from distcrawl.keys import FrontierKeys, key_slot
-from distcrawl.records import Entry, EntryKind, Politeness
-from distcrawl.shards import Shards, shard_of_url
+from distcrawl.engine._batch_types import Batch, Commit
+from distcrawl.engine.batch import Runner
+from distcrawl.model.connection import make_redis
+from distcrawl.model.frontier import Frontier
+from distcrawl.model.keys import FrontierKeys, key_slot
+from distcrawl.model.records import Entry, EntryKind, Politeness
+from distcrawl.model.shards import Shards, shard_of_url
 from distcrawl.testing.redis_server import RedisServer
 
 RESULTS = Path(__file__).resolve().parent / "results"

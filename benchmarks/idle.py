@@ -37,7 +37,7 @@ import redis
 
 from benchmarks.redisstats import SCRIPT_COMMANDS, Snapshot, own_traffic, traffic
 from distcrawl.demo.site import DemoSite
-from distcrawl.keys import FrontierKeys
+from distcrawl.model.keys import FrontierKeys
 from distcrawl.testing.redis_server import RedisServer
 from distcrawl.testing.workers import Worker
 

@@ -22,7 +22,7 @@ from typing import Any
 import redis
 
 from distcrawl.cli import main as distcrawl
-from distcrawl.keys import FrontierKeys
+from distcrawl.model.keys import FrontierKeys
 from distcrawl.testing.redis_server import RedisServer
 from tests.cluster import RedisClusterNodes
 

@@ -5,8 +5,8 @@ Each page changes as a Poisson process at a rate drawn from a mix like those mea
 web (Cho and Garcia-Molina, "The evolution of the Web", 2000: about a quarter of pages change
 within a day, a third are unchanged after four months): 20% of pages change every 2 hours on
 average, 30% daily, 30% weekly and 20% never. Over ``--days`` days, the adaptive schedule
-(distcrawl/recrawl.py, Nutch's defaults but a 10-minute floor) fetches each page when it is due
-and sees a change if the page changed since its last fetch; the fixed schedule fetches every
+(distcrawl/config/recrawl.py, Nutch's defaults but a 10-minute floor) fetches each page when it is
+due and sees a change if the page changed since its last fetch; the fixed schedule fetches every
 page at one interval, chosen so that it makes as many fetches in all. A change counts as
 detected within T when the first fetch after it comes no later than T after it: the share of
 changes detected within T, and those detected per 1,000 fetches, are the freshness figures.
@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from distcrawl.recrawl import DAY, Outcome, RecrawlPolicy, first_fetch, revisit
+from distcrawl.config.recrawl import DAY, Outcome, RecrawlPolicy, first_fetch, revisit
 
 HOUR = 3600.0
 #: (share of pages, mean seconds between changes; None: never changes)
@@ -160,12 +160,12 @@ def revisit_storage(count: int, workdir: Path) -> dict[str, Any]:
     from scrapy.utils.request import RequestFingerprinter
 
     from benchmarks.storage import BATCH, SLOT, key_bytes, sample_requests, used_memory
+    from distcrawl.codec.serialize import RequestCodec
     from distcrawl.dupefilter import FINGERPRINT_BYTES
-    from distcrawl.frontier import Frontier
-    from distcrawl.keys import FrontierKeys
-    from distcrawl.records import Entry, EntryKind
+    from distcrawl.model.frontier import Frontier
+    from distcrawl.model.keys import FrontierKeys
+    from distcrawl.model.records import Entry, EntryKind
     from distcrawl.revisit import STATE_META, RevisitState
-    from distcrawl.serialize import RequestCodec
     from distcrawl.spiders.site import SiteSpider
     from distcrawl.testing.redis_server import RedisServer
 

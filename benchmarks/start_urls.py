@@ -58,16 +58,16 @@ def worker(redis_url: str, start_at: float, out: Path, max_seconds: float, shard
     import redis
 
     import distcrawl
-    from distcrawl.frontier import Frontier
-    from distcrawl.keys import FrontierKeys
-    from distcrawl.records import Entry, EntryKind
+    from distcrawl.model.frontier import Frontier
+    from distcrawl.model.keys import FrontierKeys
+    from distcrawl.model.records import Entry, EntryKind
 
     print(f"worker {os.getpid()}: distcrawl from {distcrawl.__file__}", flush=True)
 
     client = redis.Redis.from_url(redis_url)
     keys = FrontierKeys(NAMESPACE)
     if shards > 1:
-        from distcrawl.shards import shard_of_site
+        from distcrawl.model.shards import shard_of_site
 
         keys = keys.sharded(shards)
         parts = [Frontier(client, part) for part in keys.parts(shards)]
@@ -170,7 +170,7 @@ def run_config(
             slow = client.slowlog_get(SLOWLOG_LEN)
             queued = int(client.zcard(f"{NAMESPACE}:queue"))
             if shards > 1:
-                from distcrawl.keys import FrontierKeys
+                from distcrawl.model.keys import FrontierKeys
 
                 crawl = FrontierKeys(NAMESPACE).sharded(shards)
                 queued = sum(int(client.zcard(crawl.of_shard(i).queue)) for i in range(shards))
@@ -209,7 +209,7 @@ def run_config(
 
 def _script_names() -> dict[str, str]:
     """EVALSHA digest -> script name, for the scripts of the measured checkout."""
-    from distcrawl import lua
+    from distcrawl.model import lua
 
     names = {}
     for seen in lua.SEEN_MODES:

@@ -21,12 +21,12 @@ from scrapy_redis.dupefilter import RFPDupeFilter
 from scrapy_redis.queue import PriorityQueue
 
 from benchmarks.spiders import ScrapyRedisSiteSpider
+from distcrawl.codec.serialize import RequestCodec
 from distcrawl.dupefilter import FINGERPRINT_BYTES
-from distcrawl.frontier import Frontier
-from distcrawl.keys import FrontierKeys
-from distcrawl.records import Entry, EntryKind
-from distcrawl.seen import BloomState, part_keys
-from distcrawl.serialize import RequestCodec
+from distcrawl.model.frontier import Frontier
+from distcrawl.model.keys import FrontierKeys
+from distcrawl.model.records import Entry, EntryKind
+from distcrawl.model.seen import BloomState, part_keys
 from distcrawl.spiders.site import SCOPE_META, SiteSpider
 
 BATCH = 500

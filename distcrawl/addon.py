@@ -34,7 +34,7 @@ class Addon:
     """
 
     def update_settings(self, settings: BaseSettings) -> None:
-        from distcrawl.setting_names import warn_unknown
+        from distcrawl.config.setting_names import warn_unknown
 
         # once per crawl, at start, with every source in: settings.py, -s, custom_settings
         warn_unknown(settings)

@@ -51,7 +51,7 @@ from celery import Task, shared_task
 from scrapy.settings import Settings
 from scrapy.utils.project import get_project_settings
 
-from distcrawl.entries import EntryLike
+from distcrawl.codec.entries import EntryLike
 from distcrawl.producer import Outcome, Producer
 from distcrawl.producer._sync import TARGETS, _spider_class
 

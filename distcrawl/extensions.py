@@ -29,16 +29,23 @@ from scrapy.exceptions import NotConfigured
 from twisted.internet import task
 from twisted.python.failure import Failure
 
-from distcrawl._batch_types import Rider
-from distcrawl._monitor_reads import part_ops, part_replies, parts_of, sizes_of, split_replies
 from distcrawl.config import DistcrawlConfig
-from distcrawl.connection import RedisIO, execute_timed, is_cluster, node_info, redis_io, server_ms
-from distcrawl.deadrecord import worker_id
-from distcrawl.frontier import Frontier
-from distcrawl.keys import FrontierKeys
-from distcrawl.ops import Op
-from distcrawl.redact import redact_error, redact_text, url_secrets
-from distcrawl.revisits_admin import gauges_of
+from distcrawl.engine._batch_types import Rider
+from distcrawl.model._monitor_reads import part_ops, part_replies, parts_of, sizes_of, split_replies
+from distcrawl.model.connection import (
+    RedisIO,
+    execute_timed,
+    is_cluster,
+    node_info,
+    redis_io,
+    server_ms,
+)
+from distcrawl.model.deadrecord import worker_id
+from distcrawl.model.frontier import Frontier
+from distcrawl.model.keys import FrontierKeys
+from distcrawl.model.ops import Op
+from distcrawl.model.redact import redact_error, redact_text, url_secrets
+from distcrawl.model.revisits_admin import gauges_of
 from distcrawl.scheduler import scheduler_of
 
 if TYPE_CHECKING:
@@ -265,7 +272,7 @@ class WorkerMonitor:
 
     def _part_ops(self) -> list[Op[Any]]:
         """Per part ZCARD of the queue, leases and retries, then per part the revisit gauges'
-        reads, then TIME (distcrawl/_monitor_reads.py): O(log n) each, O(shards) in all."""
+        reads, then TIME (distcrawl/model/_monitor_reads.py): O(log n) each, O(shards) in all."""
         bound = self._due_bound()
         until = "-inf" if bound is None else bound
         return part_ops(self._parts(), until)

@@ -32,9 +32,9 @@ from typing import Any
 from bson import json_util
 from scrapy.settings import BaseSettings
 
-from distcrawl._convert import ConfigError
+from distcrawl.config._convert import ConfigError
+from distcrawl.model.redact import redact_text, redact_url, url_secrets
 from distcrawl.mongo import JSON_OPTIONS, SpillFile, json_lines
-from distcrawl.redact import redact_text, redact_url, url_secrets
 
 logger = logging.getLogger(__name__)
 

@@ -40,9 +40,10 @@ from scrapy.exceptions import NotConfigured
 from scrapy.utils.defer import maybe_deferred_to_future
 from twisted.internet.defer import Deferred
 
-from distcrawl import _engine
 from distcrawl._pipeline_report import PipelineReport
 from distcrawl.config import DistcrawlConfig
+from distcrawl.engine import _engine
+from distcrawl.model.redact import redacted_exc_info
 from distcrawl.mongo import (
     Doc,
     DocContext,
@@ -57,7 +58,6 @@ from distcrawl.mongo import (
 )
 from distcrawl.mongo import auth_refusal as mongo_auth_refusal
 from distcrawl.notify import Notifier, NotifyConfig
-from distcrawl.redact import redacted_exc_info
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler

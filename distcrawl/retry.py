@@ -30,10 +30,10 @@ from scrapy.utils.misc import load_object
 from scrapy.utils.python import global_object_name
 from scrapy.utils.response import response_status_message
 
-from distcrawl._scheduler.intake import RETRY_DELAY_META
-from distcrawl.backoff import RetrySettings
+from distcrawl.codec.politeness import retry_after_of
 from distcrawl.config import DistcrawlConfig
-from distcrawl.politeness import retry_after_of
+from distcrawl.config.backoff import RetrySettings
+from distcrawl.engine.intake import RETRY_DELAY_META
 from distcrawl.scheduler import scheduler_of
 
 if TYPE_CHECKING:

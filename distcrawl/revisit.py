@@ -42,8 +42,8 @@ from scrapy.utils.conf import build_component_list
 from scrapy.utils.misc import load_object
 
 from distcrawl.config import DistcrawlConfig
+from distcrawl.config.recrawl import Outcome, RecrawlSettings, next_fetch
 from distcrawl.items import PageFetch
-from distcrawl.recrawl import Outcome, RecrawlSettings, next_fetch
 from distcrawl.retry import CALLBACK_FAILURES_META, ERRORS_META
 from distcrawl.scheduler import scheduler_of
 

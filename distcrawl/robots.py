@@ -45,9 +45,9 @@ from twisted.internet import task
 from twisted.internet.defer import Deferred
 
 from distcrawl import signals as distcrawl_signals
+from distcrawl.codec.politeness import slot_of
 from distcrawl.config import DistcrawlConfig
-from distcrawl.politeness import slot_of
-from distcrawl.redact import redact_error
+from distcrawl.model.redact import redact_error
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler

@@ -2,7 +2,7 @@
 
 Scrapy calls a scheduler synchronously (``enqueue_request``, ``next_request``), so this
 class only touches local buffers; a periodic *pump* turns them into one batch of Redis work
-at a time (distcrawl/batch.py), run on the crawler's Redis thread:
+at a time (distcrawl/engine/batch.py), run on the crawler's Redis thread:
 
 1. commit: push discovered requests and start-URL entries, and acknowledge the leases of
    requests the engine is completely done with, in one atomic script;
@@ -22,7 +22,7 @@ another worker takes them. Each lease carries a token, so an acknowledgement tha
 late (the request was leased again) changes nothing.
 
 This class is Scrapy's interface: opening and closing the frontier, and the calls that touch
-only local buffers. The rest is in distcrawl/_scheduler/, each module with the reason it is
+only local buffers. The rest is in distcrawl/engine/, each module with the reason it is
 apart. The parts that keep state of their own: ``leases`` (the requests held under a lease),
 ``outbox`` (what waits for a commit), ``intake`` (entries made from requests and start URLs),
 ``polling`` (when each Redis step is next due), ``outage`` (the back-off while Redis fails),
@@ -46,13 +46,19 @@ from scrapy.core.scheduler import BaseScheduler
 from scrapy.dupefilters import BaseDupeFilter
 from twisted.internet import defer, task
 
-from distcrawl import _engine
-from distcrawl._batch_types import Batch, BatchResult, Rider
-from distcrawl._scheduler.building import BatchBuilding
-from distcrawl._scheduler.handlers import SignalHandlers
-from distcrawl._scheduler.intake import Intake
-from distcrawl._scheduler.leases import Leases
-from distcrawl._scheduler.opening import (
+from distcrawl.codec.politeness import ServerClock
+from distcrawl.codec.serialize import RequestCodec
+from distcrawl.config import DistcrawlConfig
+from distcrawl.dupefilter import RedisDupeFilter
+from distcrawl.engine import _engine
+from distcrawl.engine._batch_types import Batch, BatchResult, Rider
+from distcrawl.engine.batch import Runner
+from distcrawl.engine.building import BatchBuilding
+from distcrawl.engine.handlers import SignalHandlers
+from distcrawl.engine.intake import Intake
+from distcrawl.engine.leases import Leases
+from distcrawl.engine.liveness import Liveness
+from distcrawl.engine.opening import (
     check_durability,
     check_layout,
     check_scripts,
@@ -60,28 +66,22 @@ from distcrawl._scheduler.opening import (
     dupefilter_for,
     politeness_bound,
 )
-from distcrawl._scheduler.outage import Outage
-from distcrawl._scheduler.outbox import Outbox
-from distcrawl._scheduler.polling import Polling
-from distcrawl._scheduler.pump import Pump
-from distcrawl._scheduler.report import Reporter
-from distcrawl._scheduler.riders import Riders
-from distcrawl.batch import Runner
-from distcrawl.config import DistcrawlConfig
-from distcrawl.connection import RedisIO, redact_url, redis_io, unmendable, url_problem
-from distcrawl.dupefilter import RedisDupeFilter
-from distcrawl.frontier import Frontier
-from distcrawl.keys import FrontierKeys
-from distcrawl.layout import LayoutMismatch
-from distcrawl.liveness import Liveness
-from distcrawl.lua import LibraryMismatch, ScriptsRefused
-from distcrawl.politeness import ServerClock
-from distcrawl.queue_entry import new_tag
-from distcrawl.records import EntryKind
-from distcrawl.redact import redact_error, redacted_exc_info
-from distcrawl.replies import Drained
-from distcrawl.serialize import RequestCodec
-from distcrawl.shards import Shards
+from distcrawl.engine.outage import Outage
+from distcrawl.engine.outbox import Outbox
+from distcrawl.engine.polling import Polling
+from distcrawl.engine.pump import Pump
+from distcrawl.engine.report import Reporter
+from distcrawl.engine.riders import Riders
+from distcrawl.model.connection import RedisIO, redact_url, redis_io, unmendable, url_problem
+from distcrawl.model.frontier import Frontier
+from distcrawl.model.keys import FrontierKeys
+from distcrawl.model.layout import LayoutMismatch
+from distcrawl.model.lua import LibraryMismatch, ScriptsRefused
+from distcrawl.model.queue_entry import new_tag
+from distcrawl.model.records import EntryKind
+from distcrawl.model.redact import redact_error, redacted_exc_info
+from distcrawl.model.replies import Drained
+from distcrawl.model.shards import Shards
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler

@@ -1,6 +1,6 @@
 """``distcrawl acl``: the producer and worker users on a real Redis, and a real crawl under them.
 
-The command lists of distcrawl/acl.py are checked against the code (every ``redis.call`` of
+The command lists of distcrawl/admin/acl.py are checked against the code (every ``redis.call`` of
 the Lua scripts, every redis-py call of the package), and then proved sufficient by real
 worker processes that crawl a site through the worker user without a single refused
 command (the server's ACL LOG stays empty), and proved tight by a producer that is refused
@@ -20,14 +20,15 @@ from urllib.parse import quote
 import pytest
 import redis
 
-from distcrawl import acl, lua
+from distcrawl.admin import acl
 from distcrawl.cli import main
-from distcrawl.connection import make_redis
-from distcrawl.keys import FrontierKeys
+from distcrawl.model import lua
+from distcrawl.model.connection import make_redis
+from distcrawl.model.keys import FrontierKeys
 from distcrawl.testing.redis_server import RedisServer
 from tests.support import page_fetches, wait_until
 
-PACKAGE = Path(acl.__file__).resolve().parent
+PACKAGE = Path(acl.__file__).resolve().parents[1]
 SITE = FrontierKeys("site")
 PRODUCER_SECRET = "producer-secret-Zq81"
 WORKER_SECRET = "worker-secret-Kd27"
@@ -38,7 +39,7 @@ WORKER_SECRET = "worker-secret-Kd27"
 
 def lua_commands() -> set[str]:
     found: set[str] = set()
-    for path in sorted((PACKAGE / "lua").glob("*.lua")):
+    for path in sorted((PACKAGE / "model" / "lua").glob("*.lua")):
         text = path.read_text(encoding="utf-8")
         calls = re.findall(r"redis\.p?call\(", text)
         literal = re.findall(r"redis\.p?call\(\s*(['\"])([A-Za-z]+)\1", text)

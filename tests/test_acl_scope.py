@@ -14,10 +14,11 @@ import pytest
 import redis
 from scrapy.settings import Settings
 
-from distcrawl import Producer, acl
+from distcrawl import Producer
+from distcrawl.admin import acl
 from distcrawl.cli import main
-from distcrawl.frontier import Frontier, shard_frontiers
-from distcrawl.keys import FrontierKeys
+from distcrawl.model.frontier import Frontier, shard_frontiers
+from distcrawl.model.keys import FrontierKeys
 from tests.test_acl import create_users
 
 SITE = FrontierKeys("site")

@@ -8,16 +8,16 @@ import json
 import pytest
 import redis
 
-from distcrawl._batch_types import Batch, BatchResult, Commit, Rider
-from distcrawl.batch import Runner
-from distcrawl.connection import make_redis
-from distcrawl.frontier import Frontier
-from distcrawl.keys import FrontierKeys
-from distcrawl.ops import Op
-from distcrawl.queue_entry import LeaseRef
-from distcrawl.records import Entry, EntryKind
-from distcrawl.refusals import refused
-from distcrawl.serialize import RequestCodec
+from distcrawl.codec.serialize import RequestCodec
+from distcrawl.engine._batch_types import Batch, BatchResult, Commit, Rider
+from distcrawl.engine.batch import Runner
+from distcrawl.model.connection import make_redis
+from distcrawl.model.frontier import Frontier
+from distcrawl.model.keys import FrontierKeys
+from distcrawl.model.ops import Op
+from distcrawl.model.queue_entry import LeaseRef
+from distcrawl.model.records import Entry, EntryKind
+from distcrawl.model.refusals import refused
 
 LEASE = {"lease_ms": 60_000, "worker_timeout_ms": 10_000}
 

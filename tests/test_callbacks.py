@@ -17,7 +17,7 @@ from scrapy.http import JsonRequest
 from scrapy.linkextractors import LinkExtractor
 from scrapy.spiders import Rule
 
-from distcrawl.queue_entry import make_entry
+from distcrawl.model.queue_entry import make_entry
 from distcrawl.spiders import RedisCrawlSpider, RedisSpider
 from tests.support import crawl, crawl_settings, fetched, page_fetches, run, wait_until
 

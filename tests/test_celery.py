@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from distcrawl.keys import FrontierKeys
-from distcrawl.queue_entry import parse_entry
-from distcrawl.serialize import RequestCodec
+from distcrawl.codec.serialize import RequestCodec
+from distcrawl.model.keys import FrontierKeys
+from distcrawl.model.queue_entry import parse_entry
 from distcrawl.testing.redis_server import RedisServer
 from tests.support import page_fetches, wait_until
 

@@ -18,13 +18,13 @@ import scrapy
 
 import distcrawl
 from distcrawl.cli import main
-from distcrawl.deadrecord import dead_letter
-from distcrawl.frontier import Frontier
-from distcrawl.keys import FrontierKeys
-from distcrawl.queue_entry import parse_entry as parse_queue_entry
-from distcrawl.records import Entry, EntryKind
-from distcrawl.serialize import RequestCodec
-from distcrawl.start_urls import parse_entry
+from distcrawl.codec.serialize import RequestCodec
+from distcrawl.codec.start_urls import parse_entry
+from distcrawl.model.deadrecord import dead_letter
+from distcrawl.model.frontier import Frontier
+from distcrawl.model.keys import FrontierKeys
+from distcrawl.model.queue_entry import parse_entry as parse_queue_entry
+from distcrawl.model.records import Entry, EntryKind
 from distcrawl.testing.redis_server import RedisServer
 
 pytestmark = pytest.mark.timeout(60)

@@ -12,12 +12,12 @@ from scrapy.utils.request import RequestFingerprinter
 
 from distcrawl.cli import main
 from distcrawl.dupefilter import RedisDupeFilter
-from distcrawl.frontier import Frontier
-from distcrawl.keys import FrontierKeys
-from distcrawl.queue_entry import make_entry
-from distcrawl.records import Entry, EntryKind
-from distcrawl.revisits_admin import under_domain
-from distcrawl.shards import shard_of_url
+from distcrawl.model.frontier import Frontier
+from distcrawl.model.keys import FrontierKeys
+from distcrawl.model.queue_entry import make_entry
+from distcrawl.model.records import Entry, EntryKind
+from distcrawl.model.revisits_admin import under_domain
+from distcrawl.model.shards import shard_of_url
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -119,7 +119,7 @@ def test_status_of_a_crawl_without_revisits(redis_url, capsys):
 
 def test_status_reads_in_pages(redis_client, redis_url, capsys, monkeypatch):
     """More revisits than a page: every one is counted once."""
-    from distcrawl import revisits_admin
+    from distcrawl.model import revisits_admin
 
     monkeypatch.setattr(revisits_admin, "PAGE", 7)
     frontier = Frontier(redis_client, SITE)

@@ -19,9 +19,9 @@ from scrapy.crawler import AsyncCrawlerRunner
 from scrapy.utils.defer import deferred_from_coro
 
 from distcrawl import cli
-from distcrawl.frontier import Frontier
-from distcrawl.keys import FrontierKeys
-from distcrawl.liveness import Liveness
+from distcrawl.engine.liveness import Liveness
+from distcrawl.model.frontier import Frontier
+from distcrawl.model.keys import FrontierKeys
 from distcrawl.spiders.site import SiteSpider
 from tests.support import crawl_settings, wait_until
 from tests.test_robots_bypass import PRIVATE, fetched_private
@@ -215,8 +215,8 @@ def test_status_judges_workers_by_their_beats_and_the_server_clock(
 
 def test_the_heartbeat_names_the_schedulers_liveness_tag():
     from distcrawl.config import DistcrawlConfig
-    from distcrawl.connection import RedisIO
     from distcrawl.extensions import WorkerMonitor
+    from distcrawl.model.connection import RedisIO
     from distcrawl.scheduler import _SCHEDULERS
 
     class Crawler:  # what _snapshot reads of a crawler; weakly referenceable, as a key

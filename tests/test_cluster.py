@@ -19,8 +19,8 @@ import redis
 from redis.cluster import RedisCluster
 
 from distcrawl.cli import main
-from distcrawl.connection import make_redis
-from distcrawl.keys import FrontierKeys
+from distcrawl.model.connection import make_redis
+from distcrawl.model.keys import FrontierKeys
 from distcrawl.testing.workers import worker_agent
 from tests.cluster import REDIS_CLI, RedisClusterNodes
 from tests.support import (
@@ -305,7 +305,7 @@ def test_a_shards_slot_migrates_to_another_master_mid_crawl(
 ):
     """DISTCRAWL_SHARDS=3: the slot of the shard that holds the site moves while two workers
     crawl it (their scripts are routed from their slot map: a MOVED must re-route them)."""
-    from distcrawl.shards import shard_of_url
+    from distcrawl.model.shards import shard_of_url
 
     site = demo_site(pages=300, delay=0.05, host="127.0.0.2")
     lpush_with_redis_cli(redis_cluster, site.url + "/")

@@ -3,8 +3,8 @@ import dataclasses
 import pytest
 from scrapy.settings import Settings
 
-from distcrawl._convert import ConfigError
 from distcrawl.config import DistcrawlConfig
+from distcrawl.config._convert import ConfigError
 
 
 def config(**values):
@@ -81,7 +81,7 @@ def test_name_lists_are_stripped_and_checked():
 
 
 def test_throttle_window_and_share_reach_the_scripts():
-    from distcrawl.politeness import politeness
+    from distcrawl.codec.politeness import politeness
 
     assert politeness(config()).throttle == "1000:60000:0:30:0.3"
     tuned = config(DISTCRAWL_THROTTLE_WINDOW="50", DISTCRAWL_THROTTLE_SHARE="0.5")

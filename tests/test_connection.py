@@ -1,7 +1,7 @@
 import pytest
 import redis
 
-from distcrawl.connection import RedisIO, make_redis, redact_url
+from distcrawl.model.connection import RedisIO, make_redis, redact_url
 from distcrawl.testing.redis_server import RedisServer
 
 

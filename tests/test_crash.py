@@ -16,9 +16,9 @@ import time
 
 import pytest
 
-from distcrawl.lua import script_source
-from distcrawl.queue_entry import parse_entry
-from distcrawl.serialize import RequestCodec
+from distcrawl.codec.serialize import RequestCodec
+from distcrawl.model.lua import script_source
+from distcrawl.model.queue_entry import parse_entry
 from distcrawl.testing.workers import worker_agent
 from tests.hooks import EXIT_STATUS
 from tests.support import page_fetches, stat, wait_until

@@ -14,8 +14,8 @@ from collections import Counter
 
 import pytest
 
-from distcrawl.keys import FrontierKeys
-from distcrawl.queue_entry import make_entry
+from distcrawl.model.keys import FrontierKeys
+from distcrawl.model.queue_entry import make_entry
 from distcrawl.testing.workers import worker_agent
 from tests.support import (
     assert_only_the_victims_leases_refetched,

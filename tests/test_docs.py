@@ -338,9 +338,9 @@ def test_every_component_a_project_names_has_its_own_docstring(path: str) -> Non
 
 
 def test_the_list_of_known_settings_is_the_settings_the_code_reads() -> None:
-    """distcrawl.setting_names.KNOWN is what a misspelt setting is told apart from: a setting
+    """distcrawl.config.setting_names.KNOWN is what a misspelt setting is told apart from: a setting
     missing from it would be called misspelt at every start, a stale one never would."""
-    from distcrawl.setting_names import KNOWN
+    from distcrawl.config.setting_names import KNOWN
 
     read = {name for name in _own(_read_settings()) if name.startswith("DISTCRAWL_")}
     assert sorted(read - KNOWN) == [], "read by the code, missing from setting_names.KNOWN"

@@ -7,10 +7,10 @@ import json
 
 import pytest
 
+from distcrawl.admin.doctor import Doctor, record_problem
 from distcrawl.cli import main
-from distcrawl.doctor import Doctor, record_problem
-from distcrawl.keys import FrontierKeys
-from distcrawl.queue_entry import entry_problem, make_entry
+from distcrawl.model.keys import FrontierKeys
+from distcrawl.model.queue_entry import entry_problem, make_entry
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -8,11 +8,11 @@ import time
 import pytest
 import redis
 
-from distcrawl.deadrecord import DEAD_RAW_BYTES, dead_letter
-from distcrawl.frontier import Frontier
-from distcrawl.keys import FrontierKeys
-from distcrawl.queue_entry import LeaseRef, make_entry
-from distcrawl.records import Entry, EntryKind, Redrive, RedriveKind
+from distcrawl.model.deadrecord import DEAD_RAW_BYTES, dead_letter
+from distcrawl.model.frontier import Frontier
+from distcrawl.model.keys import FrontierKeys
+from distcrawl.model.queue_entry import LeaseRef, make_entry
+from distcrawl.model.records import Entry, EntryKind, Redrive, RedriveKind
 
 
 @pytest.fixture
@@ -222,7 +222,7 @@ def test_a_redrive_with_an_impossible_index_changes_nothing(frontier, redis_clie
 
 
 def polite(redis_client, **options):
-    from distcrawl.records import Politeness
+    from distcrawl.model.records import Politeness
 
     return Frontier(redis_client, FrontierKeys("t"), Politeness(**options))
 
@@ -477,7 +477,7 @@ def test_a_probe_that_ends_without_robots_txt_lets_the_next_one_try(redis_client
 
 
 def test_429_feedback_holds_the_slot_back_for_retry_after(redis_client):
-    from distcrawl.records import Feedback
+    from distcrawl.model.records import Feedback
 
     frontier = polite(redis_client)
     push_slot(frontier, "t.test", 3)
@@ -491,7 +491,7 @@ def test_429_feedback_holds_the_slot_back_for_retry_after(redis_client):
 
 
 def test_a_burst_of_503s_raises_the_delay_once_per_delay(redis_client):
-    from distcrawl.records import Feedback
+    from distcrawl.model.records import Feedback
 
     frontier = polite(redis_client, throttle="200:60000:0:30:0.3")
     push_slot(frontier, "b.test", 3)
@@ -517,7 +517,7 @@ def test_a_burst_of_503s_raises_the_delay_once_per_delay(redis_client):
 def answer(frontier, items, throttled):
     """Acknowledge ``items`` with one feedback record: ``throttled`` of them answered 503
     (no Retry-After), the others 200 in 20 ms."""
-    from distcrawl.records import Feedback
+    from distcrawl.model.records import Feedback
 
     good = len(items) - throttled
     slot = items[0].slot
@@ -569,7 +569,7 @@ def test_a_site_answering_503_to_most_requests_slows_every_worker(redis_client):
     next_turn = time.monotonic() + wait
     answer(b, [one], 0)
     # good answers: the delay goes first (a quarter off each), then the cap grows back
-    from distcrawl.records import Feedback
+    from distcrawl.model.records import Feedback
 
     for _ in range(60):
         a.commit([], [], [Feedback("o.test", 4, 80, 0, 0)])

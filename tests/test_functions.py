@@ -9,10 +9,10 @@ import json
 import pytest
 import redis
 
-from distcrawl import lua
 from distcrawl.cli import main
-from distcrawl.frontier import Frontier
-from distcrawl.keys import FrontierKeys
+from distcrawl.model import lua
+from distcrawl.model.frontier import Frontier
+from distcrawl.model.keys import FrontierKeys
 from distcrawl.testing.redis_server import RedisServer
 from tests.support import page_fetches
 

@@ -19,14 +19,14 @@ from scrapy_redis import queue as sr_queue
 from scrapy_redis.dupefilter import RFPDupeFilter
 
 from benchmarks.spiders import SPIDER_NAME
-from distcrawl import importer
+from distcrawl.admin import importer
 from distcrawl.cli import main
+from distcrawl.codec.serialize import RequestCodec
 from distcrawl.dupefilter import legacy_fingerprint, scrapy_redis_fingerprint
-from distcrawl.keys import FrontierKeys
-from distcrawl.lua import Scripts
+from distcrawl.model.keys import FrontierKeys
+from distcrawl.model.lua import Scripts
+from distcrawl.model.queue_entry import parse_entry
 from distcrawl.producer import Producer, RedriveResult
-from distcrawl.queue_entry import parse_entry
-from distcrawl.serialize import RequestCodec
 from distcrawl.testing.workers import worker_agent
 from tests.support import page_fetches
 

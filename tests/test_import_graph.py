@@ -119,17 +119,20 @@ def test_the_checker_finds_a_circle_and_ignores_type_checking_imports():
     assert cycles(graph) == [["a", "b", "c"]]
     tree = ast.parse(
         "from typing import TYPE_CHECKING\n"
-        "if TYPE_CHECKING:\n    from distcrawl.frontier import Frontier\n"
-        "def f():\n    from distcrawl import keys\n"
+        "if TYPE_CHECKING:\n    from distcrawl.model.frontier import Frontier\n"
+        "def f():\n    from distcrawl.model import keys\n"
     )
     found = set(_imports(tree, "distcrawl"))
-    assert "distcrawl.frontier" not in found
-    assert "distcrawl.keys" in found
+    assert "distcrawl.model.frontier" not in found
+    assert "distcrawl.model.keys" in found
 
 
 def test_distcrawl_has_no_import_cycle():
     graph = import_graph()
-    assert "distcrawl.frontier" in graph and "distcrawl.keys" in graph["distcrawl.frontier"]
+    assert (
+        "distcrawl.model.frontier" in graph
+        and "distcrawl.model.keys" in graph["distcrawl.model.frontier"]
+    )
     assert cycles(graph) == []
 
 

@@ -1,4 +1,4 @@
-"""docs/internals.md's key table names exactly the keys distcrawl/keys.py builds, each with
+"""docs/internals.md's key table names exactly the keys distcrawl/model/keys.py builds, each with
 its Redis type.
 
 Checked rather than generated: the table is prose for operators (links, the layout of a
@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from distcrawl.keys import FrontierKeys, _Key
+from distcrawl.model.keys import FrontierKeys, _Key
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "internals.md"
 ROW = re.compile(r"^\| `(<ns>:[^`]+)` \| ([A-Z][A-Za-z ]*[A-Z]) \|", re.MULTILINE)

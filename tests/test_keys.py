@@ -3,9 +3,9 @@ import re
 import pytest
 from scrapy.settings import Settings
 
-from distcrawl._convert import ConfigError
 from distcrawl.config import DistcrawlConfig
-from distcrawl.keys import FrontierKeys, NamespaceError, glob_escape
+from distcrawl.config._convert import ConfigError
+from distcrawl.model.keys import FrontierKeys, NamespaceError, glob_escape
 
 
 def test_key_names_are_pinned():

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from distcrawl.frontier import Frontier
-from distcrawl.keys import FrontierKeys
-from distcrawl.layout import (
+from distcrawl.model.frontier import Frontier
+from distcrawl.model.keys import FrontierKeys
+from distcrawl.model.layout import (
     FORMAT_VERSION,
     GENERATION,
     Joined,

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import pytest
 
-from distcrawl.frontier import Frontier
-from distcrawl.keys import FrontierKeys
-from distcrawl.records import Entry, EntryKind, Politeness
+from distcrawl.model.frontier import Frontier
+from distcrawl.model.keys import FrontierKeys
+from distcrawl.model.records import Entry, EntryKind, Politeness
 
 
 def frontier_of(redis_client, **options) -> Frontier:

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from distcrawl.keys import FrontierKeys
+from distcrawl.model.keys import FrontierKeys
 from tests.support import page_fetches, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from distcrawl.keys import FrontierKeys
-from distcrawl.liveness import Liveness
+from distcrawl.engine.liveness import Liveness
+from distcrawl.model.keys import FrontierKeys
 from tests.support import wait_until
 
 pytestmark = pytest.mark.timeout(60)
@@ -138,7 +138,7 @@ def test_beats_go_on_while_the_main_thread_computes(make_liveness, redis_client)
 
 
 def test_a_redis_restart_is_survived(make_liveness, redis_server, redis_client, caplog):
-    caplog.set_level(logging.INFO, logger="distcrawl.liveness")
+    caplog.set_level(logging.INFO, logger="distcrawl.engine.liveness")
     liveness = make_liveness()
     liveness.start()
     assert wait_until(lambda: score(redis_client) is not None, timeout=10)

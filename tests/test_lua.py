@@ -1,4 +1,4 @@
-"""The Lua scripts' KEYS: declared once in Python (``distcrawl.lua.KEYS``), and every
+"""The Lua scripts' KEYS: declared once in Python (``distcrawl.model.lua.KEYS``), and every
 script's header must name the same keys in the same order, since a key passed at the wrong
 position is not an error in Redis: the script silently reads or writes the wrong key."""
 
@@ -10,8 +10,8 @@ from importlib.resources import files
 import pytest
 from redis.crc import key_slot
 
-from distcrawl import lua
-from distcrawl.keys import FrontierKeys
+from distcrawl.model import lua
+from distcrawl.model.keys import FrontierKeys
 
 #: ``-- KEYS[3]  seen  SET ...`` and ``-- KEYS[20 ..]  the Bloom filter's keys ...``
 HEADER_KEY = re.compile(r"^-- KEYS\[(\d+)\]\s+(\w+)", re.M)

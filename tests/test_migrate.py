@@ -17,12 +17,12 @@ import redis
 from redis.cluster import RedisCluster
 from scrapy import Request
 
-from distcrawl import migrate, reshard
+from distcrawl.admin import migrate, reshard
 from distcrawl.cli import main
-from distcrawl.frontier import Frontier
-from distcrawl.keys import FrontierKeys
-from distcrawl.serialize import RequestCodec
-from distcrawl.shards import shard_of_url
+from distcrawl.codec.serialize import RequestCodec
+from distcrawl.model.frontier import Frontier
+from distcrawl.model.keys import FrontierKeys
+from distcrawl.model.shards import shard_of_url
 from distcrawl.testing.redis_server import RedisServer
 from tests.cluster import RedisClusterNodes
 from tests.support import page_fetches, wait_until

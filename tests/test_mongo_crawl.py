@@ -16,7 +16,7 @@ from collections import Counter
 import pytest
 
 from distcrawl.demo.site import DemoSite
-from distcrawl.keys import FrontierKeys
+from distcrawl.model.keys import FrontierKeys
 from tests.support import leases_held_by, wait_until
 
 pytestmark = pytest.mark.timeout(240)

@@ -136,7 +136,7 @@ def test_metrics_endpoint_serves_the_counters(demo_site, workers, redis_client):
 
 
 def test_watch_reports_rates_between_snapshots(redis_client, redis_url, capsys):
-    from distcrawl.dashboard import Watch, sparkline
+    from distcrawl.model.dashboard import Watch, sparkline
 
     redis_client.hset("site:stats", mapping={"pages": 10, "items": 5})
     capsys.readouterr()
@@ -234,9 +234,9 @@ def monitor_of(redis_url: str, shards: int, cluster: bool = False) -> tuple[Any,
     from scrapy.utils.test import get_crawler
 
     from distcrawl.config import DistcrawlConfig
-    from distcrawl.connection import RedisIO
     from distcrawl.extensions import WorkerMonitor
-    from distcrawl.keys import FrontierKeys
+    from distcrawl.model.connection import RedisIO
+    from distcrawl.model.keys import FrontierKeys
 
     crawler = get_crawler(settings_dict={"REDIS_URL": redis_url, "DISTCRAWL_SHARDS": shards})
     io = RedisIO(redis_url, cluster=cluster)
@@ -250,10 +250,10 @@ def test_revisit_gauges_count_the_backlog_and_its_age(redis_client, redis_url, s
     """distcrawl_revisits, distcrawl_revisits_due, distcrawl_revisits_overdue_seconds: read
     in the beat's round trip, per shard, on the server's clock."""
     from distcrawl.extensions import Beat
-    from distcrawl.frontier import Frontier
-    from distcrawl.keys import FrontierKeys
-    from distcrawl.queue_entry import make_entry
-    from distcrawl.records import Entry, EntryKind
+    from distcrawl.model.frontier import Frontier
+    from distcrawl.model.keys import FrontierKeys
+    from distcrawl.model.queue_entry import make_entry
+    from distcrawl.model.records import Entry, EntryKind
 
     crawl = FrontierKeys("site").sharded(shards)
     parts = [crawl.of_shard(i) for i in range(shards)]
@@ -297,9 +297,9 @@ def test_frontier_gauges_add_up_every_shard(request, redis_client, redis_url, sh
     from redis.cluster import RedisCluster
 
     from distcrawl.extensions import Beat
-    from distcrawl.frontier import Frontier
-    from distcrawl.keys import FrontierKeys
-    from distcrawl.records import Entry, EntryKind
+    from distcrawl.model.frontier import Frontier
+    from distcrawl.model.keys import FrontierKeys
+    from distcrawl.model.records import Entry, EntryKind
 
     client = redis_client
     if cluster:

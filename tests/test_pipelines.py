@@ -22,8 +22,8 @@ from scrapy.utils.test import get_crawler
 from twisted.internet import task
 
 from distcrawl import cli
-from distcrawl._convert import ConfigError
 from distcrawl.addon import Addon
+from distcrawl.config._convert import ConfigError
 from distcrawl.mongo import MongoConfig, read_spill
 from distcrawl.pipelines import MongoPipeline
 from distcrawl.testing.mongo_server import MongoServer

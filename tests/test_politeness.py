@@ -18,8 +18,8 @@ import pytest
 
 from distcrawl import cli
 from distcrawl.demo.site import DemoSite, LogLine
-from distcrawl.frontier import Frontier
-from distcrawl.keys import FrontierKeys
+from distcrawl.model.frontier import Frontier
+from distcrawl.model.keys import FrontierKeys
 from tests.support import page_fetches, wait_until
 
 SITE = FrontierKeys("site")
@@ -210,9 +210,9 @@ def test_a_retrys_answer_feeds_the_rate_only_with_a_retry_after():
     from scrapy.http import HtmlResponse
     from scrapy.settings import Settings
 
+    from distcrawl.codec.politeness import FeedbackBuffer
     from distcrawl.config import DistcrawlConfig
-    from distcrawl.politeness import FeedbackBuffer
-    from distcrawl.records import Feedback
+    from distcrawl.model.records import Feedback
 
     buffer = FeedbackBuffer(DistcrawlConfig.from_settings(Settings()))
 

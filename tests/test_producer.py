@@ -19,17 +19,17 @@ from scrapy.spiderloader import get_spider_loader
 from scrapy.utils.request import fingerprint as scrapy_fingerprint
 
 from distcrawl import AsyncProducer, Outcome, Producer
-from distcrawl._batch_send import _execute
+from distcrawl.codec.entries import EntryMaker, Refused, entry_bytes
+from distcrawl.codec.politeness import slot_for, slot_of
+from distcrawl.codec.serialize import RequestCodec
 from distcrawl.config import DistcrawlConfig
-from distcrawl.deadrecord import dead_letter
 from distcrawl.dupefilter import get_fingerprint
-from distcrawl.entries import EntryMaker, Refused, entry_bytes
-from distcrawl.frontier import Frontier
-from distcrawl.keys import FrontierKeys
-from distcrawl.politeness import slot_for, slot_of
+from distcrawl.engine._batch_send import _execute
+from distcrawl.model.deadrecord import dead_letter
+from distcrawl.model.frontier import Frontier
+from distcrawl.model.keys import FrontierKeys
+from distcrawl.model.queue_entry import parse_entry
 from distcrawl.producer import ProducerError, RedriveResult
-from distcrawl.queue_entry import parse_entry
-from distcrawl.serialize import RequestCodec
 from tests.support import page_fetches, wait_until
 
 SITE = FrontierKeys("site")

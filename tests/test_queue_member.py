@@ -10,11 +10,10 @@ import re
 import pytest
 from scrapy.settings import Settings
 
-from distcrawl.doctor import record_problem
-from distcrawl.frontier import Frontier
-from distcrawl.keys import FrontierKeys
-from distcrawl.producer import Producer
-from distcrawl.queue_entry import (
+from distcrawl.admin.doctor import record_problem
+from distcrawl.model.frontier import Frontier
+from distcrawl.model.keys import FrontierKeys
+from distcrawl.model.queue_entry import (
     MAX_SLOT_BYTES,
     QueueEntryError,
     entry_problem,
@@ -23,7 +22,8 @@ from distcrawl.queue_entry import (
     renumbered,
     split_member,
 )
-from distcrawl.records import Entry, EntryKind
+from distcrawl.model.records import Entry, EntryKind
+from distcrawl.producer import Producer
 
 REASONS = {
     "no \\0 after the slot",

@@ -8,17 +8,17 @@ from pathlib import Path
 import redis
 from redis.connection import Connection
 
-import distcrawl.lua
-from distcrawl._batch_send import _pack
-from distcrawl.frontier import Frontier
-from distcrawl.keys import FrontierKeys
-from distcrawl.queue_entry import LeaseRef, make_entry
-from distcrawl.records import Entry, EntryKind, Feedback, RedriveKind
-from distcrawl.replies import Places
+import distcrawl.model.lua
+from distcrawl.engine._batch_send import _pack
+from distcrawl.model.frontier import Frontier
+from distcrawl.model.keys import FrontierKeys
+from distcrawl.model.queue_entry import LeaseRef, make_entry
+from distcrawl.model.records import Entry, EntryKind, Feedback, RedriveKind
+from distcrawl.model.replies import Places
 
 
 def test_the_entry_kinds_are_the_ones_commit_lua_accepts():
-    source = (Path(distcrawl.lua.__file__).parent / "commit.lua").read_text()
+    source = (Path(distcrawl.model.lua.__file__).parent / "commit.lua").read_text()
     kinds = re.search(r"local KINDS = \{([^}]*)\}", source)
     assert kinds is not None
     assert sorted(re.findall(r"(\w+) = true", kinds.group(1))) == sorted(k.value for k in EntryKind)
@@ -47,7 +47,7 @@ def test_a_commit_sends_each_kind_as_its_letter_byte_for_byte():
 
 
 def test_replies_read_by_name():
-    from distcrawl.replies import parse_lease, parse_places
+    from distcrawl.model.replies import parse_lease, parse_places
 
     assert parse_places([2, 1]) == Places(freed=2, taken=1) == (2, 1)
     entry = make_entry("a.test", 5, 42, b"payload")
@@ -73,7 +73,7 @@ def test_replies_read_by_name():
 def test_commits_added_up_keep_the_later_queue_size():
     """A batch's commits run one after the other on one queue: the later reply's size is
     the queue's, not the sum of two readings of it."""
-    from distcrawl.replies import CommitResult
+    from distcrawl.model.replies import CommitResult
 
     first = CommitResult(enqueued=3, duplicates=1, queue_size=40)
     second = CommitResult(enqueued=2, late=1, queue_size=42)
@@ -82,7 +82,7 @@ def test_commits_added_up_keep_the_later_queue_size():
 
 
 def test_a_redrive_kind_is_sent_as_its_letter():
-    source = (Path(distcrawl.lua.__file__).parent / "redrive.lua").read_text()
+    source = (Path(distcrawl.model.lua.__file__).parent / "redrive.lua").read_text()
     for kind in RedriveKind:
         assert f"'{kind.value}' back into" in source
         command = ("EVALSHA", "0" * 40, 0, -1, b"{}", kind, "a.test", 0, b"p")

@@ -1,4 +1,4 @@
-"""The adaptive revisit schedule (distcrawl/recrawl.py) on a virtual clock: no sleeping."""
+"""The adaptive revisit schedule (distcrawl/config/recrawl.py) on a virtual clock: no sleeping."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from distcrawl.recrawl import DAY, Outcome, RecrawlPolicy, first_fetch, revisit
+from distcrawl.config.recrawl import DAY, Outcome, RecrawlPolicy, first_fetch, revisit
 
 POLICY = RecrawlPolicy(interval=3600.0, min_interval=600.0, max_interval=7 * DAY)
 

@@ -1,6 +1,6 @@
 """Secrets never printed: the redaction rules, and real workers and CLI runs grepped for them.
 
-The matrix pins :mod:`distcrawl.redact` for every URL form distcrawl is given; the process
+The matrix pins :mod:`distcrawl.model.redact` for every URL form distcrawl is given; the process
 tests give a real password-protected redis-server (TCP and unix socket) and MongoDB to real
 ``scrapy crawl`` workers and the ``distcrawl`` command, then grep every byte they wrote.
 """
@@ -19,8 +19,8 @@ import redis
 from pymongo.errors import OperationFailure
 
 from distcrawl import mongo
-from distcrawl.connection import auth_refusal
-from distcrawl.redact import (
+from distcrawl.model.connection import auth_refusal
+from distcrawl.model.redact import (
     RedactedTraceback,
     is_secret_name,
     redact_error,

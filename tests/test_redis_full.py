@@ -15,14 +15,14 @@ import pytest
 import redis
 from redis._parsers.base import BaseParser
 
-from distcrawl._batch_types import Batch, Commit
-from distcrawl.batch import Runner
-from distcrawl.connection import auth_refusal
-from distcrawl.frontier import Frontier
-from distcrawl.keys import FrontierKeys
-from distcrawl.records import Entry, EntryKind
-from distcrawl.refusals import outage_code, refused, reply_code
-from distcrawl.serialize import RequestCodec
+from distcrawl.codec.serialize import RequestCodec
+from distcrawl.engine._batch_types import Batch, Commit
+from distcrawl.engine.batch import Runner
+from distcrawl.model.connection import auth_refusal
+from distcrawl.model.frontier import Frontier
+from distcrawl.model.keys import FrontierKeys
+from distcrawl.model.records import Entry, EntryKind
+from distcrawl.model.refusals import outage_code, refused, reply_code
 from distcrawl.testing.process import find_free_port
 from tests.support import page_fetches, stat, wait_until
 

@@ -9,13 +9,13 @@ import time
 
 import pytest
 
-from distcrawl._batch_types import Batch, Commit
-from distcrawl.batch import Runner
-from distcrawl.frontier import Frontier
-from distcrawl.keys import FrontierKeys
-from distcrawl.records import Entry, EntryKind
-from distcrawl.serialize import RequestCodec
-from distcrawl.shards import Shards, shard_of_url
+from distcrawl.codec.serialize import RequestCodec
+from distcrawl.engine._batch_types import Batch, Commit
+from distcrawl.engine.batch import Runner
+from distcrawl.model.frontier import Frontier
+from distcrawl.model.keys import FrontierKeys
+from distcrawl.model.records import Entry, EntryKind
+from distcrawl.model.shards import Shards, shard_of_url
 from tests.support import page_fetches, stat, wait_until
 from tests.test_shards import _linked_sites
 

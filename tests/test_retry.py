@@ -12,9 +12,9 @@ import pytest
 import pytest_twisted
 
 from distcrawl import cli
-from distcrawl.backoff import RetrySettings
+from distcrawl.codec.politeness import parse_retry_after
+from distcrawl.config.backoff import RetrySettings
 from distcrawl.demo.site import DemoSite
-from distcrawl.politeness import parse_retry_after
 from distcrawl.spiders import RedisSpider
 from tests.support import page_fetches, stat, wait_until
 from tests.test_scheduler import crawl
@@ -79,7 +79,7 @@ def test_a_retry_after_date_without_a_usable_date_header_falls_back_to_the_given
 
 
 def test_server_clock_is_what_the_last_lease_said_carried_on(monkeypatch):
-    from distcrawl.politeness import ServerClock
+    from distcrawl.codec.politeness import ServerClock
 
     clock = ServerClock()
     assert clock.now() is None  # no lease yet: callers fall back to this host's clock
@@ -98,9 +98,9 @@ def test_the_slot_hold_and_the_retry_delay_read_the_answers_date():
     from scrapy.http import HtmlResponse
     from scrapy.settings import Settings
 
+    from distcrawl.codec.politeness import FeedbackBuffer, ServerClock, retry_after_of
     from distcrawl.config import DistcrawlConfig
-    from distcrawl.politeness import FeedbackBuffer, ServerClock, retry_after_of
-    from distcrawl.records import Feedback
+    from distcrawl.model.records import Feedback
 
     real = time.time()
     headers = {
@@ -196,7 +196,7 @@ def test_a_page_that_always_fails_is_dead_lettered_and_can_be_redriven(
 
 
 def test_redrive_filters_by_domain_and_error(redis_url, redis_client, capsys):
-    from distcrawl.deadrecord import dead_letter
+    from distcrawl.model.deadrecord import dead_letter
 
     redis_client.lpush(
         "site:dead",
@@ -223,9 +223,9 @@ def test_redrive_filters_by_domain_and_error(redis_url, redis_client, capsys):
 def test_redrive_of_a_long_list_goes_page_by_page_and_keeps_the_rest_in_order(
     redis_url, redis_client, capsys, monkeypatch
 ):
-    from distcrawl import deadletter
-    from distcrawl.deadrecord import dead_letter
-    from distcrawl.frontier import Frontier
+    from distcrawl.codec import deadletter
+    from distcrawl.model.deadrecord import dead_letter
+    from distcrawl.model.frontier import Frontier
 
     letters = [
         dead_letter(f"gave up: {500 + i % 2}", url=f"http://a.test/{i}", source="retry")
@@ -288,7 +288,7 @@ def wait_for_pages(site: DemoSite, count: int, timeout: float = 60) -> None:
 
 @pytest.mark.parametrize("shards", [1, 4])
 def test_redis_restart_mid_crawl_loses_nothing(shards, demo_site, tmp_path):
-    from distcrawl.keys import FrontierKeys
+    from distcrawl.model.keys import FrontierKeys
     from distcrawl.testing.redis_server import RedisServer
     from distcrawl.testing.workers import Worker
 

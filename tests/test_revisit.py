@@ -14,13 +14,13 @@ from scrapy.http import HtmlResponse
 from scrapy.settings import Settings
 from scrapy.statscollectors import StatsCollector
 
-from distcrawl._convert import ConfigError
+from distcrawl.config._convert import ConfigError
+from distcrawl.config.recrawl import Outcome, recrawl_settings
 from distcrawl.demo.fresh import FRESH_INDEX, fresh_path, fresh_paths
-from distcrawl.frontier import Frontier
-from distcrawl.keys import FrontierKeys
-from distcrawl.queue_entry import LeaseRef
-from distcrawl.records import Entry, EntryKind, Politeness
-from distcrawl.recrawl import Outcome, recrawl_settings
+from distcrawl.model.frontier import Frontier
+from distcrawl.model.keys import FrontierKeys
+from distcrawl.model.queue_entry import LeaseRef
+from distcrawl.model.records import Entry, EntryKind, Politeness
 from distcrawl.revisit import (
     FETCH_META,
     STATE_META,

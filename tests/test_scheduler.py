@@ -292,7 +292,7 @@ async def test_base_dupefilter_turns_the_shared_seen_set_off(redis_url, redis_cl
 def test_a_foreign_dupefilter_is_a_configuration_error_naming_the_setting(redis_url):
     from scrapy.utils.test import get_crawler
 
-    from distcrawl._convert import ConfigError
+    from distcrawl.config._convert import ConfigError
 
     crawler = get_crawler(
         TwoWaySpider,

@@ -1,4 +1,4 @@
-"""The scheduler's parts with state of their own (distcrawl/_scheduler/), without Redis or a
+"""The scheduler's parts with state of their own (distcrawl/engine/), without Redis or a
 crawl: the rules a crawl test would only show through timing, checked one at a time."""
 
 from __future__ import annotations
@@ -7,14 +7,14 @@ import time
 
 from scrapy import Request
 
-from distcrawl._batch_types import Batch, LeasedRequest
-from distcrawl._scheduler.leases import Leases
-from distcrawl._scheduler.outbox import Outbox
-from distcrawl._scheduler.polling import CONTENDED_POLL_MAX, Polling
 from distcrawl.config import DistcrawlConfig
-from distcrawl.queue_entry import LeaseRef
-from distcrawl.records import Entry, EntryKind
-from distcrawl.replies import LeaseResult
+from distcrawl.engine._batch_types import Batch, LeasedRequest
+from distcrawl.engine.leases import Leases
+from distcrawl.engine.outbox import Outbox
+from distcrawl.engine.polling import CONTENDED_POLL_MAX, Polling
+from distcrawl.model.queue_entry import LeaseRef
+from distcrawl.model.records import Entry, EntryKind
+from distcrawl.model.replies import LeaseResult
 
 
 def leased(n: int, slot: str = "a.example", *, reserve: bool = False, paced: bool = False):
@@ -196,8 +196,8 @@ def test_a_dead_letter_keeps_what_the_codec_takes_of_a_request_whose_meta_it_ref
 
     from scrapy import Spider
 
-    from distcrawl._scheduler.intake import Intake
-    from distcrawl.serialize import RequestCodec
+    from distcrawl.codec.serialize import RequestCodec
+    from distcrawl.engine.intake import Intake
 
     class Blog(Spider):
         name = "blog"
@@ -232,9 +232,9 @@ def test_requests_carry_a_scrapy_redis_fingerprint_only_where_the_crawl_has_a_le
     from scrapy import Spider
     from scrapy.utils.request import RequestFingerprinter
 
-    from distcrawl._scheduler.intake import Intake
+    from distcrawl.codec.serialize import RequestCodec
     from distcrawl.dupefilter import RedisDupeFilter, legacy_fingerprint
-    from distcrawl.serialize import RequestCodec
+    from distcrawl.engine.intake import Intake
 
     spider = Spider(name="site")
 

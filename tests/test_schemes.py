@@ -25,10 +25,10 @@ from scrapy.utils.defer import deferred_from_coro
 from scrapy.utils.python import without_none_values
 
 from distcrawl import Addon
-from distcrawl.batch import refused_scheme
+from distcrawl.codec.serialize import RequestCodec
 from distcrawl.demo.site import HOSTILE_PAGE, SiteConfig, route
-from distcrawl.queue_entry import make_entry
-from distcrawl.serialize import RequestCodec
+from distcrawl.engine.batch import refused_scheme
+from distcrawl.model.queue_entry import make_entry
 from distcrawl.spiders import RedisSpider
 from tests.support import crawl_settings, page_fetches, wait_until
 

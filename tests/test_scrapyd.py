@@ -217,10 +217,13 @@ def test_egg_is_built_outside_the_work_tree_and_runs_zipped(tmp_path):
     assert {p: p.stat().st_mtime for p in ROOT.glob("*.egg-info")} == before
     assert scrapyd.egg_settings_module(egg) == "distcrawl.settings"
     names = zipfile.ZipFile(egg).namelist()
-    assert {f"distcrawl/lua/{n}.lua" for n in ("commit", "lease", "renew", "requeue")} <= set(names)
+    assert {f"distcrawl/model/lua/{n}.lua" for n in ("commit", "lease", "renew", "requeue")} <= set(
+        names
+    )
     # the package, its Lua scripts included, imports straight from the zipped egg
     code = (
-        "import sys; sys.path.insert(0, sys.argv[1]); import distcrawl, distcrawl.lua as lua; "
+        "import sys; sys.path.insert(0, sys.argv[1]); "
+        "import distcrawl, distcrawl.model.lua as lua; "
         "print(distcrawl.__file__); print(len(lua.source('commit')))"
     )
     out = subprocess.run(

@@ -13,13 +13,13 @@ from scrapy.settings import Settings
 from scrapy.utils.test import get_crawler
 
 from distcrawl import dupefilter as dupefilter_module
-from distcrawl._convert import ConfigError
 from distcrawl.config import DistcrawlConfig
+from distcrawl.config._convert import ConfigError
 from distcrawl.dupefilter import FINGERPRINT_BYTES, RedisDupeFilter
-from distcrawl.frontier import Frontier
-from distcrawl.keys import FrontierKeys
-from distcrawl.records import Entry, EntryKind
-from distcrawl.seen import BloomFilter, bytes_per_url, layer_size, nth_layer
+from distcrawl.model.frontier import Frontier
+from distcrawl.model.keys import FrontierKeys
+from distcrawl.model.records import Entry, EntryKind
+from distcrawl.model.seen import BloomFilter, bytes_per_url, layer_size, nth_layer
 from tests.support import page_fetches
 
 KEYS = FrontierKeys("t")
@@ -152,7 +152,7 @@ def test_capacity_exceeded_warns_and_adds_layers_through_commit(redis_client, ca
     frontier = bloom(redis_client, capacity, rate)
     inserted = fingerprints(70_000, "grow")
     enqueued = 0
-    with caplog.at_level(logging.INFO, logger="distcrawl.seen"):
+    with caplog.at_level(logging.INFO, logger="distcrawl.model.seen"):
         for i in range(0, len(inserted), batch):
             entries = [
                 Entry(EntryKind.REQUEST, fp, 0, b"", b"", "t.test")

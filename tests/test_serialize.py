@@ -5,7 +5,7 @@ from scrapy import FormRequest, Request, Spider
 from scrapy.linkextractors import LinkExtractor
 from scrapy.spiders import Rule
 
-from distcrawl.serialize import DecodeError, RequestCodec, SerializationError
+from distcrawl.codec.serialize import DecodeError, RequestCodec, SerializationError
 from distcrawl.spiders import RedisCrawlSpider
 
 
@@ -273,7 +273,7 @@ def test_a_request_with_a_private_callback_is_refused_when_stored():
 
 def test_allowed_callbacks_narrow_the_spiders_callbacks(caplog):
     spider = GuardedSpider()
-    with caplog.at_level("WARNING", logger="distcrawl.serialize"):
+    with caplog.at_level("WARNING", logger="distcrawl.codec.serialize"):
         codec = RequestCodec("msgpack", spider, allowed_callbacks=("parse_page", "__init__"))
     assert "DISTCRAWL_ALLOWED_CALLBACKS lists '__init__', which is refused" in caplog.text
     assert codec.decode(payload(cb="parse_page")).callback == spider.parse_page
@@ -312,7 +312,7 @@ def test_crawl_spider_rule_callbacks_but_not_its_api():
 
 
 def test_allowed_callbacks_without_the_rule_callbacks_warn(caplog):
-    with caplog.at_level("WARNING", logger="distcrawl.serialize"):
+    with caplog.at_level("WARNING", logger="distcrawl.codec.serialize"):
         RequestCodec("msgpack", RuleSpider(), allowed_callbacks=("parse_item",))
     assert "lacks _callback, _errback" in caplog.text
 
@@ -393,7 +393,7 @@ def test_only_the_attributes_the_class_declares(data, why):
 
 def test_shrink_payload_leaves_out_the_largest_parts_first():
     """What a dead letter keeps of a request too large for it (deadrecord.dead_letter)."""
-    from distcrawl.serialize import shrink_payload
+    from distcrawl.codec.serialize import shrink_payload
 
     request = Request(
         "http://a.test/", body=b"b" * 500, meta={"big": "x" * 2000, "k": 1}, cookies={"c": "v"}

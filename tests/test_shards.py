@@ -1,4 +1,4 @@
-"""A frontier split into shards (DISTCRAWL_SHARDS, distcrawl/shards.py): which shard is
+"""A frontier split into shards (DISTCRAWL_SHARDS, distcrawl/model/shards.py): which shard is
 whose, how a commit crosses shards, and real crawls on one Redis with four shards.
 
 The crawls run one demo site per host (127.0.0.2 ...), so that the hosts fall in different
@@ -14,12 +14,12 @@ from collections import Counter
 import pytest
 from redis.crc import key_slot
 
-from distcrawl.keys import FrontierKeys, shard_tag
-from distcrawl.queue_entry import LeaseRef
-from distcrawl.records import Entry, EntryKind, Feedback
-from distcrawl.replies import CommitResult
-from distcrawl.sharded_batch import stored_start_entries
-from distcrawl.shards import Shards, merge_commits, shard_of_site, shard_of_url, site_of
+from distcrawl.engine.sharded_batch import stored_start_entries
+from distcrawl.model.keys import FrontierKeys, shard_tag
+from distcrawl.model.queue_entry import LeaseRef
+from distcrawl.model.records import Entry, EntryKind, Feedback
+from distcrawl.model.replies import CommitResult
+from distcrawl.model.shards import Shards, merge_commits, shard_of_site, shard_of_url, site_of
 from distcrawl.testing.workers import worker_agent
 from tests.support import (
     leases_held_by,
@@ -333,7 +333,7 @@ def test_a_worker_with_another_shard_count_refuses_to_start(demo_site, workers, 
 
 def test_status_limit_redrive_and_reset_of_a_sharded_crawl(redis_url, redis_client, capsys):
     from distcrawl.cli import main
-    from distcrawl.queue_entry import make_entry
+    from distcrawl.model.queue_entry import make_entry
 
     redis_client.hset(KEYS.meta, "shards", SHARDS)
     redis_client.lpush(KEYS.start_urls, "http://a.example/")
@@ -490,8 +490,8 @@ def _urls(per_shard: int = 2) -> dict[int, list[str]]:
 
 def _decoded(record: bytes) -> dict:
     """A queue entry (or, after its 8-byte token, a request record) decoded, its slot in."""
-    from distcrawl.queue_entry import parse_entry
-    from distcrawl.serialize import RequestCodec
+    from distcrawl.codec.serialize import RequestCodec
+    from distcrawl.model.queue_entry import parse_entry
 
     entry = parse_entry(record)
     return RequestCodec("msgpack").decode_dict(entry.payload) | {"slot": entry.slot}
@@ -562,10 +562,10 @@ def test_a_producer_pushes_each_request_to_its_sites_shard(redis_url, redis_clie
 def test_redrive_puts_each_request_back_into_its_shard(redis_url, redis_client):
     import base64
 
-    from distcrawl.deadrecord import dead_letter
-    from distcrawl.frontier import Frontier
+    from distcrawl.codec.serialize import RequestCodec
+    from distcrawl.model.deadrecord import dead_letter
+    from distcrawl.model.frontier import Frontier
     from distcrawl.producer import RedriveResult
-    from distcrawl.serialize import RequestCodec
 
     redis_client.hset(KEYS.meta, "shards", SHARDS)
     url_a, url_b = _url_in(1), _url_in(2)
@@ -606,8 +606,8 @@ def test_a_redrive_interrupted_between_its_steps_loses_nothing(
 ):
     """Stored in the shard, then taken out of the dead letters: a crash in between leaves
     the record, which a redrive again stores a second time (at least once)."""
-    from distcrawl import deadletter
-    from distcrawl.deadrecord import dead_letter
+    from distcrawl.codec import deadletter
+    from distcrawl.model.deadrecord import dead_letter
     from distcrawl.producer import RedriveResult
 
     redis_client.hset(KEYS.meta, "shards", SHARDS)
@@ -632,9 +632,9 @@ def test_a_redrive_interrupted_between_its_steps_loses_nothing(
 def test_redrive_of_a_long_sharded_list_goes_page_by_page_and_keeps_the_rest_in_order(
     redis_url, redis_client, capsys
 ):
-    from distcrawl import deadletter
     from distcrawl.cli import main
-    from distcrawl.deadrecord import dead_letter
+    from distcrawl.codec import deadletter
+    from distcrawl.model.deadrecord import dead_letter
 
     redis_client.hset(KEYS.meta, "shards", SHARDS)
     letters = []
@@ -663,7 +663,7 @@ def test_redrive_of_a_long_sharded_list_goes_page_by_page_and_keeps_the_rest_in_
 
 def test_domains_lists_the_slots_of_every_shard(redis_url, redis_client, capsys):
     from distcrawl.cli import main
-    from distcrawl.queue_entry import make_entry
+    from distcrawl.model.queue_entry import make_entry
 
     redis_client.hset(KEYS.meta, "shards", SHARDS)
     for shard, part in enumerate(PARTS):
@@ -692,14 +692,14 @@ def test_domains_lists_the_slots_of_every_shard(redis_url, redis_client, capsys)
     assert rows["host2.test"]["override"] == ":3"
     assert main([*argv, "domains", "site", "--limit", "1"]) == 0
     assert [r["slot"] for r in json.loads(capsys.readouterr().out)] == ["host3.test"]
-    from distcrawl.frontier import Frontier
+    from distcrawl.model.frontier import Frontier
 
     assert Frontier(redis_client, FrontierKeys("site")).slot_count() == 7  # 6 ready, 1 inflight
 
 
 def test_doctor_examines_every_shard(redis_url, redis_client, capsys):
     from distcrawl.cli import main
-    from distcrawl.queue_entry import make_entry
+    from distcrawl.model.queue_entry import make_entry
 
     redis_client.hset(KEYS.meta, "shards", SHARDS)
     redis_client.zadd(PARTS[0].queue, {make_entry("fine.test", 0, 1, b"x"): 0})
@@ -768,8 +768,8 @@ def test_import_of_a_scrapy_redis_queue_into_a_sharded_crawl(
 def test_commit_lua_holds_a_shards_start_request_back_at_the_cap_and_says_where(redis_client):
     """Kind 'S' at the pending cap: not stored, counted held, and reported at -p - 1, so that
     the worker leaves its entry claimed (sharded_batch.stored_start_entries)."""
-    from distcrawl.frontier import Frontier
-    from distcrawl.records import Politeness
+    from distcrawl.model.frontier import Frontier
+    from distcrawl.model.records import Politeness
 
     part = Frontier(redis_client, PARTS[1], Politeness(max_pending=1))
     first = Entry(EntryKind.REQUEST, b"f1", 0, b"p1", b"", "h")

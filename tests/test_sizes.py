@@ -1,4 +1,4 @@
-"""The one reader of the frontier's sizes (distcrawl/sizes.py): what status, watch, the
+"""The one reader of the frontier's sizes (distcrawl/model/sizes.py): what status, watch, the
 producer, the monitor and Prometheus show, counted by one rule."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ import dataclasses
 
 import pytest
 
-from distcrawl.frontier import Frontier
-from distcrawl.keys import FrontierKeys
-from distcrawl.queue_entry import make_entry
-from distcrawl.records import Entry, EntryKind
-from distcrawl.sizes import (
+from distcrawl.model.frontier import Frontier
+from distcrawl.model.keys import FrontierKeys
+from distcrawl.model.queue_entry import make_entry
+from distcrawl.model.records import Entry, EntryKind
+from distcrawl.model.sizes import (
     ALL_SIZES,
     SIZE_REPLIES,
     FrontierSizes,

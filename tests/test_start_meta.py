@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from distcrawl.cli import main
-from distcrawl.start_urls import RESERVED_META_KEYS
+from distcrawl.codec.start_urls import RESERVED_META_KEYS
 from tests.support import page_fetches, wait_until
 
 pytestmark = pytest.mark.timeout(120)

@@ -6,16 +6,17 @@ from pathlib import Path
 import pytest
 import scrapy
 
-from distcrawl import deadletter, politeness, retry, start_urls
-from distcrawl._scheduler.intake import RETRY_DELAY_META
-from distcrawl.spiders import site
-from distcrawl.start_urls import (
+from distcrawl import retry
+from distcrawl.codec import deadletter, politeness, start_urls
+from distcrawl.codec.start_urls import (
     RESERVED_META_KEYS,
     InvalidEntry,
     parse_entry,
     request_from_entry,
     validate_url,
 )
+from distcrawl.engine.intake import RETRY_DELAY_META
+from distcrawl.spiders import site
 
 SCHEMES = ("http", "https")
 

@@ -303,8 +303,8 @@ def test_the_cluster_wide_bound_names_the_settings_it_comes_from(
 ) -> None:
     from scrapy.settings import Settings
 
-    from distcrawl._scheduler.opening import politeness_bound
     from distcrawl.config import DistcrawlConfig
+    from distcrawl.engine.opening import politeness_bound
 
     given = Settings(settings)
     said = politeness_bound(DistcrawlConfig.from_settings(given), given)

@@ -118,7 +118,7 @@ def test_wheel_holds_the_package_data_and_the_entry_points(dist: Dist) -> None:
         info = f"distcrawl-{dist.version}.dist-info"
         metadata = email.message_from_bytes(wheel.read(f"{info}/METADATA"))
         entry_points = wheel.read(f"{info}/entry_points.txt").decode()
-    lua = {path.relative_to(ROOT).as_posix() for path in PACKAGE.glob("lua/*.lua")}
+    lua = {path.relative_to(ROOT).as_posix() for path in PACKAGE.glob("model/lua/*.lua")}
     assert len(lua) > 10, lua
     assert lua <= names, sorted(lua - names)
     assert "distcrawl/py.typed" in names

@@ -29,7 +29,6 @@ from distcrawl._commandline import (
     EXIT_USAGE,
     _emit_json,
 )
-from distcrawl._version import VersionAction
 from distcrawl.cli import _admin, _crawl, _dead
 from distcrawl.cli._common import (
     Context,
@@ -40,6 +39,7 @@ from distcrawl.cli._common import (
     global_options,
     redis_failure,
 )
+from distcrawl.cli._version import VersionAction
 
 __all__ = [
     "EXIT_FULL",

@@ -17,7 +17,6 @@ from distcrawl._commandline import (
     env_option,
     subcommand,
 )
-from distcrawl._convert import ConfigError
 from distcrawl.cli._common import (
     Context,
     UsageError,
@@ -27,8 +26,9 @@ from distcrawl.cli._common import (
     existing_files,
     files_argument,
 )
-from distcrawl.keys import FrontierKeys
-from distcrawl.redact import redact_text, redact_url, url_secrets
+from distcrawl.config._convert import ConfigError
+from distcrawl.model.keys import FrontierKeys
+from distcrawl.model.redact import redact_text, redact_url, url_secrets
 
 # ---------------------------------------------------------------------- acl
 
@@ -36,7 +36,7 @@ from distcrawl.redact import redact_text, redact_url, url_secrets
 def cmd_acl(args: argparse.Namespace, ctx: Context) -> int:
     """Print the producer and worker ACL users of a crawl; talks to no Redis (so a
     cluster's key names are only used with ``--cluster yes``)."""
-    from distcrawl import acl
+    from distcrawl.admin import acl
 
     keys: FrontierKeys = (args.namespace or args.spider).on_cluster(ctx.cluster is True)
     try:
@@ -84,10 +84,10 @@ def cmd_acl(args: argparse.Namespace, ctx: Context) -> int:
 
 def cmd_setup(args: argparse.Namespace, ctx: Context) -> int:
     """Load distcrawl's Redis function library (Redis 7+), so that workers and producers
-    send FCALL and their users need no EVALSHA, SCRIPT or EVAL (distcrawl/lua)."""
+    send FCALL and their users need no EVALSHA, SCRIPT or EVAL (distcrawl/model/lua)."""
     import redis
 
-    from distcrawl import lua
+    from distcrawl.model import lua
 
     try:
         version = lua.load_library(ctx.client)

@@ -27,13 +27,13 @@ from distcrawl._commandline import (
     _emit_json,
     subcommand,
 )
-from distcrawl._convert import ConfigError, cluster_mode
 from distcrawl.config import DEFAULT_REDIS_URL
-from distcrawl.connection import auth_refusal, is_cluster, make_redis
-from distcrawl.frontier import Frontier
-from distcrawl.keys import FrontierKeys, check_namespace
+from distcrawl.config._convert import ConfigError, cluster_mode
+from distcrawl.model.connection import auth_refusal, is_cluster, make_redis
+from distcrawl.model.frontier import Frontier
+from distcrawl.model.keys import FrontierKeys, check_namespace
+from distcrawl.model.redact import redact_text, redact_url, url_secrets
 from distcrawl.producer import Producer
-from distcrawl.redact import redact_text, redact_url, url_secrets
 
 #: how much of an entry or dead-letter field a human-readable line shows
 SHOW_CHARS = 200
@@ -100,7 +100,7 @@ class Context:
         """Warn (stderr) when no worker of crawl ``keys`` ever started on this Redis: a
         misspelt spider name would otherwise push to a list no worker reads, or show or
         pause a crawl that is not there, and say "ok". The first worker of a crawl writes
-        ``<ns>:meta`` (distcrawl/layout.py), a push its start_urls; the first push to a
+        ``<ns>:meta`` (distcrawl/model/layout.py), a push its start_urls; the first push to a
         Redis no worker of the crawl has seen yet is warned about too, which is right when
         the name is wrong and harmless when it is not."""
         named = self.keys(keys)

@@ -22,7 +22,7 @@ from distcrawl.cli._common import (
     delete_confirmed,
     settings_option,
 )
-from distcrawl.liveness import live_workers
+from distcrawl.engine.liveness import live_workers
 from distcrawl.producer import Outcome
 
 # ---------------------------------------------------------------------- push
@@ -155,7 +155,7 @@ def cmd_limit(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def cmd_status(args: argparse.Namespace, ctx: Context) -> int:
-    from distcrawl import dashboard
+    from distcrawl.model import dashboard
 
     ctx.warn_if_unknown(args.spider)
     snap = ctx.producer(args.spider, target="start_urls").status(args.stale_after)
@@ -167,7 +167,7 @@ def cmd_status(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def cmd_watch(args: argparse.Namespace, ctx: Context) -> int:
-    from distcrawl import dashboard
+    from distcrawl.model import dashboard
 
     producer = ctx.producer(args.spider, target="start_urls")
     watch = dashboard.Watch()
@@ -223,8 +223,8 @@ def cmd_resume(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def _doctor_text(report: Any) -> str:
-    """The summary of a :class:`distcrawl.doctor.Report`: counts per problem, samples."""
-    from distcrawl.doctor import KINDS
+    """The summary of a :class:`distcrawl.admin.doctor.Report`: counts per problem, samples."""
+    from distcrawl.admin.doctor import KINDS
 
     scanned = ", ".join(f"{key} {n}" for key, n in report.scanned.items())
     verb = "repaired" if report.repair else "checked"
@@ -255,7 +255,7 @@ def _doctor_text(report: Any) -> str:
 
 def cmd_doctor(args: argparse.Namespace, ctx: Context) -> int:
     """Exit 0 when the frontier is clean or was repaired, 1 when problems were left."""
-    from distcrawl.doctor import Doctor, scrapy_redis_leftovers
+    from distcrawl.admin.doctor import Doctor, scrapy_redis_leftovers
 
     doctor = Doctor(ctx.client, ctx.keys(args.spider), batch=args.batch, samples=args.samples)
     report = doctor.examine(repair=args.repair)

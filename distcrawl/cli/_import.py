@@ -1,5 +1,5 @@
 """``distcrawl import scrapy-redis SPIDER``: its arguments, and the command that runs an
-:class:`~distcrawl.importer.Importer` and prints its report."""
+:class:`~distcrawl.admin.importer.Importer` and prints its report."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from distcrawl import importer
 from distcrawl._commandline import (
     EXIT_OK,
     EXIT_PARTIAL,
@@ -17,11 +16,12 @@ from distcrawl._commandline import (
     env_option,
     subcommand,
 )
-from distcrawl._convert import ConfigError
+from distcrawl.admin import importer
+from distcrawl.admin.importer import Importer, ImportRefused, Source
 from distcrawl.cli._common import UsageError, _project_settings, settings_option
-from distcrawl.importer import Importer, ImportRefused, Source
+from distcrawl.config._convert import ConfigError
+from distcrawl.model.redact import redact_text, url_secrets
 from distcrawl.producer import Producer, ProducerError
-from distcrawl.redact import redact_text, url_secrets
 
 
 def _mongo_urls(uri: str, collection: str, url_field: str) -> Callable[[], Iterator[str]]:

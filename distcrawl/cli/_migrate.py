@@ -1,8 +1,8 @@
 """``distcrawl migrate SPIDER --to URL`` and ``distcrawl migrate SPIDER --shards N``: their
-arguments, and the command that runs a :class:`~distcrawl.migrate.Migration` (to another
-Redis) or a :class:`~distcrawl.reshard.Resharding` (on the same one) and prints what it did.
+arguments, and the command that runs a :class:`~distcrawl.admin.migrate.Migration` (to another
+Redis) or a :class:`~distcrawl.admin.reshard.Resharding` (on the same one) and prints what it did.
 
-Kept apart from :mod:`distcrawl.migrate` so that the move stays a plain API, whose steps
+Kept apart from :mod:`distcrawl.admin.migrate` so that the move stays a plain API, whose steps
 Python code and the tests run one by one, while what only the command cares about (the
 target URL's secrets, exit codes, naming the side a Redis error came from) sits with the
 other commands'."""
@@ -19,11 +19,11 @@ from typing import Any
 import redis
 
 from distcrawl._commandline import EXIT_OK, EXIT_PARTIAL, _emit_json
+from distcrawl.admin.migrate import KeyInfo, Migration, MigrationRefused, RunOutcome
+from distcrawl.admin.reshard import Resharding, ReshardRefused
 from distcrawl.cli._common import Context, UsageError, _cluster_option, command_maker, redis_failure
-from distcrawl.connection import make_redis
-from distcrawl.migrate import KeyInfo, Migration, MigrationRefused, RunOutcome
-from distcrawl.redact import redact_text, redact_url, url_secrets
-from distcrawl.reshard import Resharding, ReshardRefused
+from distcrawl.model.connection import make_redis
+from distcrawl.model.redact import redact_text, redact_url, url_secrets
 
 
 def _print_plan(infos: Sequence[KeyInfo], as_json: bool) -> None:

@@ -1,7 +1,7 @@
 """``distcrawl recrawl``: the crawl's revisits (DISTCRAWL_RECRAWL_INTERVAL): how many are
 due and how late, per domain, and making a page's or a domain's revisits due now.
 
-The reading and the writes are :mod:`distcrawl.revisits_admin`'s; this module parses the
+The reading and the writes are :mod:`distcrawl.model.revisits_admin`'s; this module parses the
 arguments and prints."""
 
 from __future__ import annotations
@@ -16,17 +16,17 @@ from scrapy import Request
 from distcrawl._commandline import EXIT_OK, EXIT_PARTIAL, _emit_json, _non_negative_int
 from distcrawl.cli._common import Context, UsageError, _one_line, _project_settings, command_maker
 from distcrawl.dupefilter import FINGERPRINT_BYTES, get_fingerprint
-from distcrawl.keys import FrontierKeys
-from distcrawl.layout import class_path
-from distcrawl.producer import ProducerError
-from distcrawl.revisits_admin import (
+from distcrawl.model.keys import FrontierKeys
+from distcrawl.model.layout import class_path
+from distcrawl.model.revisits_admin import (
     RevisitStatus,
     crawl_parts,
     make_domain_due,
     make_page_due,
     revisit_status,
 )
-from distcrawl.shards import shard_of_url
+from distcrawl.model.shards import shard_of_url
+from distcrawl.producer import ProducerError
 
 #: Scrapy's own fingerprinter, whose fingerprint of a plain GET get_fingerprint computes
 SCRAPY_FINGERPRINTER = "scrapy.utils.request.RequestFingerprinter"

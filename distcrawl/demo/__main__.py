@@ -18,7 +18,7 @@ from typing import Any
 
 from distcrawl import cli
 from distcrawl.demo.site import DemoSite
-from distcrawl.redact import redact_url
+from distcrawl.model.redact import redact_url
 from distcrawl.testing.mongo_server import MongoServer
 from distcrawl.testing.redis_server import RedisServer
 from distcrawl.testing.workers import Worker, worker_agent

@@ -14,8 +14,8 @@ from urllib.parse import unquote_plus
 
 from scrapy.settings import BaseSettings
 
-from distcrawl._convert import ConfigError, _get, _positive
-from distcrawl.redact import redact_url
+from distcrawl.config._convert import ConfigError, _get, _positive
+from distcrawl.model.redact import redact_url
 
 T = TypeVar("T")
 

@@ -10,7 +10,7 @@ from pymongo.errors import (
     WTimeoutError,
 )
 
-from distcrawl.redact import redact_text, url_secrets
+from distcrawl.model.redact import redact_text, url_secrets
 
 #: server error codes that say "try again", not "this document is bad"
 TRANSIENT_CODES = frozenset(

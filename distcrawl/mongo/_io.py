@@ -3,7 +3,7 @@ blocks the reactor and writes keep the order they were issued in."""
 
 from __future__ import annotations
 
-from distcrawl._serial import SerialThread
+from distcrawl.engine._serial import SerialThread
 
 
 class MongoIO(SerialThread):

@@ -17,6 +17,7 @@ from pymongo.errors import (
     OperationFailure,
 )
 
+from distcrawl.model.redact import redact_text, url_secrets
 from distcrawl.mongo._config import client_options
 from distcrawl.mongo._documents import (
     CODEC_OPTIONS,
@@ -29,7 +30,6 @@ from distcrawl.mongo._documents import (
 )
 from distcrawl.mongo._errors import AUTH_FAILED, TRANSIENT_CODES, WriteConcernFailed, is_transient
 from distcrawl.mongo._spill import SpillFile, doc_record, spill_record
-from distcrawl.redact import redact_text, url_secrets
 
 #: the package's logger: these records were always "distcrawl.mongo"
 logger = logging.getLogger("distcrawl.mongo")

@@ -29,7 +29,7 @@ Settings are Scrapy settings: ``get_project_settings()`` (``scrapy.cfg`` or
 
 from __future__ import annotations
 
-from distcrawl._convert import ConfigError
+from distcrawl.config._convert import ConfigError
 from distcrawl.producer._async import AsyncProducer
 from distcrawl.producer._results import (
     Outcome,

@@ -9,8 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, TypeVar
 
-from distcrawl import dashboard
-from distcrawl.entries import EntryLike
+from distcrawl.codec.entries import EntryLike
+from distcrawl.model import dashboard
 from distcrawl.producer._results import PushResult, RedriveResult
 from distcrawl.producer._sync import Producer
 

@@ -10,14 +10,14 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from distcrawl._batch_send import pipelined
+from distcrawl.codec.entries import Made
+from distcrawl.codec.politeness import politeness
 from distcrawl.config import DistcrawlConfig
-from distcrawl.entries import Made
-from distcrawl.frontier import Frontier
-from distcrawl.politeness import politeness
+from distcrawl.engine._batch_send import pipelined
+from distcrawl.model.frontier import Frontier
+from distcrawl.model.records import Entry, Politeness
+from distcrawl.model.shards import shard_of_url
 from distcrawl.producer._results import Outcome, PushResult
-from distcrawl.records import Entry, Politeness
-from distcrawl.shards import shard_of_url
 
 #: how long a pending cap published by the workers (``<ns>:settings``) is trusted
 CAP_TTL = 5.0

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from distcrawl.redact import redact_url
+from distcrawl.model.redact import redact_url
 
 
 class Outcome(str, Enum):

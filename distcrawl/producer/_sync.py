@@ -14,11 +14,8 @@ from scrapy.settings import BaseSettings, Settings
 from scrapy.spiderloader import get_spider_loader
 from scrapy.utils.project import get_project_settings
 
-from distcrawl import dashboard, deadletter
-from distcrawl.config import DistcrawlConfig
-from distcrawl.connection import is_cluster, make_redis
-from distcrawl.dupefilter import FINGERPRINT_BYTES
-from distcrawl.entries import (
+from distcrawl.codec import deadletter
+from distcrawl.codec.entries import (
     EntryLike,
     EntryMaker,
     EntryOptions,
@@ -29,8 +26,15 @@ from distcrawl.entries import (
     fields_of,
     push_key,
 )
-from distcrawl.frontier import Frontier, shard_frontiers
-from distcrawl.keys import FrontierKeys
+from distcrawl.codec.serialize import RequestCodec
+from distcrawl.codec.start_urls import validate_url
+from distcrawl.config import DistcrawlConfig
+from distcrawl.dupefilter import FINGERPRINT_BYTES
+from distcrawl.model import dashboard
+from distcrawl.model.connection import is_cluster, make_redis
+from distcrawl.model.frontier import Frontier, shard_frontiers
+from distcrawl.model.keys import FrontierKeys
+from distcrawl.model.shards import Shards, shard_of_url
 from distcrawl.producer._commit import Committer
 from distcrawl.producer._results import (
     Outcome,
@@ -40,9 +44,6 @@ from distcrawl.producer._results import (
     _url_of,
     dead_record,
 )
-from distcrawl.serialize import RequestCodec
-from distcrawl.shards import Shards, shard_of_url
-from distcrawl.start_urls import validate_url
 
 if TYPE_CHECKING:
     from scrapy.utils.request import RequestFingerprinterProtocol

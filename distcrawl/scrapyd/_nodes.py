@@ -21,7 +21,7 @@ from urllib.error import HTTPError, URLError
 from urllib.parse import urlencode, urljoin, urlsplit, urlunsplit
 from urllib.request import Request, urlopen
 
-from distcrawl.redact import redact_text
+from distcrawl.model.redact import redact_text
 
 NODES_ENV = "DISTCRAWL_SCRAPYD_NODES"
 TIMEOUT = 30.0

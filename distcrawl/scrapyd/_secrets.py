@@ -8,7 +8,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from distcrawl.redact import MASK, is_secret_name, redact_text
+from distcrawl.model.redact import MASK, is_secret_name, redact_text
 
 
 def redact_setting(name: str, value: Any) -> str:

@@ -23,9 +23,9 @@ from scrapy.exceptions import CloseSpider
 from scrapy.spiders import CrawlSpider
 from scrapy.utils.misc import load_object
 
-from distcrawl import _engine
+from distcrawl.codec.start_urls import InvalidEntry, request_from_entry, validate_url
 from distcrawl.config import DistcrawlConfig
-from distcrawl.start_urls import InvalidEntry, request_from_entry, validate_url
+from distcrawl.engine import _engine
 
 logger = logging.getLogger(__name__)
 

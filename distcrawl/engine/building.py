@@ -1,0 +1,104 @@
+"""What goes in the scheduler's next batch.
+
+Each pump turn (pump.py) asks here for the work due now and what may ride with it, read from
+the scheduler's buffers and timers; nothing here touches Redis or the engine, so the rules for
+what a batch holds, and when an idle worker may block the Redis thread waiting for work, are
+in one place and can change without touching how batches run.
+"""
+
+from __future__ import annotations
+
+from distcrawl.engine._batch_types import Batch
+from distcrawl.engine.state import SchedulerState
+from distcrawl.model.queue_entry import LeaseRef
+
+
+class BatchBuilding(SchedulerState):
+    """The part of ``Scheduler`` that decides a batch's contents (see the module docstring)."""
+
+    def _build_batch(self, now: float) -> Batch:
+        """The work due now, and what may ride with it: the reclaim of expired leases, other
+        components' commands, a liveness beat. Those run in a batch of their own only once
+        late (the beat never: its thread does), so an idle worker makes one round trip per
+        lease poll, about one a second (DISTCRAWL_IDLE_POLL_MAX)."""
+        batch = self._build_work(now)
+        work = not batch.empty()
+        if self._polling.reclaim_due(now, work=work):
+            batch.reclaim = True
+        if self._riders.due(now, work=not batch.empty()):
+            batch.riders = self._riders.take()
+        if not batch.empty() and self._liveness is not None and self._liveness.due(batch.wait):
+            batch.beat = True
+        return batch
+
+    def _build_work(self, now: float) -> Batch:
+        batch = Batch()
+        self._leases.report(batch)
+        commit = self._outbox.current()
+        if commit is not None:
+            batch.commits = [commit]
+        if self._polling.renew_due(now):
+            batch.renew = self._held_refs()
+        if self._drain_wanted:
+            batch.drain = True
+            self._drain_wanted = False
+        if commit is not None and self._outage.writes_refused:
+            # Redis takes no write (full, read-only...): what this worker would lease or
+            # claim now could not be stored either; the commit alone finds when it does
+            return batch
+        if self._paused:
+            if self._start_pending == 0 and not self._unclaimed:
+                # every start entry read is stored: what is still claimed goes back
+                batch.unclaim = self._unclaimed = True
+            batch.release = self._leases.release_waiting()
+            return batch
+        prefetch = self.config.prefetch
+        lease = self._leases.ready <= prefetch // 2 and self._polling.lease_due(now)
+        room = self._lease_room()
+        if lease and room <= 0:
+            if not self._held_back:
+                self._inc("distcrawl/leases/held_back")
+            self._held_back, lease = True, False
+        else:
+            self._held_back = False
+        batch.release, held = self._leases.release_idle_reserves(lease)
+        self._inc("distcrawl/places/reserves_returned", len(batch.release))
+        if lease:
+            batch.wait = self._polling.take_wake_wait(lambda: self._idle() and not batch.drain)
+            batch.want = min(room, max(0, prefetch - self._leases.waiting))
+            batch.held = held
+            batch.reserve = prefetch // 2
+            batch.reserved = self._leases.reserved()
+        if self._start_pending == 0 and self._polling.peek_due(now) and not self._full():
+            batch.peek = self.config.start_urls_batch
+        return batch
+
+    def _idle(self) -> bool:
+        """Nothing here would need Redis soon: no request ready or downloading, nothing
+        to store or acknowledge, no start entry being stored, not pausing or closing. Only
+        then may a batch block the Redis thread in a wait for work."""
+        return not (
+            self._leases.busy()
+            or self._outbox.pending()
+            or self._start_pending
+            or self._paused
+            or self._closing
+        )
+
+    def _lease_room(self) -> int:
+        """How many more leases this worker may take (DistcrawlConfig.max_held: prefetched
+        plus CONCURRENT_REQUESTS). A request's lease is held until it is acknowledged, after
+        the item pipeline stored what its page yielded; so while items wait (MongoDB away)
+        the backlog fills the room and leasing stops, rather than piling up leases that
+        another worker would crawl again if this one died. Acknowledgements not yet
+        committed count: Redis still has them leased."""
+        return self.config.max_held - self._leases.held - self._outbox.counts()[1]
+
+    def _held_refs(self) -> list[LeaseRef]:
+        """Every lease this worker holds: waiting, in progress, and done but not yet
+        acknowledged (kept while a commit is being retried, so that they stay ours)."""
+        return self._leases.held_refs() + self._outbox.acked_refs()
+
+    def _full(self) -> bool:
+        cap = self.config.max_pending
+        return cap is not None and self._remote_queue >= cap

@@ -1,0 +1,220 @@
+"""The requests a worker holds under a lease, from the lease to the acknowledgement.
+
+A leased request is *ready* (waiting for the engine), a *reserve* (leased without a place in
+its slot, lease.lua), *active* (in the engine) and, while it is there, *fetching* until it
+leaves the downloader. Those states, the slot of every held lease and what Redis has yet to
+hear about places (requests sent, places freed, reserves swapped in) change together on
+every lease, every response and every close; keeping them in one class, apart from the
+scheduler's Scrapy interface and its batches, keeps the rules of places and reserves
+(Frontier.places, Frontier.sent) readable in one place. Nothing here touches Redis.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Container
+
+from scrapy import Request
+
+from distcrawl.engine._batch_types import Batch, LeasedRequest
+from distcrawl.model.queue_entry import LeaseRef
+
+
+class Leases:
+    """The leases this worker holds, and the place reports Redis has not had yet."""
+
+    def __init__(self) -> None:
+        #: lease id -> slot of every request this worker holds (for the fair share)
+        self._slots: dict[str, str] = {}
+        #: request -> (slot, server time of the lease) of held requests of slots with a
+        #: delay, until they reach the downloader (past its middlewares, robots.txt included)
+        self._to_send: dict[Request, tuple[str, int]] = {}
+        #: the same, of those that reached it since the last batch (Frontier.sent)
+        self._sent: list[tuple[str, int]] = []
+        self._ready: deque[tuple[LeaseRef, Request]] = deque()
+        self._active: dict[LeaseRef, Request] = {}
+        #: the lease of each request handed to the engine, until its response arrives
+        self._fetching: dict[Request, LeaseRef] = {}
+        #: leases that left the downloader since the last batch, and the reserves sent in
+        #: their places (Frontier.places)
+        self._freed: list[LeaseRef] = []
+        self._swapped: list[LeaseRef] = []
+        #: slot -> reserves: leased requests holding no place, sent only in the place of a
+        #: request of their slot that left the downloader (lease.lua)
+        self._reserves: dict[str, deque[tuple[LeaseRef, Request]]] = {}
+
+    # -- what the scheduler asks -----------------------------------------------------
+
+    @property
+    def ready(self) -> int:
+        """Requests waiting for the engine (reserves not counted)."""
+        return len(self._ready)
+
+    @property
+    def waiting(self) -> int:
+        """Requests held and not yet handed to the engine, reserves included."""
+        return len(self._ready) + self._reserve_count()
+
+    @property
+    def held(self) -> int:
+        """Leases held and not finished with: waiting, and in the engine (downloading, in
+        the callback, or waiting for the item pipeline to store what the page yielded)."""
+        return self.waiting + len(self._active)
+
+    @property
+    def active(self) -> bool:
+        """Some request is in the engine."""
+        return bool(self._active)
+
+    @property
+    def unreported(self) -> int:
+        """Places freed or taken that Redis has yet to hear about (0: none)."""
+        return len(self._freed) + len(self._swapped)
+
+    def busy(self) -> bool:
+        """Some lease is held, or some report is due."""
+        return bool(self._ready or self._active or self._reserves or self._sent or self.unreported)
+
+    def _reserve_count(self) -> int:
+        return sum(len(q) for q in self._reserves.values())
+
+    def reserved(self) -> Counter[str]:
+        return Counter({s: len(q) for s, q in self._reserves.items()})
+
+    def held_refs(self) -> list[LeaseRef]:
+        """Every lease this worker holds and has not finished with: waiting and in
+        progress (the scheduler adds those done but not yet acknowledged)."""
+        refs = [ref for ref, _ in self._ready] + list(self._active)
+        refs += [ref for q in self._reserves.values() for ref, _ in q]
+        return refs
+
+    # -- changes -----------------------------------------------------------------------
+
+    def add(self, item: LeasedRequest, leased_at: int) -> None:
+        """A request Redis leased to this worker (decoded: ``item.request`` is set)."""
+        assert item.request is not None
+        if item.reserve:
+            self._reserves.setdefault(item.slot, deque()).append((item.ref, item.request))
+            return
+        self._slots[item.ref.id] = item.slot
+        if item.paced:
+            # its slot's turn began in Redis when it was leased: sent behind the requests
+            # already waiting here, it would leave the next worker's turn closer than the
+            # slot's delay; what lag remains is reported when it is sent (sent.lua)
+            self._to_send[item.request] = (item.slot, leased_at)
+            self._ready.appendleft((item.ref, item.request))
+        else:
+            self._ready.append((item.ref, item.request))
+
+    def hand_out(self) -> Request | None:
+        """The next ready request, now in the engine; None when none is ready."""
+        if not self._ready:
+            return None
+        ref, request = self._ready.popleft()
+        self._active[ref] = request
+        self._fetching[request] = ref
+        return request
+
+    def finished(self, in_progress: Container[Request]) -> list[LeaseRef]:
+        """The leases of the requests that left the engine, forgotten: to acknowledge."""
+        if not self._active:
+            return []
+        done = [ref for ref, req in self._active.items() if req not in in_progress]
+        for ref in done:
+            request = self._active.pop(ref)
+            self._to_send.pop(request, None)
+            self._fetching.pop(request, None)
+            self._slots.pop(ref.id, None)
+        return done
+
+    def holds(self, request: Request) -> bool:
+        """Whether ``request`` is one this worker leased and the engine still has (not a
+        robots.txt fetch, nor a download some component made itself)."""
+        return any(held is request for held in self._active.values())
+
+    def downloading(self, request: Request) -> bool:
+        """``request`` reached the downloader; True when Redis must hear it soon (its
+        slot has a delay, whose next turn this lag pushes back)."""
+        paced = self._to_send.pop(request, None)
+        if paced is not None:
+            self._sent.append(paced)
+            return True
+        return False
+
+    def left(self, request: Request) -> bool | None:
+        """``request`` left the downloader: None if it is not one of ours, True when a
+        reserve of its slot took its place (now ready), False when its place is free."""
+        ref = self._fetching.pop(request, None)
+        if ref is None:
+            return None
+        self._freed.append(ref)
+        slot = self._slots.pop(ref.id, None)
+        waiting = self._reserves.get(slot) if slot is not None else None
+        if slot is not None and waiting:
+            # a reserve of the same slot takes the place, now; Redis hears of it after
+            taken, taken_request = waiting.popleft()
+            if not waiting:
+                del self._reserves[slot]
+            self._slots[taken.id] = slot
+            self._swapped.append(taken)
+            self._ready.appendleft((taken, taken_request))
+            # no batch of its own: Redis' count is right meanwhile (the place is still
+            # counted, for the request that left), and the report goes with the next batch,
+            # before any acknowledgement of that request
+            return True
+        return False
+
+    def _take_reserves(self) -> list[LeaseRef]:
+        """Every reserve's lease, the reserves forgotten: for giving them back."""
+        refs = [ref for q in self._reserves.values() for ref, _ in q]
+        self._reserves.clear()
+        return refs
+
+    def _forget(self, refs: list[LeaseRef]) -> None:
+        for ref in refs:
+            self._slots.pop(ref.id, None)
+
+    # -- batches -------------------------------------------------------------------------
+
+    def report(self, batch: Batch) -> None:
+        """Put the place reports due in ``batch``."""
+        batch.sent, self._sent = self._sent, []
+        batch.freed, self._freed = self._freed, []
+        batch.taken, self._swapped = self._swapped, []
+
+    def report_again(self, batch: Batch) -> None:
+        """The batch failed: its place reports go with the next one (they are
+        idempotent), rather than being lost."""
+        self._freed[:0] = batch.freed
+        self._swapped[:0] = batch.taken
+
+    def release_waiting(self) -> list[LeaseRef]:
+        """Give back every request not yet in the engine (pausing)."""
+        release = [ref for ref, _ in self._ready] + self._take_reserves()
+        self._forget(release)
+        for _, request in self._ready:
+            self._to_send.pop(request, None)
+        self._ready.clear()
+        return release
+
+    def release_all(self) -> list[LeaseRef]:
+        """Give back every lease held, the engine's included (closing)."""
+        release = [ref for ref, _ in self._ready] + list(self._active) + self._take_reserves()
+        self._active.clear()
+        self._fetching.clear()
+        self._freed, self._swapped = [], []
+        self._to_send.clear()
+        self._forget(release)
+        self._ready.clear()
+        return release
+
+    def release_idle_reserves(self, count: bool) -> tuple[list[LeaseRef], Counter[str]]:
+        """Reserves of a slot of which this worker has no request left to be replaced
+        (they arrived after those left the downloader), to give back and be leased with a
+        place; and, when ``count``, how many requests this worker holds per slot."""
+        # counted only when needed: a batch can start on every response
+        held = Counter(self._slots.values()) if count or self._reserves else Counter()
+        release: list[LeaseRef] = []
+        for slot in [s for s in self._reserves if not held[s]]:
+            release += [ref for ref, _ in self._reserves.pop(slot)]
+        return release, held

@@ -1,0 +1,127 @@
+"""When the pump's periodic Redis steps are next due: lease polls, start-URL claims,
+lease renewals and the reclaim of expired leases.
+
+An idle worker must cost Redis little and a busy one must never wait for work it could
+have: a lease poll that finds nothing backs off (doubling up to DISTCRAWL_IDLE_POLL_MAX, or
+CONTENDED_POLL_MAX while requests wait in slots other workers fill), and anything that
+means work is there (a request left the downloader, a commit queued requests, start URLs
+were claimed) brings the next poll forward to now. Kept apart from what goes in a batch, so
+the timing can change without touching the batch's contents. Nothing here touches Redis.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from distcrawl.config import DistcrawlConfig
+from distcrawl.model.replies import LeaseResult
+
+#: seconds between two claims of start URLs while this worker has requests in hand
+BUSY_PEEK_INTERVAL = 1.0
+#: longest lease back-off while the shared queue holds requests this worker could not take
+#: (their slots are full): DISTCRAWL_IDLE_POLL_MAX is for an empty queue
+CONTENDED_POLL_MAX = 0.25
+
+
+class Polling:
+    """The monotonic times at which each periodic step is next due."""
+
+    def __init__(self, config: DistcrawlConfig) -> None:
+        self.config = config
+        now = time.monotonic()
+        self._next_lease = self._next_peek = self._next_reclaim = now
+        self._next_renew = now + config.lease.timeout / 3
+        self._idle_delay = 0.0
+        #: how long the next lease poll waits in Redis for a wake-up token (back_off)
+        self._wake_wait = 0.0
+
+    # -- what is due -------------------------------------------------------------------
+
+    def lease_due(self, now: float) -> bool:
+        return now >= self._next_lease
+
+    def peek_due(self, now: float) -> bool:
+        return now >= self._next_peek
+
+    def renew_due(self, now: float) -> bool:
+        """Whether the held leases are renewed in this batch (then due again in a third
+        of the lease timeout)."""
+        if now >= self._next_renew:
+            self._next_renew = now + self.config.lease.timeout / 3
+            return True
+        return False
+
+    def reclaim_due(self, now: float, *, work: bool) -> bool:
+        """Whether expired leases are reclaimed in this batch: when due and the batch
+        has work to ride with, or alone once a whole interval late."""
+        if now >= self._next_reclaim and (
+            work or now >= self._next_reclaim + self.config.lease.reclaim_interval
+        ):
+            self._next_reclaim = now + self.config.lease.reclaim_interval
+            return True
+        return False
+
+    def take_wake_wait(self, idle: Callable[[], bool]) -> float:
+        """How long the lease poll being built waits in Redis for work: the back-off,
+        spent where a commit's wake-up token ends it, when ``idle()`` (nothing here would
+        need Redis meanwhile); 0 otherwise. Used once."""
+        wait = 0.0
+        if self._wake_wait and idle():
+            # the back-off spent in Redis, where a commit's wake-up token ends it
+            wait = min(self._wake_wait, self.config.socket_timeout / 2)
+        self._wake_wait = 0.0
+        return wait
+
+    # -- what changes it ---------------------------------------------------------------
+
+    def lease_now(self, now: float) -> None:
+        """Work is there: the next lease poll is due now, without back-off."""
+        self._idle_delay = 0.0
+        self._next_lease = now
+
+    def back_off(self, now: float, lease: LeaseResult, *, idle: bool) -> None:
+        """A lease poll found nothing this worker could take."""
+        cap = self.config.idle_poll_max
+        if lease.queue_size:
+            # requests wait in slots other workers fill: a place may free any moment
+            cap = min(cap, CONTENDED_POLL_MAX)
+        self._idle_delay = min(max(self._idle_delay * 2, 0.05), cap)
+        wait = self._idle_delay
+        if lease.wait is not None:  # a slot's turn comes sooner: ask for it then
+            wait = min(wait, max(lease.wait, self.config.flush_interval))
+            self._next_lease = now + wait
+        elif not lease.queue_size and idle:
+            # nothing queued anywhere and nothing here: wait in Redis, woken as
+            # soon as any worker's commit queues something
+            self._wake_wait = wait
+            self._next_lease = now
+        else:
+            self._next_lease = now + wait
+
+    def peeked(self, now: float, got: int, asked: int, *, busy: bool) -> None:
+        """A claim of start URLs brought ``got`` of the ``asked``; ``busy``: this worker
+        has requests in hand."""
+        if got:
+            # the commit that stores them goes at once: the lease rides with it
+            self.lease_now(now)
+        if got >= asked:
+            self._next_peek = now
+        elif not busy:
+            self._next_peek = self._next_lease
+        else:
+            self._next_peek = now + BUSY_PEEK_INTERVAL
+
+    def queue_full(self) -> None:
+        """The shared queue is at DISTCRAWL_MAX_PENDING: claim no start URLs for a while."""
+        self._next_peek = time.monotonic() + BUSY_PEEK_INTERVAL
+
+    def place_freed(self) -> None:
+        """A request left the downloader: its place in the slot is free for the next
+        request now, and this worker may take it in the next batch, not after the back-off
+        of a lease that found the slot full."""
+        self._idle_delay = 0.0
+        self._next_lease = min(self._next_lease, time.monotonic())
+
+    def resume(self) -> None:
+        self._next_lease = self._next_peek = time.monotonic()
