@@ -187,12 +187,12 @@ def redis_cpu_us(row: dict[str, Any] | None) -> float | None:
 
 
 def sent_estimate(key: str, row: dict[str, Any], protocol: dict[str, Any]) -> float | None:
-    """Commands sent per page without MONITOR: the 1-worker protocol pass of the same crawler
-    and latency, its sent commands per round trip times this row's round trips per page (a
+    """Commands sent per page without MONITOR: the 1-worker, 1-host protocol pass of the same
+    crawler and latency, its sent commands per round trip times this row's round trips per page (a
     round trip is one pipeline, whose commands are the batch's)."""
     trips = _per_page(row, "round_trips")
-    setup = key.split("/")[0]
-    ref = protocol.get(f"{setup}/{row['kind']}-1")
+    latency = key.split("-")[0]
+    ref = protocol.get(f"{latency}-1host/{row['kind']}-1")
     if trips is None or ref is None or not ref.get("round_trips_per_page"):
         return None
     return trips * float(ref["client_commands_per_page"]) / float(ref["round_trips_per_page"])
