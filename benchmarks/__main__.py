@@ -17,6 +17,13 @@ It prints the tables and the targets of issue 8, and writes everything to
 project's settings, site latency 0 and 100 ms, 1 and 8 hosts, sporadic 503s; see
 ``benchmarks/users.py``), into ``benchmarks/results/users.json`` and ``results/run-users``.
 
+``--suite lean`` runs issue 28's table in one run (``benchmarks/lean.py``): Redis CPU,
+commands and commands sent per page with users' settings at 0 and 100 ms, 1 and 2 workers,
+beside plain Scrapy and scrapy-redis; 2 workers on 8 hosts; idle workers (4 and 200) and push
+to lease (1 and 20 idle workers); the slowest script call with 1,000,000 start URLs. ``--quick``
+is its development variant (100,000 start URLs, 4 and 20 idle workers, shorter crawls), into
+``benchmarks/results/lean.json`` and ``results/run-lean``.
+
 ``--suite start-urls`` measures start URLs through the frontier alone (no HTTP), 1 and 2
 worker processes side by side (``benchmarks/start_urls.py``): ``--start-urls N`` entries
 (200,000 by default), ``--distcrawl DIR`` to measure another checkout's package instead.
@@ -48,16 +55,57 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--suite",
-        choices=("default", "users", "start-urls"),
+        choices=("default", "users", "lean", "start-urls"),
         default="default",
         help="default: the crawler comparison of issue 8; users: issue 14's configurations; "
+        "lean: issue 28's table (Redis work per page, idle workers, slowest script); "
         "start-urls: start URLs through the frontier alone, 1 and 2 workers",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="lean suite: the development variant (100,000 start URLs, 4 and 20 idle workers, "
+        "500-page crawls, 10 s idle windows)",
     )
     p.add_argument(
         "--start-urls",
         type=int,
-        default=200_000,
-        help="entries of the start-urls suite (default 200000)",
+        default=None,
+        help="entries of the start-urls suite (default 200000) and of the lean suite "
+        "(1000000, 100000 with --quick)",
+    )
+    p.add_argument(
+        "--start-url-workers",
+        type=int,
+        nargs="+",
+        default=None,
+        help="lean suite: worker processes of the start-URL runs (default 2)",
+    )
+    p.add_argument(
+        "--idle-workers",
+        type=int,
+        nargs="+",
+        default=None,
+        help="lean suite: idle worker counts whose cost is measured (default 4 200; --quick 4 20)",
+    )
+    p.add_argument(
+        "--pickup-workers",
+        type=int,
+        nargs="+",
+        default=None,
+        help="lean suite: idle worker counts a pushed URL is timed with (default 1 20)",
+    )
+    p.add_argument(
+        "--idle-seconds",
+        type=float,
+        default=None,
+        help="lean suite: measuring window of each idle run (default 20, --quick 10)",
+    )
+    p.add_argument(
+        "--parts",
+        nargs="*",
+        choices=("crawls", "protocol", "idle", "start_urls"),
+        help="lean suite: run only these parts",
     )
     p.add_argument(
         "--distcrawl",
@@ -68,8 +116,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--max-seconds",
         type=float,
-        default=90,
-        help="start-urls suite: seconds each configuration runs at most (default 90)",
+        default=None,
+        help="start-urls and lean suites: seconds each start-URL run takes at most "
+        "(default 90; lean 300)",
     )
     p.add_argument(
         "--pages",
@@ -103,11 +152,38 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     args = p.parse_args(argv)
     if args.output is None:
-        name = {"users": "users.json", "start-urls": "start_urls.json"}.get(args.suite)
+        name = {"users": "users.json", "lean": "lean.json", "start-urls": "start_urls.json"}.get(
+            args.suite
+        )
         args.output = RESULTS / (name or "latest.json")
     if args.pages is None and args.suite == "default":
         args.pages = 5000
+    lean_defaults(args)
     return args
+
+
+def lean_defaults(args: argparse.Namespace) -> None:
+    """The size options whose defaults depend on the suite (and on ``--quick``)."""
+    from benchmarks import lean
+
+    mode = "quick" if args.quick else "full"
+    args.mode = mode
+    if args.suite != "lean":
+        args.start_urls = 200_000 if args.start_urls is None else args.start_urls
+        args.max_seconds = 90.0 if args.max_seconds is None else args.max_seconds
+        return
+    if args.start_urls is None:
+        args.start_urls = lean.START_URLS[mode]
+    if args.max_seconds is None:
+        args.max_seconds = 300.0
+    if args.start_url_workers is None:
+        args.start_url_workers = list(lean.START_URL_WORKERS)
+    if args.idle_workers is None:
+        args.idle_workers = list(lean.IDLE_WORKERS[mode])
+    if args.pickup_workers is None:
+        args.pickup_workers = list(lean.PICKUP_WORKERS)
+    if args.idle_seconds is None:
+        args.idle_seconds = lean.IDLE_SECONDS[mode]
 
 
 def check_requirements() -> str | None:
@@ -301,6 +377,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.suite == "users":
         return users_suite(args)
+    if args.suite == "lean":
+        from benchmarks.lean import lean_suite
+
+        return lean_suite(args, environment())
     from benchmarks.report import targets
 
     started = time.monotonic()

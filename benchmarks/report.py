@@ -154,10 +154,10 @@ def targets(results: dict[str, Any]) -> list[Row]:
 
 
 def targets_table(rows: list[Row]) -> str:
-    lines = [f"{'target':40}{'goal':>10}{'measured':>12}  {'status':9}note"]
+    lines = [f"{'target':46}{'goal':>10}{'measured':>12}  {'status':9}note"]
     for row in rows:
         lines.append(
-            f"{row['target']:40}{row['goal']:>10}{row['shown']:>12}  {row['status']:9}{row['note']}"
+            f"{row['target']:46}{row['goal']:>10}{row['shown']:>12}  {row['status']:9}{row['note']}"
         )
     return "\n".join(lines)
 

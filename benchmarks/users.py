@@ -42,9 +42,12 @@ from benchmarks.crawl import (
     SETTLE,
     Config,
     CrawlRun,
+    read_monitor,
     scrapy_stats,
     seen_sizes,
+    start_monitor,
     start_workers,
+    stop_process,
     wait_ready,
 )
 from benchmarks.procs import ProcSampler
@@ -283,8 +286,12 @@ def merge_fetch(stats: list[FetchStats]) -> FetchStats:
     return out
 
 
-def run_user_crawl(row: Row, workdir: Path, timeout: float) -> UserRun:
-    """One row from scratch: fresh Redis, fresh sites, the users' settings."""
+def run_user_crawl(row: Row, workdir: Path, timeout: float, monitor: bool = False) -> UserRun:
+    """One row from scratch: fresh Redis, fresh sites, the users' settings.
+
+    ``monitor`` records ``redis-cli monitor`` from the push to the end (the lean suite's
+    protocol pass: which commands the workers sent, which their scripts ran); never for a
+    timed row, as MONITOR costs Redis CPU per command."""
     began = time.monotonic()
     setup, config = row.setup, row.config
     kind = KINDS[config.kind]
@@ -310,10 +317,14 @@ def run_user_crawl(row: Row, workdir: Path, timeout: float) -> UserRun:
         push_time: float | None = None
         before: Snapshot | None = None
         own: Traffic | None = None
+        monitor_proc = None
         if kind.start_key is not None:
             wait_ready(workers, kind.ready, timeout=120)
             time.sleep(SETTLE)
             own = own_traffic(client, push=True)
+            if monitor:
+                monitor_proc = start_monitor(server.port or 0, workdir / "monitor.txt")
+                stack.callback(stop_process, monitor_proc)
             sampler.sample(time.time())
             before = Snapshot.take(client)
             push_time = time.time()
@@ -323,6 +334,10 @@ def run_user_crawl(row: Row, workdir: Path, timeout: float) -> UserRun:
         crawl_traffic = None
         if before is not None:
             crawl_traffic = traffic(before, Snapshot.take(client), own)
+        counts = None
+        if monitor_proc is not None:
+            stop_process(monitor_proc)
+            counts = read_monitor(workdir / "monitor.txt", client)
         stop_workers(workers)
         logs = {s.host: s.read_log() for s in sites}
         expected = {s.host: s.expected_pages() for s in sites}
@@ -337,6 +352,7 @@ def run_user_crawl(row: Row, workdir: Path, timeout: float) -> UserRun:
             exit_codes=[w.proc.poll() if w.proc else None for w in workers],
             seen=seen_sizes(client, kind.seen_key),
             scrapy_stats=[scrapy_stats(w) for w in workers],
+            monitor=counts,
         )
     run.wall = time.monotonic() - began
     return UserRun(
