@@ -44,7 +44,7 @@ def sent_alone(
     a subclass's or a test's replacement serves both calls too."""
     name = make.__name__
 
-    def method(self: R, *args: P.args, **kwargs: P.kwargs) -> T:
+    def method(self: R, /, *args: P.args, **kwargs: P.kwargs) -> T:
         built: Op[T] = getattr(self, name)(*args, **kwargs)
         return self.run(built)
 
