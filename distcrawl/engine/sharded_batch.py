@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from distcrawl.engine._batch_types import Batch, Commit
+from distcrawl.model.frontier import Frontier
 from distcrawl.model.ops import Op
 from distcrawl.model.records import START_KINDS
 from distcrawl.model.replies import (
@@ -134,7 +135,7 @@ class ShardLeases:
         plan = [(s, base + (1 if k < extra else 0)) for k, s in enumerate(due)]
         return [(s, c) for s, c in plan if c > 0]
 
-    def _op(self, frontier: Any, count: int, batch: Batch) -> Op[LeaseResult]:
+    def _op(self, frontier: Frontier, count: int, batch: Batch) -> Op[LeaseResult]:
         return frontier.lease_op(
             count,
             self.lease_ms,
