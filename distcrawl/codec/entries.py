@@ -38,6 +38,7 @@ from distcrawl.model.queue_entry import bad_slot
 from distcrawl.model.records import Entry, EntryKind
 
 if TYPE_CHECKING:
+    from scrapy.utils.request import RequestFingerprinterProtocol
     from typing_extensions import Unpack
 
 #: what push_many accepts per entry: the text of a start_urls entry (a URL or a JSON
@@ -137,7 +138,7 @@ class EntryMaker:
         self.crawler = Crawler(spidercls, settings)
         self.spider = spidercls.from_crawler(self.crawler, **dict(spider_kwargs or {}))
         cls = load_object(self.crawler.settings["REQUEST_FINGERPRINTER_CLASS"])
-        self.fingerprinter = build_from_crawler(cls, self.crawler)
+        self.fingerprinter: RequestFingerprinterProtocol = build_from_crawler(cls, self.crawler)
         #: a plain GET's fingerprint is get_fingerprint(url): Scrapy's fingerprinter as is
         self.url_only = url_only(self.fingerprinter)
         # as the scheduler's dupefilter_for (_scheduler/opening.py): only BaseDupeFilter turns

@@ -279,7 +279,8 @@ class RequestCodec:
         """Encode the short-key dict of :meth:`to_dict` (or of :meth:`decode_dict`)."""
         try:
             if self.format == MSGPACK:
-                return MSGPACK + msgpack.packb(data, use_bin_type=True)
+                packed: bytes = msgpack.packb(data, use_bin_type=True)  # msgpack has no types
+                return MSGPACK + packed
             if self.format == JSON:
                 text = json.dumps(data, default=_json_default, separators=(",", ":"))
                 return JSON + text.encode()
