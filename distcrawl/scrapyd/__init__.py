@@ -31,10 +31,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from distcrawl._commandline import EXIT_OK, EXIT_PARTIAL, EXIT_UNREACHABLE
 from distcrawl.scrapyd._commands import (
-    EXIT_OK,
-    EXIT_PARTIAL,
-    EXIT_UNREACHABLE,
     add_parser,
     cmd_cancel,
     cmd_deploy,

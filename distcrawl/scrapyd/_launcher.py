@@ -57,11 +57,8 @@ def _server_components() -> dict[str, type]:
 
     reactor: Any = _reactor  # zope interfaces confuse mypy about spawnProcess
 
-    protocol_base: Any = ScrapyProcessProtocol
-    launcher_base: Any = ScrapydLauncher
-    listjobs_base: Any = ScrapydListJobs
-
-    class ProcessProtocol(protocol_base):
+    # scrapyd ships no types: its classes are Any to mypy
+    class ProcessProtocol(ScrapyProcessProtocol):  # type: ignore[misc]
         """Scrapyd's process protocol, logging the command line redacted."""
 
         args: list[str]
@@ -80,7 +77,7 @@ def _server_components() -> dict[str, type]:
                 f"pid={self.pid} args={redact_argv(self.args)})"
             )
 
-    class Launcher(launcher_base):
+    class Launcher(ScrapydLauncher):  # type: ignore[misc]
         """Scrapyd's launcher, with secrets passed through the environment, not argv, and
         the settings named by ``distcrawl_env_settings`` taken from the node's environment
         when the job does not set them."""
@@ -110,7 +107,7 @@ def _server_components() -> dict[str, type]:
             reactor.spawnProcess(process, sys.executable, args=args, env=env)
             self.processes[slot] = process
 
-    class ListJobs(listjobs_base):
+    class ListJobs(ScrapydListJobs):  # type: ignore[misc]
         """``listjobs.json`` with pending jobs' secret settings and arguments redacted."""
 
         def render_GET(self, txrequest: Any) -> dict[str, Any]:
