@@ -129,7 +129,8 @@ class Source:
     def loads(self) -> Callable[[bytes], Any]:
         if self.serializer in PICKLE_SERIALIZERS:
             return pickle.loads  # only reached with --trust-pickle
-        return importlib.import_module(self.serializer).loads
+        loads: Callable[[bytes], Any] = importlib.import_module(self.serializer).loads
+        return loads
 
 
 def replay_id(member: bytes, position: int) -> bytes:
