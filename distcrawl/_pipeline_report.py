@@ -107,11 +107,13 @@ class PipelineReport:
         )
 
     def unreachable_at_open(self, failure: Failure) -> None:
+        exc = failure.value
+        assert exc is not None  # a Failure is only made from an exception
         logger.warning(
             "MongoDB at %s is not %s yet (%s); items will wait for it",
             self.config.shown_uri,
-            "usable" if mongo_auth_refusal(failure.value) else "reachable",
-            error_reason(failure.value, self.config.uri or ""),
+            "usable" if mongo_auth_refusal(exc) else "reachable",
+            error_reason(exc, self.config.uri or ""),
         )
 
     def closed(self, spill: SpillFile | None) -> None:

@@ -155,7 +155,7 @@ RETRYING: dict[str, Any] = {
 
 @shared_task(name="distcrawl.push", **RETRYING)
 def push(
-    self: Task,
+    self: Task[Any, Any],
     spider: str,
     url: str,
     priority: int = 0,
@@ -177,7 +177,7 @@ def push(
 
 
 @shared_task(name="distcrawl.push_many", **RETRYING)
-def push_many(self: Task, spider: str, entries: list[EntryLike]) -> list[dict[str, Any]]:
+def push_many(self: Task[Any, Any], spider: str, entries: list[EntryLike]) -> list[dict[str, Any]]:
     """Push many entries in pipelined batches (each a URL or JSON entry's text, or its
     fields as a dict); entries over the pending cap are reported ``"full"``, not retried
     (the caller decides which to send again)."""

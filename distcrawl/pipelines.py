@@ -316,6 +316,7 @@ class MongoPipeline:
         self._buffer.extendleft(reversed(batch))
         self._report.inc("retries")
         exc = failure.value
+        assert exc is not None  # a Failure is only made from an exception
         now = time.monotonic()
         if self._down_since is None:
             self._down_since = now
