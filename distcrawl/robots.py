@@ -196,10 +196,9 @@ class RobotsTxtMiddleware(ScrapyRobotsTxtMiddleware):
             response = await self.crawler.engine.download_async(robotsreq)
         except Exception as exc:
             if not isinstance(exc, IgnoreRequest):
-                logger.error(
+                logger.exception(
                     "Error downloading %(request)s: %(f_exception)s",
                     {"request": robotsreq, "f_exception": exc},
-                    exc_info=True,
                     extra={"spider": self.crawler.spider},
                 )
                 self._stats.inc_value(f"robotstxt/exception_count/{type(exc)}")

@@ -320,6 +320,7 @@ class Scheduler(BaseScheduler, SignalHandlers, Pump, BatchBuilding):
             return failure
         self._outage.error(failure.value, *self._outbox.counts())
         self._start_loop()
+        return None  # an outage: handled, the loop reconnects
 
     def _start_loop(self) -> None:
         if self._liveness is not None and not self._liveness_started:

@@ -306,7 +306,7 @@ class RequestCodec:
                         "pickled payload refused: set DISTCRAWL_SERIALIZER='pickle' to trust "
                         "pickles written to Redis"
                     )
-                data = pickle.loads(body)  # opted in by DISTCRAWL_SERIALIZER='pickle'
+                data = pickle.loads(body)  # noqa: S301  # opted in by DISTCRAWL_SERIALIZER='pickle'
             else:
                 raise DecodeError(f"unknown payload format {fmt!r}")
         except DecodeError:
@@ -386,14 +386,15 @@ class RequestCodec:
         return cls
 
     @staticmethod
-    def _decode_extra(cls: type[Request], extra: Any) -> dict[str, Any]:
+    def _decode_extra(request_class: type[Request], extra: Any) -> dict[str, Any]:
         """Only the attributes the class declares beyond the fields stored under their own
         keys: a callback cannot come in this way."""
         if not isinstance(extra, dict):
             raise DecodeError(f"request attributes are not a map: {_shown(extra)}")
         for attr in extra:
-            if attr in _FIELDS or attr not in cls.attributes:
-                raise DecodeError(f"{cls.__name__} has no attribute {_shown(attr)} to set")
+            if attr in _FIELDS or attr not in request_class.attributes:
+                name = request_class.__name__
+                raise DecodeError(f"{name} has no attribute {_shown(attr)} to set")
         return extra
 
     def _resolve(self, name: Any, what: str) -> Any:

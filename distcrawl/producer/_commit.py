@@ -142,7 +142,7 @@ class Committer:
                 ]
             )
         for (_, group), reply in zip(commits, replies, strict=True):
-            dropped = {p for p in reply.not_stored}
+            dropped = set(reply.not_stored)
             for i, (at, url, _) in enumerate(group):
                 if i in dropped:
                     results[at] = PushResult(Outcome.SEEN, url)
