@@ -332,13 +332,15 @@ def test_producer_adds_start_urls_and_nothing_else(capsys, monkeypatch, redis_se
             "script load": lambda: producer.script_load("return 1"),
             "evalsha": lambda: producer.evalsha("0" * 40, 0),
             "keys": lambda: producer.keys("*"),
-            "flushall": lambda: producer.flushall(),
+            "flushall": producer.flushall,
             "config": lambda: producer.config_get("requirepass"),
         }
         for what, attempt in attempts.items():
-            with pytest.raises(redis.exceptions.NoPermissionError):
+            try:
                 attempt()
-                pytest.fail(f"producer could {what}")
+            except redis.exceptions.NoPermissionError:
+                continue
+            pytest.fail(f"producer could {what}")
     finally:
         producer.close()
     assert redis_client.zrange(SITE.queue, 0, -1) == [b"kept"]
@@ -361,7 +363,7 @@ def test_worker_is_held_to_its_namespace(capsys, monkeypatch, redis_server, redi
                 "#!lua name=x\nredis.register_function('x', function() return 1 end)"
             ),
             lambda: worker.keys("*"),
-            lambda: worker.flushall(),
+            worker.flushall,
             lambda: worker.config_set("appendonly", "no"),
             lambda: worker.acl_setuser("x"),
         ):

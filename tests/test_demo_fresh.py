@@ -183,7 +183,7 @@ def test_the_home_page_does_not_link_the_fresh_pages() -> None:
 
 
 def test_bad_periods_are_refused() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="fresh periods must be positive"):
         FreshPages(fast=0)
     with pytest.raises(SystemExit):
         _parse_args(["--fresh-slow", "-1"])

@@ -107,7 +107,7 @@ def test_bloom_parts_are_in_the_namespace_and_distinct():
     parts = {k.bloom_part(i, j) for i in range(3) for j in range(3)}
     assert len(parts) == 9 and all(p.startswith("shop:bloom:") for p in parts)
     assert parts.isdisjoint(k.all())
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="invalid Bloom layer -1 part 0"):
         k.bloom_part(-1, 0)
 
 
@@ -116,13 +116,13 @@ def test_claim_lists_are_per_worker_in_the_namespace():
     assert k.claims("0a0b0c0d") != k.claims("01020304")
     assert k.claims("0a0b0c0d").startswith("shop:") and k.claims("0a0b0c0d") not in k.all()
     for bad in ("", "a b"):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="invalid worker tag"):
             k.claims(bad)
 
 
 @pytest.mark.parametrize("bad", ["", "a b", "tab\there"])
 def test_invalid_namespace_is_refused(bad):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="invalid crawl name"):
         FrontierKeys(bad)
 
 
@@ -218,5 +218,5 @@ def test_same_key_in_another_naming_keeps_the_suffix():
     assert plain.same_key_in(plain.robots_txt("a.test:80"), tagged) == tagged.robots_txt(
         "a.test:80"
     )
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="'other:queue' is not a key of the crawl 'site'"):
         plain.same_key_in("other:queue", tagged)

@@ -67,16 +67,16 @@ def test_errors_keep_the_interval_and_gone_pages_may_never_come_back():
 
 
 @pytest.mark.parametrize(
-    "kwargs",
+    ("kwargs", "why"),
     [
-        {"interval": 10.0, "min_interval": 60.0},
-        {"interval": 400 * DAY},
-        {"min_interval": 0.0},
-        {"inc_rate": -0.1},
-        {"dec_rate": 1.0},
-        {"error_interval": 0.0},
+        ({"interval": 10.0, "min_interval": 60.0}, r"min \(60.0\) <= interval \(10.0\)"),
+        ({"interval": 400 * DAY}, rf"interval \({400 * DAY}\) <= max"),
+        ({"min_interval": 0.0}, r"0 < min \(0.0\)"),
+        ({"inc_rate": -0.1}, "inc_rate -0.1 must be >= 0"),
+        ({"dec_rate": 1.0}, r"dec_rate in \[0, 1\)"),
+        ({"error_interval": 0.0}, "error_interval and gone_interval must be positive"),
     ],
 )
-def test_policies_that_break_the_bounds_are_refused(kwargs):
-    with pytest.raises(ValueError):
+def test_policies_that_break_the_bounds_are_refused(kwargs, why):
+    with pytest.raises(ValueError, match=why):
         RecrawlPolicy(**kwargs)

@@ -202,21 +202,36 @@ def test_judge():
 
 
 @pytest.mark.parametrize(
-    "bad",
+    ("bad", "why"),
     [
-        "x",
-        {"url": "http://t.test/p"},
-        {"url": "http://t.test/p", "interval": -1},
-        {"url": "http://t.test/p", "interval": float("inf")},
-        {"url": "http://t.test/p", "interval": True},
-        {"url": "http://t.test/p", "interval": 5, "etag": "x" * 600},
-        {"url": "http://t.test/p", "interval": 5, "etag": "a\r\nSet-Cookie: x"},
-        {"url": "http://t.test/p", "interval": 5, "signature": "zz"},
-        {"url": "http://t.test/p", "interval": 5, "callback": "evil"},
+        ("x", "expected a mapping, got str"),
+        ({"url": "http://t.test/p"}, "no interval"),
+        ({"url": "http://t.test/p", "interval": -1}, "interval -1 is not a positive number"),
+        (
+            {"url": "http://t.test/p", "interval": float("inf")},
+            "interval inf is not a positive number",
+        ),
+        ({"url": "http://t.test/p", "interval": True}, "no interval"),
+        (
+            {"url": "http://t.test/p", "interval": 5, "etag": "x" * 600},
+            "etag is not a short printable string",
+        ),
+        (
+            {"url": "http://t.test/p", "interval": 5, "etag": "a\r\nSet-Cookie: x"},
+            "etag is not a short printable string",
+        ),
+        (
+            {"url": "http://t.test/p", "interval": 5, "signature": "zz"},
+            "signature is not 32 hex digits",
+        ),
+        (
+            {"url": "http://t.test/p", "interval": 5, "callback": "evil"},
+            r"unknown fields \['callback'\]",
+        ),
     ],
 )
-def test_a_state_read_from_redis_is_checked(bad):
-    with pytest.raises(ValueError):
+def test_a_state_read_from_redis_is_checked(bad, why):
+    with pytest.raises(ValueError, match=why):
         RevisitState.from_meta(bad)
 
 

@@ -25,7 +25,6 @@ import time
 import venv
 import zipfile
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -249,10 +248,10 @@ class _Worker:
 
 
 @pytest.fixture
-def stranger(tmp_path: Path, dist: Dist) -> Iterator[tuple[Path, dict[str, str]]]:
+def stranger(tmp_path: Path, dist: Dist) -> tuple[Path, dict[str, str]]:
     fresh = tmp_path / "fresh-venv"
     python = _fresh_venv(fresh, dist)
-    yield python, _env(fresh)
+    return python, _env(fresh)
 
 
 def test_a_new_scrapy_project_crawls_with_two_workers_from_the_wheel(
