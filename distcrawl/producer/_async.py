@@ -7,12 +7,15 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from distcrawl.codec.entries import EntryLike
 from distcrawl.model import dashboard
 from distcrawl.producer._results import PushResult, RedriveResult
 from distcrawl.producer._sync import Producer
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 T = TypeVar("T")
 
@@ -90,7 +93,7 @@ class AsyncProducer:
         await self._run(self.producer.close)
         self._executor.shutdown(wait=False)
 
-    async def __aenter__(self) -> AsyncProducer:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -47,7 +47,7 @@ from distcrawl.producer._results import (
 
 if TYPE_CHECKING:
     from scrapy.utils.request import RequestFingerprinterProtocol
-    from typing_extensions import Unpack
+    from typing_extensions import Self, Unpack
 
 #: the package's name, as before it was split (logging configurations name it)
 logger = logging.getLogger("distcrawl.producer")
@@ -209,7 +209,7 @@ class Producer:
         self._client = self._frontier = None
         self._parts = self._watching = None
 
-    def __enter__(self) -> Producer:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
