@@ -458,7 +458,7 @@ class FrontierKeys:
     def all(self) -> tuple[str, ...]:
         """Every fixed key of this crawl, for an explicit reset; the Bloom filter's bitmaps
         (``bloom_part``) are listed in its ``bloom`` HASH and the workers' claim lists
-        (``claims``) in ``claimants``, see ``Frontier.clear``."""
+        (``claims``) in ``claimants``, see ``FrontierAdmin.clear``."""
         return (
             self.start_urls,
             self.claimants,

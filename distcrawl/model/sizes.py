@@ -1,7 +1,7 @@
 """The frontier's sizes, read one way for everyone who shows them.
 
 ``distcrawl status`` and ``watch`` (distcrawl/model/dashboard.py), the producer's ``status()``,
-``Frontier.sizes`` (the scheduler's opening line) and the web console read the same numbers:
+``FrontierAdmin.sizes`` (the scheduler's opening line) and the web console read the same numbers:
 how many requests are queued, in flight, retrying, dead, due again later, how many start URLs
 wait and how many URLs were seen. They are read here, as :class:`FrontierSizes`, so that a
 size is counted by one rule (the queue includes the due revisits' queue, the seen-set the Bloom
@@ -68,7 +68,7 @@ class FrontierSizes:
     shards: tuple[FrontierSizes, ...] = ()
 
     def as_dict(self) -> dict[str, int]:
-        """The sizes ``Frontier.sizes`` has always returned (the scheduler logs them)."""
+        """The sizes ``FrontierAdmin.sizes`` has always returned (the scheduler logs them)."""
         return {
             "queue": self.queue,
             "leased": self.leased,
