@@ -15,7 +15,8 @@ import pytest
 from redis.crc import key_slot
 
 from distcrawl.engine.sharded_batch import stored_start_entries
-from distcrawl.model.keys import FrontierKeys, shard_tag
+from distcrawl.model.keys import FrontierKeys
+from distcrawl.model.names import shard_tag
 from distcrawl.model.queue_entry import LeaseRef
 from distcrawl.model.records import Entry, EntryKind, Feedback
 from distcrawl.model.replies import CommitResult

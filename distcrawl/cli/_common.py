@@ -31,7 +31,8 @@ from distcrawl.config import DEFAULT_REDIS_URL
 from distcrawl.config._convert import ConfigError, cluster_mode
 from distcrawl.model.connection import auth_refusal, is_cluster, make_redis
 from distcrawl.model.frontier_admin import FrontierAdmin
-from distcrawl.model.keys import FrontierKeys, check_namespace
+from distcrawl.model.keys import FrontierKeys
+from distcrawl.model.names import check_namespace
 from distcrawl.model.redact import redact_text, redact_url, url_secrets
 from distcrawl.producer import Producer
 

@@ -22,7 +22,8 @@ from typing import Any
 
 import redis
 
-from distcrawl.model.keys import MAX_SHARDS, FrontierKeys
+from distcrawl.model.keys import FrontierKeys
+from distcrawl.model.names import MAX_SHARDS
 from distcrawl.model.ops import Op
 from distcrawl.model.seen import BloomState
 
