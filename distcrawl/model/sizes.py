@@ -164,11 +164,6 @@ def sizes_from(
     return FrontierSizes(**values)
 
 
-def add_up(parts: Sequence[FrontierSizes]) -> FrontierSizes:
-    """The sizes of several parts (shards) added up, the parts kept in ``shards``."""
-    return FrontierSizes().with_shards(parts)
-
-
 def recorded_count(raw: Any) -> int:
     """The shard count of a layout record's ``shards`` field (1: none, or not readable)."""
     try:
