@@ -53,12 +53,13 @@ from typing import Any
 
 import msgpack
 import redis
+from redis.crc import key_slot
 
 from distcrawl.engine._batch_types import Batch, Commit
 from distcrawl.engine.batch import Runner
 from distcrawl.model.connection import make_redis
 from distcrawl.model.frontier import Frontier
-from distcrawl.model.keys import FrontierKeys, key_slot
+from distcrawl.model.keys import FrontierKeys
 from distcrawl.model.records import Entry, EntryKind, Politeness
 from distcrawl.model.shards import Shards, shard_of_url
 from distcrawl.testing.redis_server import RedisServer

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.crawl import CONFIGS
+from benchmarks.table import Column, num, render
 from benchmarks.users import Row, Setup
 
 #: pages of each crawl: (0 ms, 100 ms) for the full run and for --quick
@@ -313,10 +314,6 @@ def _idle_error(idle: dict[str, Any], n: str) -> str:
 # --------------------------------------------------------------------------- report
 
 
-def _num(value: Any, fmt: str) -> str:
-    return "n/a" if value is None else format(value, fmt)
-
-
 def crawl_table(results: dict[str, Any]) -> str:
     rows: dict[str, dict[str, Any]] = results.get("crawls", {})
     protocol = results.get("protocol", {})
@@ -336,35 +333,22 @@ def crawl_table(results: dict[str, Any]) -> str:
             return "-" if row["kind"] == "scrapy" else "n/a"
         return f"{value:.2f}" + ("" if row["key"] in protocol else "~")
 
-    columns: list[tuple[str, int, Any]] = [
+    columns: list[Column] = [
         ("setup", 15, lambda r: r["setup_label"]),
         ("configuration", 23, lambda r: r["label"]),
         ("pages", 9, lambda r: f"{r['unique_pages']}/{r['expected_pages']}"),
-        ("pages/s", 7, lambda r: _num(r["pages_per_s"], ".1f")),
+        ("pages/s", 7, lambda r: num(r["pages_per_s"], ".1f")),
         ("x ref", 5, ref),
-        ("wkr CPU ms/pg", 13, lambda r: _num(r["cpu_ms_per_page"]["workers"], ".2f")),
-        ("Redis CPU µs/pg", 15, lambda r: _num(r.get("redis_cpu_us_per_page"), ".0f")),
-        ("cmd/pg", 6, lambda r: _num(_per_page(r, "commands"), ".1f")),
+        ("wkr CPU ms/pg", 13, lambda r: num(r["cpu_ms_per_page"]["workers"], ".2f")),
+        ("Redis CPU µs/pg", 15, lambda r: num(r.get("redis_cpu_us_per_page"), ".0f")),
+        ("cmd/pg", 6, lambda r: num(_per_page(r, "commands"), ".1f")),
         ("sent/pg", 7, sent),
-        ("scripts/pg", 10, lambda r: _num(_per_page(r, "scripts"), ".2f")),
-        ("RT/pg", 5, lambda r: _num(_per_page(r, "round_trips"), ".2f")),
-        ("push->1st s", 11, lambda r: _num(r.get("push_to_first_fetch_s"), ".2f")),
-        ("other CPU", 9, lambda r: _num(r.get("background_cpu_cores"), ".2f")),
+        ("scripts/pg", 10, lambda r: num(_per_page(r, "scripts"), ".2f")),
+        ("RT/pg", 5, lambda r: num(_per_page(r, "round_trips"), ".2f")),
+        ("push->1st s", 11, lambda r: num(r.get("push_to_first_fetch_s"), ".2f")),
+        ("other CPU", 9, lambda r: num(r.get("background_cpu_cores"), ".2f")),
     ]
-    head = "  ".join(n.ljust(w) if i < 2 else n.rjust(w) for i, (n, w, _) in enumerate(columns))
-    lines = [head, "-" * len(head)]
-    previous = None
-    for row in rows.values():
-        if previous is not None and row["setup"] != previous:
-            lines.append("")
-        previous = row["setup"]
-        lines.append(
-            "  ".join(
-                str(c(row)).ljust(w) if i < 2 else str(c(row)).rjust(w)
-                for i, (_, w, c) in enumerate(columns)
-            )
-        )
-    return "\n".join(lines)
+    return render(columns, rows.values())
 
 
 CRAWL_NOTES = """\

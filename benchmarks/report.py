@@ -9,27 +9,25 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from benchmarks.table import num
+
 Row = dict[str, Any]
-
-
-def _num(value: float | None, fmt: str) -> str:
-    return "n/a" if value is None else format(value, fmt)
 
 
 COLUMNS: list[tuple[str, int, Callable[[Row, Row], str]]] = [
     ("configuration", 24, lambda r, b: str(r["label"])),
-    ("pages/s", 8, lambda r, b: _num(r["pages_per_s"], ".1f")),
-    ("x scrapy", 8, lambda r, b: _num(r["pages_per_s"] / b["pages_per_s"], ".2f")),
+    ("pages/s", 8, lambda r, b: num(r["pages_per_s"], ".1f")),
+    ("x scrapy", 8, lambda r, b: num(r["pages_per_s"] / b["pages_per_s"], ".2f")),
     ("dup", 4, lambda r, b: str(r["duplicates"])),
     ("miss", 5, lambda r, b: str(r["missing"])),
-    ("cmd/pg", 7, lambda r, b: _num(_redis(r, "commands"), ".2f")),
-    ("evalsha/pg", 10, lambda r, b: _num(_redis(r, "scripts"), ".3f")),
-    ("RT/pg", 6, lambda r, b: _num(_redis(r, "round_trips"), ".2f")),
-    ("seen B/URL", 10, lambda r, b: _num(r.get("seen_set", {}).get("bytes_per_url"), ".1f")),
-    ("push->1st s", 11, lambda r, b: _num(r["push_to_first_fetch_s"], ".3f")),
-    ("RSS MiB", 7, lambda r, b: _num(r["peak_rss_mib_max"], ".0f")),
-    ("CPU ms/pg", 9, lambda r, b: _num(r["cpu_ms_per_page"]["workers"], ".2f")),
-    ("other CPU", 9, lambda r, b: _num(r.get("background_cpu_cores"), ".2f")),
+    ("cmd/pg", 7, lambda r, b: num(_redis(r, "commands"), ".2f")),
+    ("evalsha/pg", 10, lambda r, b: num(_redis(r, "scripts"), ".3f")),
+    ("RT/pg", 6, lambda r, b: num(_redis(r, "round_trips"), ".2f")),
+    ("seen B/URL", 10, lambda r, b: num(r.get("seen_set", {}).get("bytes_per_url"), ".1f")),
+    ("push->1st s", 11, lambda r, b: num(r["push_to_first_fetch_s"], ".3f")),
+    ("RSS MiB", 7, lambda r, b: num(r["peak_rss_mib_max"], ".0f")),
+    ("CPU ms/pg", 9, lambda r, b: num(r["cpu_ms_per_page"]["workers"], ".2f")),
+    ("other CPU", 9, lambda r, b: num(r.get("background_cpu_cores"), ".2f")),
 ]
 
 

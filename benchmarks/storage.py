@@ -85,7 +85,7 @@ def distcrawl_storage(client: redis.Redis, count: int, seen: str = "set") -> dic
         "used_memory_bytes_per_request": (used_memory(client) - memory0) / count,
         "keys": {k: key_bytes(client, k) for k in (keys.queue, keys.requests, *seen_keys)},
     }
-    frontier.clear()
+    frontier.admin.clear()
     return result
 
 

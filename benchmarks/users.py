@@ -53,6 +53,7 @@ from benchmarks.crawl import (
 from benchmarks.procs import ProcSampler
 from benchmarks.redisstats import Snapshot, Traffic, own_traffic, traffic
 from benchmarks.sitelog import FetchStats, count_lines, fetch_stats
+from benchmarks.table import Column, num, render
 from distcrawl import settings as project_settings
 from distcrawl.demo.site import DemoSite, LogLine
 from distcrawl.testing.redis_server import RedisServer
@@ -467,17 +468,13 @@ def _redis_cpu(row: dict[str, Any]) -> float | None:
 # --------------------------------------------------------------------------- report
 
 
-def _num(value: float | None, fmt: str) -> str:
-    return "n/a" if value is None else format(value, fmt)
-
-
 def _ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None or b == 0 else a / b
 
 
 def _mean(value: float | None) -> str:
     """Site-seen concurrency: below 1 (0 ms), two decimals say more than 0.0."""
-    return _num(value, ".2f" if value is not None and value < 1 else ".1f")
+    return num(value, ".2f" if value is not None and value < 1 else ".1f")
 
 
 def _shares(row: dict[str, Any]) -> str:
@@ -493,14 +490,14 @@ def users_table(results: dict[str, Any]) -> str:
     def ref(row: dict[str, Any]) -> str:
         other = rows.get(row["reference"])
         base = None if other is None else float(other["pages_per_s"])
-        return _num(_ratio(row["pages_per_s"], base), ".2f")
+        return num(_ratio(row["pages_per_s"], base), ".2f")
 
     def redis_vs(row: dict[str, Any]) -> str:
         if row["kind"] != "distcrawl":
             return "-"
         other = rows.get(f"{row['setup']}/scrapy-redis-{row['workers']}")
         base = None if other is None else _redis_cpu(other)
-        return _num(_ratio(_redis_cpu(row), base), ".2f")
+        return num(_ratio(_redis_cpu(row), base), ".2f")
 
     def conc(row: dict[str, Any]) -> str:
         c = row["site_concurrency"]
@@ -510,37 +507,21 @@ def users_table(results: dict[str, Any]) -> str:
         mark = "*" if row["timed_out"] else ""
         return f"{row['unique_pages']}/{row['expected_pages']}{mark}"
 
-    columns: list[tuple[str, int, Any]] = [
+    columns: list[Column] = [
         ("setup", 24, lambda r: r["setup_label"]),
         ("configuration", 23, lambda r: r["label"]),
         ("pages", 10, pages),
-        ("pages/s", 7, lambda r: _num(r["pages_per_s"], ".1f")),
+        ("pages/s", 7, lambda r: num(r["pages_per_s"], ".1f")),
         ("x ref", 5, ref),
         ("site max/mean", 13, conc),
         ("shares %", 8, _shares),
-        ("Redis CPU ms/pg", 15, lambda r: _num(_redis_cpu(r), ".3f")),
+        ("Redis CPU ms/pg", 15, lambda r: num(_redis_cpu(r), ".3f")),
         ("x s-r", 5, redis_vs),
         ("dup", 4, lambda r: str(r["duplicates"])),
-        ("CPU ms/pg", 9, lambda r: _num(r["cpu_ms_per_page"]["workers"], ".2f")),
-        ("other CPU", 9, lambda r: _num(r.get("background_cpu_cores"), ".2f")),
+        ("CPU ms/pg", 9, lambda r: num(r["cpu_ms_per_page"]["workers"], ".2f")),
+        ("other CPU", 9, lambda r: num(r.get("background_cpu_cores"), ".2f")),
     ]
-    head = "  ".join(
-        name.ljust(width) if i < 2 else name.rjust(width)
-        for i, (name, width, _) in enumerate(columns)
-    )
-    lines = [head, "-" * len(head)]
-    previous = None
-    for row in rows.values():
-        if previous is not None and row["setup"] != previous:
-            lines.append("")
-        previous = row["setup"]
-        lines.append(
-            "  ".join(
-                str(cell(row)).ljust(width) if i < 2 else str(cell(row)).rjust(width)
-                for i, (_, width, cell) in enumerate(columns)
-            )
-        )
-    return "\n".join(lines)
+    return render(columns, rows.values())
 
 
 TABLE_NOTES = """\
@@ -625,7 +606,7 @@ def print_user_run(row: dict[str, Any]) -> None:
         f"  {row['unique_pages']} of {row['expected_pages']} pages{cut} in "
         f"{row['crawl_seconds']:.1f}s = {row['pages_per_s']:.1f}/s, {row['duplicates']} "
         f"duplicates; site saw {conc['max']} max / {_mean(conc['mean'])} mean in flight; "
-        f"shares {_shares(row)}; Redis CPU {_num(_redis_cpu(row), '.3f')} ms/page "
+        f"shares {_shares(row)}; Redis CPU {num(_redis_cpu(row), '.3f')} ms/page "
         f"({row['wall_seconds']:.0f}s with start-up and close; other load "
         f"{row['background_cpu_cores']:.2f} CPUs)"
     )

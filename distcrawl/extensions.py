@@ -31,7 +31,16 @@ from twisted.python.failure import Failure
 
 from distcrawl.config import DistcrawlConfig
 from distcrawl.engine._batch_types import Rider
-from distcrawl.model._monitor_reads import part_ops, part_replies, parts_of, sizes_of, split_replies
+from distcrawl.model._monitor_reads import (
+    CRAWL_REPLIES,
+    crawl_ops,
+    crawl_sizes,
+    part_ops,
+    part_replies,
+    parts_of,
+    sizes_of,
+    split_replies,
+)
 from distcrawl.model.connection import (
     RedisIO,
     execute_timed,
@@ -46,6 +55,7 @@ from distcrawl.model.keys import FrontierKeys
 from distcrawl.model.ops import Op
 from distcrawl.model.redact import redact_error, redact_text, url_secrets
 from distcrawl.model.revisits_admin import gauges_of
+from distcrawl.model.sizes import FrontierSizes
 from distcrawl.scheduler import scheduler_of
 
 if TYPE_CHECKING:
@@ -226,8 +236,9 @@ class WorkerMonitor:
         d.addCallbacks(self._published, self._failed, errbackArgs=(snapshot,))
 
     def _ops(self, beat: Beat, parts: bool = True) -> list[Op[Any]]:
-        """The beat's commands; two read the pause flag and the dead letters, then (with
-        ``parts``) the reads of every part's sizes and revisit gauges (:meth:`_part_ops`)."""
+        """The beat's commands; then the reads of the pause flag and of the crawl's own
+        dead letters (``CRAWL_SIZES``), then (with ``parts``) the reads of every part's
+        sizes and revisit gauges (:meth:`_part_ops`)."""
         assert self.keys is not None
         k = self.keys
         ops: list[Op[Any]] = [
@@ -243,7 +254,7 @@ class WorkerMonitor:
         if beat.domains:
             ops.append(Op("", [], ["ZREMRANGEBYRANK", k.domains, 0, -DOMAINS_KEPT - 1], _same))
         ops.append(Op("", [], ["EXISTS", k.paused], _same))
-        ops.append(Op("", [], ["LLEN", k.dead], _same))
+        ops += crawl_ops(k)
         if parts:
             ops += self._part_ops()
         return ops
@@ -271,33 +282,37 @@ class WorkerMonitor:
         self._server_ms = (now, time.monotonic())
 
     def _part_ops(self) -> list[Op[Any]]:
-        """Per part ZCARD of the queue, leases and retries, then per part the revisit gauges'
-        reads, then TIME (distcrawl/model/_monitor_reads.py): O(log n) each, O(shards) in all."""
+        """Per part the reads of its sizes (``part_sizes``), then per part the revisit
+        gauges' reads, then TIME (distcrawl/model/_monitor_reads.py): O(log n) each,
+        O(shards) in all."""
         bound = self._due_bound()
         until = "-inf" if bound is None else bound
         return part_ops(self._parts(), until)
 
     def _read(self, replies: list[Any], parts: bool = True) -> tuple[bool, dict[str, Any]]:
-        """The pause flag and the sizes; a failed read of the parts leaves its gauges out."""
+        """The pause flag and the sizes; a failed read of the parts leaves its gauges out
+        (and the shards' dead letters out of ``dead``)."""
         tail: list[Any] = []
         if parts:
             count = part_replies(len(self._parts()))
             replies, tail = replies[:-count], replies[-count:]
-        *_, paused, dead = replies
-        sizes: dict[str, Any] = {"dead": dead}
+        paused = replies[-CRAWL_REPLIES - 1]
+        crawl = crawl_sizes(replies[-CRAWL_REPLIES:])
+        sizes: dict[str, Any] = {"dead": crawl.dead}
         if tail:
-            sizes.update(self._part_gauges(tail))
+            sizes.update(self._part_gauges(tail, crawl))
         return bool(paused), sizes
 
-    def _part_gauges(self, replies: list[Any]) -> dict[str, Any]:
-        """The frontier sizes and the revisit gauges, every part added up."""
+    def _part_gauges(self, replies: list[Any], crawl: FrontierSizes) -> dict[str, Any]:
+        """The frontier sizes and the revisit gauges, every part added up, and ``crawl``'s
+        own sizes (its dead letters) added to theirs."""
         n = len(self._parts())
         sizes, revisits = split_replies(replies, n)
         gauges: dict[str, Any] = {}
         if any(isinstance(r, BaseException) for r in sizes):
             logger.debug("Frontier sizes not read: %s", sizes)
         else:
-            gauges.update(sizes_of(sizes, n))
+            gauges.update(sizes_of(sizes, n, crawl))
         gauges.update(self._revisit_gauges(revisits))
         return gauges
 
@@ -315,7 +330,7 @@ class WorkerMonitor:
             return {}
         return gauges
 
-    def _cluster_parts(self) -> dict[str, Any]:
+    def _cluster_parts(self, crawl: FrontierSizes) -> dict[str, Any]:
         """On a cluster the shards' keys are in other slots than the MULTI of the beat, and
         TIME names no key: the parts' reads go in a pipeline of their own, then TIME of the
         first shard's master. Reads only: a reply lost and sent again counts nothing twice."""
@@ -329,7 +344,7 @@ class WorkerMonitor:
         except redis.RedisError as exc:
             logger.debug("Frontier gauges not read: %s", redact_error(exc, self.io.url))
             return {}
-        return self._part_gauges(replies)
+        return self._part_gauges(replies, crawl)
 
     def _publish(self, beat: Beat, memory: bool = False) -> tuple[bool, dict[str, Any]]:
         """Runs on the Redis thread: one round trip (when no scheduler batch takes it)."""
@@ -351,7 +366,7 @@ class WorkerMonitor:
             self._memory_info()
         paused, sizes = self._read(pipe.execute(), parts=not cluster)
         if cluster:
-            sizes.update(self._cluster_parts())
+            sizes.update(self._cluster_parts(FrontierSizes(dead=sizes["dead"])))
         return paused, sizes
 
     def _rode(self, replies: list[Any], beat: Beat, memory: bool) -> None:

@@ -72,7 +72,7 @@ def test_a_robots_txt_expires_with_its_ttl_and_reset_removes_it(redis_client):
     time.sleep(0.1)
     assert frontier.robots_txt("b.test:8080") is None  # gone: read again when needed
     assert frontier.lock_robots_txt("c.test", 60_000)
-    frontier.clear()
+    frontier.admin.clear()
     assert redis_client.keys("site:*") == []
 
 

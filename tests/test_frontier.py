@@ -60,10 +60,10 @@ def test_seen_set_deduplicates_and_dont_filter_bypasses(frontier, redis_client):
 def test_lease_is_not_a_delete_and_ack_is(frontier, redis_client):
     push(frontier, (b"a", 0, b"a"))
     (item,), _ = frontier.lease(5, 10_000)[:2]
-    assert frontier.sizes()["leased"] == 1
+    assert frontier.admin.sizes()["leased"] == 1
     assert redis_client.hexists("t:requests", item.id)
     frontier.commit([item.ref], [])
-    assert frontier.sizes()["leased"] == 0
+    assert frontier.admin.sizes()["leased"] == 0
     assert not redis_client.hexists("t:requests", item.id)
 
 
@@ -96,14 +96,14 @@ def test_ack_after_requeue_removes_it_from_the_queue(frontier):
     time.sleep(0.1)
     frontier.requeue_expired()
     frontier.commit([item.ref], [])  # the slow worker finished after all
-    assert frontier.sizes()["queue"] == 0
+    assert frontier.admin.sizes()["queue"] == 0
 
 
 def test_release_gives_back_unstarted_requests(frontier):
     push(frontier, (b"a", 0, b"a"), (b"b", 0, b"b"))
     leased, _ = frontier.lease(2, 60_000)[:2]
     assert frontier.release([x.ref for x in leased]) == 2
-    assert frontier.sizes() == {
+    assert frontier.admin.sizes() == {
         "queue": 2,
         "leased": 0,
         "delayed": 0,
@@ -146,7 +146,7 @@ def test_bad_start_entry_moves_to_dead_letters(frontier, redis_client):
 def test_clear_removes_only_this_namespace(frontier, redis_client):
     push(frontier, (b"a", 0, b"a"))
     redis_client.set("other:queue", b"keep")
-    frontier.clear()
+    frontier.admin.clear()
     assert redis_client.keys("t:*") == []
     assert redis_client.get("other:queue") == b"keep"
 
@@ -922,7 +922,7 @@ def test_drained_counts_claimed_entries_as_work(frontier, redis_client):
 def test_clear_removes_the_claim_lists(frontier, redis_client):
     redis_client.lpush("t:start_urls", b"http://a.test/1", b"http://a.test/2")
     frontier.claim_start_urls(1)
-    frontier.clear()
+    frontier.admin.clear()
     assert redis_client.keys("t:*") == []
 
 

@@ -5,7 +5,8 @@ from scrapy.settings import Settings
 
 from distcrawl.config import DistcrawlConfig
 from distcrawl.config._convert import ConfigError
-from distcrawl.model.keys import FrontierKeys, NamespaceError, glob_escape
+from distcrawl.model.keys import FrontierKeys
+from distcrawl.model.names import NamespaceError, glob_escape
 
 
 def test_key_names_are_pinned():

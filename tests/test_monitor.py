@@ -293,13 +293,16 @@ def test_revisit_gauges_count_the_backlog_and_its_age(redis_client, redis_url, s
 def test_frontier_gauges_add_up_every_shard(request, redis_client, redis_url, shards, cluster):
     """distcrawl_queue, distcrawl_leased, distcrawl_delayed are the crawl's totals: with
     DISTCRAWL_SHARDS above 1 the requests are in the shards' keys, none in the crawl's (on
-    a cluster in other slots than the beat's, read in a pipeline of their own)."""
+    a cluster in other slots than the beat's, read in a pipeline of their own).
+    distcrawl_dead counts as ``distcrawl status`` counts: the crawl's dead letters and those
+    waiting in the shards' quarantines."""
     from redis.cluster import RedisCluster
 
     from distcrawl.extensions import Beat
     from distcrawl.model.frontier import Frontier
     from distcrawl.model.keys import FrontierKeys
     from distcrawl.model.records import Entry, EntryKind
+    from distcrawl.model.sizes import read_frontier_sizes
 
     client = redis_client
     if cluster:
@@ -333,6 +336,11 @@ def test_frontier_gauges_add_up_every_shard(request, redis_client, redis_url, sh
     assert (queue, leased, delayed) == expected
     if shards > 1:
         assert client.zcard(crawl.queue) == client.zcard(crawl.leases) == 0
+    client.lpush(crawl.dead, b'{"reason":"a"}', b'{"reason":"b"}')
+    for n, part in enumerate(busy[1:], start=1):  # quarantined, not moved yet
+        client.lpush(part.dead, *[b'{"reason":"q"}'] * n)
+    dead = 2 if shards == 1 else 2 + 1 + 2
+    assert read_frontier_sizes(client, crawl, shards).dead == dead
 
     monitor, io = monitor_of(redis_url, shards, cluster=cluster)
     try:
@@ -352,7 +360,8 @@ def test_frontier_gauges_add_up_every_shard(request, redis_client, redis_url, sh
         metrics["distcrawl_leased"],
         metrics["distcrawl_delayed"],
     ) == tuple(str(n) for n in expected)
-    assert metrics["distcrawl_dead"] == "0"
+    assert sizes["dead"] == dead
+    assert metrics["distcrawl_dead"] == str(dead)
     assert metrics["distcrawl_revisits"] == "0"
 
 

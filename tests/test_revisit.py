@@ -59,7 +59,7 @@ def test_a_revisit_waits_for_its_due_time_and_bypasses_the_seen_set(redis_client
     assert frontier.commit([], [revisit(b"page", b"again", 60_000)]).enqueued == 1
     assert redis_client.zcard(k.revisits) == 1
     assert frontier.lease(10, 10_000).items == []  # not due for a minute
-    assert frontier.sizes()["revisits"] == 1
+    assert frontier.admin.sizes()["revisits"] == 1
     # due now: leased although its fingerprint is in the seen-set
     frontier.commit([], [revisit(b"page", b"now", 0)])
     leased = frontier.lease(10, 10_000).items

@@ -90,7 +90,7 @@ def test_set_add_and_has(redis_client):
     a, b = fingerprints(2, "x")
     assert frontier.add_seen([a, a]) == [True, False]
     assert frontier.has_seen([a, b]) == [True, False]
-    assert frontier.sizes()["seen"] == 1
+    assert frontier.admin.sizes()["seen"] == 1
 
 
 # ---------------------------------------------------------------------- sizing
@@ -144,7 +144,7 @@ def test_bloom_million_urls_false_positive_rate(redis_client):
     )
     assert rate / 2 <= measured <= 2 * rate
     assert per_url == pytest.approx(layer_size(capacity, rate).bytes_per_url, rel=0.01)
-    assert frontier.sizes()["seen"] == new
+    assert frontier.admin.sizes()["seen"] == new
 
 
 def test_capacity_exceeded_warns_and_adds_layers_through_commit(redis_client, caplog):
@@ -240,7 +240,7 @@ def test_bloom_commit_deduplicates_and_dont_filter_bypasses(redis_client):
     )
     assert (r2.enqueued, r2.duplicates) == (1, 1)
     assert not redis_client.exists(KEYS.seen)
-    assert frontier.sizes()["seen"] == 2
+    assert frontier.admin.sizes()["seen"] == 2
 
 
 def test_clear_removes_every_bloom_key(redis_client, monkeypatch):
@@ -248,7 +248,7 @@ def test_clear_removes_every_bloom_key(redis_client, monkeypatch):
     frontier = bloom(redis_client, 1000, 1e-3)
     add_all(frontier, fingerprints(1500, "clear"))
     assert len(redis_client.keys("t:bloom*")) > 2
-    frontier.clear()
+    frontier.admin.clear()
     assert redis_client.keys("t:*") == []
     assert frontier.add_seen(fingerprints(1, "clear")) == [True]  # created again
 

@@ -15,7 +15,8 @@ import pytest
 from redis.crc import key_slot
 
 from distcrawl.engine.sharded_batch import stored_start_entries
-from distcrawl.model.keys import FrontierKeys, shard_tag
+from distcrawl.model.keys import FrontierKeys
+from distcrawl.model.names import shard_tag
 from distcrawl.model.queue_entry import LeaseRef
 from distcrawl.model.records import Entry, EntryKind, Feedback
 from distcrawl.model.replies import CommitResult
@@ -692,9 +693,10 @@ def test_domains_lists_the_slots_of_every_shard(redis_url, redis_client, capsys)
     assert rows["host2.test"]["override"] == ":3"
     assert main([*argv, "domains", "site", "--limit", "1"]) == 0
     assert [r["slot"] for r in json.loads(capsys.readouterr().out)] == ["host3.test"]
-    from distcrawl.model.frontier import Frontier
+    from distcrawl.model.frontier_admin import FrontierAdmin
 
-    assert Frontier(redis_client, FrontierKeys("site")).slot_count() == 7  # 6 ready, 1 inflight
+    admin = FrontierAdmin(redis_client, FrontierKeys("site"))
+    assert admin.slot_count() == 7  # 6 ready, 1 inflight
 
 
 def test_doctor_examines_every_shard(redis_url, redis_client, capsys):

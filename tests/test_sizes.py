@@ -52,7 +52,7 @@ def test_one_crawl_by_every_rule(redis_client):
     )
     with pytest.raises(dataclasses.FrozenInstanceError):
         sizes.queue = 0  # type: ignore[misc]
-    assert Frontier(redis_client, keys).sizes() == sizes.as_dict()
+    assert Frontier(redis_client, keys).admin.sizes() == sizes.as_dict()
 
 
 def test_a_sharded_crawl_adds_up_its_shards_and_keeps_each(redis_client):

@@ -34,7 +34,8 @@ import os
 import re
 from dataclasses import dataclass
 
-from distcrawl.model.keys import FrontierKeys, glob_escape
+from distcrawl.model.keys import FrontierKeys
+from distcrawl.model.names import glob_escape
 
 #: what redis-py sends besides the commands distcrawl issues: PING is its health check
 #: (``health_check_interval``), SELECT comes with a database number in the URL. AUTH and
@@ -276,7 +277,7 @@ _UNSAFE = re.compile(r"[\s\"'\x00-\x1f\x7f]")
 
 def key_pattern(key: str) -> str:
     """``key`` as an ACL glob that matches itself only (``*?[]\\`` escaped); a crawl's
-    name holds none of these (keys.check_namespace), a per-host key's netloc may."""
+    name holds none of these (names.check_namespace), a per-host key's netloc may."""
     return glob_escape(key)
 
 

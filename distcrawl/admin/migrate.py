@@ -41,7 +41,7 @@ import redis
 
 from distcrawl.engine.liveness import live_workers
 from distcrawl.model.connection import is_cluster, node_info
-from distcrawl.model.frontier import Frontier
+from distcrawl.model.frontier_admin import FrontierAdmin
 from distcrawl.model.keys import FrontierKeys
 from distcrawl.model.seen import BloomState, part_keys
 
@@ -251,11 +251,11 @@ class Migration:
         keys, the claim lists (``claimants``), the Bloom parts (``bloom``), the per-netloc
         robots.txt keys (SCAN, as ``reset`` finds them); never the migration record."""
         src = self.source
-        frontier = Frontier(src.client, src.keys)
+        admin = FrontierAdmin(src.client, src.keys)
         bloom = BloomState.parse(src.client.hgetall(src.keys.bloom))
         names = [n for n in src.keys.all() if n != src.keys.migration]
-        names += frontier.claim_keys() + part_keys(src.keys, bloom)
-        names += sorted(k.decode() for k in frontier.netloc_keys())
+        names += admin.claim_keys() + part_keys(src.keys, bloom)
+        names += sorted(k.decode() for k in admin.netloc_keys())
         names = list(dict.fromkeys(names))
         infos = []
         for chunk in _chunks(names, BATCH):

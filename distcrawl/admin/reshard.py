@@ -43,7 +43,8 @@ from distcrawl.admin.migrate import RunOutcome, not_stopped, text_of
 from distcrawl.codec.serialize import DecodeError, RequestCodec
 from distcrawl.model.connection import is_cluster, server_ms
 from distcrawl.model.deadrecord import dead_letter
-from distcrawl.model.keys import MAX_SHARDS, FrontierKeys
+from distcrawl.model.keys import FrontierKeys
+from distcrawl.model.names import MAX_SHARDS
 from distcrawl.model.queue_entry import QueueEntryError, QueueMember, renumbered, split_member
 from distcrawl.model.seen import BloomState, part_keys
 from distcrawl.model.shards import shard_of_url

@@ -30,8 +30,9 @@ from distcrawl._commandline import (
 from distcrawl.config import DEFAULT_REDIS_URL
 from distcrawl.config._convert import ConfigError, cluster_mode
 from distcrawl.model.connection import auth_refusal, is_cluster, make_redis
-from distcrawl.model.frontier import Frontier
-from distcrawl.model.keys import FrontierKeys, check_namespace
+from distcrawl.model.frontier_admin import FrontierAdmin
+from distcrawl.model.keys import FrontierKeys
+from distcrawl.model.names import check_namespace
 from distcrawl.model.redact import redact_text, redact_url, url_secrets
 from distcrawl.producer import Producer
 
@@ -76,8 +77,10 @@ class Context:
         """``keys`` named as on this Redis (hash-tagged on a cluster); connects."""
         return keys.on_cluster(is_cluster(self.client))
 
-    def frontier(self, keys: FrontierKeys) -> Frontier:
-        return Frontier(self.client, self.keys(keys))
+    def admin(self, keys: FrontierKeys) -> FrontierAdmin:
+        """The operator's commands over crawl ``keys`` on this run's client (no scripts
+        registered: none of them runs one)."""
+        return FrontierAdmin(self.client, self.keys(keys))
 
     def producer(
         self, keys: FrontierKeys, settings: BaseSettings | None = None, **kwargs: Any

@@ -108,9 +108,9 @@ def cmd_push(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def cmd_domains(args: argparse.Namespace, ctx: Context) -> int:
-    frontier = ctx.frontier(args.spider)
-    states = frontier.slot_states(args.limit, scan=args.scan)
-    total = frontier.slot_count()
+    admin = ctx.admin(args.spider)
+    states = admin.slot_states(args.limit, scan=args.scan)
+    total = admin.slot_count()
     if total > 2 * args.scan:
         print(
             f"looked at {args.scan} slots with requests queued and {args.scan} with requests "
@@ -139,7 +139,7 @@ def cmd_limit(args: argparse.Namespace, ctx: Context) -> int:
         raise UsageError("--clear cannot be combined with --delay or --concurrency")
     if not args.clear and args.delay is None and args.concurrency is None:
         raise UsageError("give --delay and/or --concurrency, or --clear")
-    ctx.frontier(args.spider).set_limit(args.slot, args.delay, args.concurrency)
+    ctx.admin(args.spider).set_limit(args.slot, args.delay, args.concurrency)
     if ctx.as_json:
         _emit_json({"slot": args.slot, "delay": args.delay, "concurrency": args.concurrency})
     elif args.clear:
@@ -300,10 +300,10 @@ def cmd_reset(args: argparse.Namespace, ctx: Context) -> int:
             file=sys.stderr,
         )
     # the workers' claim lists too: entries claimed and not stored are start URLs as well
-    frontier = ctx.frontier(keys)
-    existing = int(ctx.client.exists(*keys.all(), *frontier.claim_keys()))
-    existing += len(frontier.netloc_keys())
-    return delete_confirmed(args, ctx, keys, "keys", existing, frontier.clear)
+    admin = ctx.admin(keys)
+    existing = int(ctx.client.exists(*keys.all(), *admin.claim_keys()))
+    existing += len(admin.netloc_keys())
+    return delete_confirmed(args, ctx, keys, "keys", existing, admin.clear)
 
 
 def add_parsers(commands: Any, common: argparse.ArgumentParser) -> None:

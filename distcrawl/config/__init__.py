@@ -29,8 +29,8 @@ from distcrawl.config._convert import (
 )
 from distcrawl.config.backoff import RetrySettings, retry_settings
 from distcrawl.config.recrawl import RecrawlSettings, recrawl_settings
-from distcrawl.model.keys import MAX_SHARDS, NamespaceError, check_namespace
 from distcrawl.model.lua import SEEN_MODES
+from distcrawl.model.names import MAX_SHARDS, NamespaceError, check_namespace
 from distcrawl.model.seen import DEFAULT_CAPACITY, DEFAULT_ERROR_RATE
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"

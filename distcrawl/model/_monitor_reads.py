@@ -3,11 +3,13 @@
 A crawl of one shard keeps its queue, leases, retries and revisits in the crawl's own keys;
 with ``DISTCRAWL_SHARDS`` above 1 they are all in the shards' keys (each under its hash tag)
 and none in the crawl's. So the monitor reads each part's and adds them up: per part the
-reads of the sizes it publishes (``MONITOR_SIZES``, by the one reader of sizes,
-distcrawl/model/sizes.py, so that they count as ``distcrawl status`` counts), then the revisit
-gauges' reads (``GAUGE_REPLIES``, see :func:`~distcrawl.model.revisits_admin.gauges_of`), then
-one TIME. Every read is O(1) or O(log n): a beat costs O(shards) of them, however big the
-crawl.
+reads of the sizes it publishes (:func:`part_sizes`), then the revisit gauges' reads
+(``GAUGE_REPLIES``, see :func:`~distcrawl.model.revisits_admin.gauges_of`), then one TIME.
+The crawl's own dead letters (``CRAWL_SIZES``) are read in the beat's MULTI, in the crawl's
+slot on a cluster, and added to the shards' quarantines as ``distcrawl status`` adds them.
+Every size is read by the one reader of sizes, distcrawl/model/sizes.py, so that it counts as
+``status`` counts it. Every read is O(1) or O(log n): a beat costs O(shards) of them, however
+big the crawl.
 """
 
 from __future__ import annotations
@@ -18,12 +20,31 @@ from typing import Any
 from distcrawl.model.keys import FrontierKeys
 from distcrawl.model.ops import Op
 from distcrawl.model.revisits_admin import GAUGE_REPLIES
-from distcrawl.model.sizes import add_up, size_commands, size_replies, sizes_from
+from distcrawl.model.sizes import FrontierSizes, size_commands, size_replies, sizes_from
 
-#: the sizes the monitor publishes (distcrawl_queue, _leased, _delayed)
-MONITOR_SIZES = ("queue", "leased", "delayed")
-#: replies per part of the sizes' reads
-SIZE_REPLIES = size_replies(MONITOR_SIZES)
+#: the sizes the monitor publishes (distcrawl_queue, _leased, _delayed, _dead)
+MONITOR_SIZES = ("queue", "leased", "delayed", "dead")
+#: the sizes read in the crawl's own keys: its dead letters (crawl-wide, every shard's too)
+CRAWL_SIZES = ("dead",)
+#: replies of :func:`crawl_ops`
+CRAWL_REPLIES = size_replies(CRAWL_SIZES)
+
+
+def part_sizes(parts: int) -> tuple[str, ...]:
+    """The sizes read in each of ``parts`` parts: the requests queued, leased and waiting
+    for a retry; with shards also each shard's dead-letter quarantine (the one part of a
+    crawl of one shard is the crawl's own keys, whose dead letters ``CRAWL_SIZES`` reads)."""
+    return ("queue", "leased", "delayed") if parts == 1 else MONITOR_SIZES
+
+
+def crawl_ops(keys: FrontierKeys) -> list[Op[Any]]:
+    """The reads of ``CRAWL_SIZES`` in the crawl's own keys (``CRAWL_REPLIES`` replies)."""
+    return size_commands(keys, CRAWL_SIZES)
+
+
+def crawl_sizes(replies: Sequence[Any]) -> FrontierSizes:
+    """The sizes :func:`crawl_ops` read (the others 0)."""
+    return sizes_from(replies, CRAWL_SIZES)
 
 
 def parts_of(keys: FrontierKeys, shards: int) -> list[FrontierKeys]:
@@ -42,7 +63,7 @@ def part_ops(parts: Sequence[FrontierKeys], due_until: int | str) -> list[Op[Any
     gauges' reads of every part, counting those due up to ``due_until``, then TIME."""
     ops: list[Op[Any]] = []
     for k in parts:
-        ops += size_commands(k, MONITOR_SIZES)
+        ops += size_commands(k, part_sizes(len(parts)))
     for k in parts:
         ops += [
             Op("", [], ["ZCARD", k.revisits], _same),
@@ -56,21 +77,21 @@ def part_ops(parts: Sequence[FrontierKeys], due_until: int | str) -> list[Op[Any
 
 def part_replies(parts: int) -> int:
     """How many replies :func:`part_ops` of ``parts`` parts gets."""
-    return parts * (SIZE_REPLIES + GAUGE_REPLIES) + 1
+    return parts * (size_replies(part_sizes(parts)) + GAUGE_REPLIES) + 1
 
 
 def split_replies(replies: Sequence[Any], parts: int) -> tuple[list[Any], list[Any]]:
     """The replies of :func:`part_ops`: those of the sizes, those of the revisit gauges."""
-    count = parts * SIZE_REPLIES
+    count = parts * size_replies(part_sizes(parts))
     return list(replies[:count]), list(replies[count:])
 
 
-def sizes_of(replies: Sequence[Any], parts: int) -> dict[str, int]:
-    """The frontier sizes, all parts added up, from their reads (``SIZE_REPLIES`` each)."""
-    total = add_up(
-        [
-            sizes_from(replies[i * SIZE_REPLIES : (i + 1) * SIZE_REPLIES], MONITOR_SIZES)
-            for i in range(parts)
-        ]
+def sizes_of(replies: Sequence[Any], parts: int, crawl: FrontierSizes) -> dict[str, int]:
+    """The frontier sizes ``MONITOR_SIZES``: the parts' from their reads, added up, and the
+    crawl's own (:func:`crawl_sizes`) added to them."""
+    fields = part_sizes(parts)
+    each = size_replies(fields)
+    total = crawl.with_shards(
+        [sizes_from(replies[i * each : (i + 1) * each], fields) for i in range(parts)]
     )
     return {name: getattr(total, name) for name in MONITOR_SIZES}

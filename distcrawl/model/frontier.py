@@ -64,7 +64,7 @@ def _pairs(refs: Iterable[LeaseRef]) -> list[Any]:
     return [x for ref in refs for x in (ref.id, ref.token)]
 
 
-class Frontier(FrontierAdmin):
+class Frontier:
     """``seen`` picks the seen-set, ``"set"`` or ``"bloom"`` (``DISTCRAWL_SEEN``); the Bloom
     filter's capacity and error rate only matter to the worker that creates it."""
 
@@ -101,6 +101,8 @@ class Frontier(FrontierAdmin):
                 capacity=bloom_capacity,
                 error_rate=bloom_error_rate,
             )
+        #: the operator's commands over these keys (sizes, slot states, limits, reset)
+        self.admin = FrontierAdmin(client, keys, self.bloom)
 
     def run(self, op: Op[T]) -> T:
         """Send one Op on its own (a script falls back to EVAL after a script cache flush)."""

@@ -1,6 +1,8 @@
 """The operator's side of the frontier: plain commands over its keys, no script, off the
 workers' hot path (``distcrawl slots``, ``limit`` and ``reset``, the dashboard, the producer's
-sizes). ``Frontier`` has these methods; they live here to keep frontier.py about the scripts."""
+sizes). A ``Frontier`` holds one as ``frontier.admin`` (its reset must forget the Bloom
+state the worker cached); the operator's tools build their own from a client and keys,
+without the scripts a ``Frontier`` registers."""
 
 from __future__ import annotations
 
@@ -18,11 +20,16 @@ from distcrawl.model.sizes import queue_size_reads, recorded_count, sizes_from
 
 
 class FrontierAdmin:
-    """A base of ``Frontier``: its operator methods (see the module's docstring)."""
+    """The operator's commands over one keyset (see the module's docstring). ``bloom`` is
+    the Bloom filter of the frontier this belongs to, if any: ``clear`` drops its cached
+    state."""
 
-    client: redis.Redis
-    keys: FrontierKeys
-    bloom: BloomFilter | None
+    def __init__(
+        self, client: redis.Redis, keys: FrontierKeys, bloom: BloomFilter | None = None
+    ) -> None:
+        self.client = client
+        self.keys = keys
+        self.bloom = bloom
 
     def set_limit(self, slot: str, delay: float | None, concurrency: int | None) -> None:
         """A cluster-wide override for one slot, applied from the next lease on; both None

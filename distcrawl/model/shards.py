@@ -286,7 +286,7 @@ class Shards:
     def sizes(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for f in self.frontiers:
-            for name, value in f.sizes().items():
+            for name, value in f.admin.sizes().items():
                 if name == "start_urls" and f is not self.crawl:
                     continue  # the crawl's, read once
                 out[name] = out.get(name, 0) + value
@@ -294,7 +294,7 @@ class Shards:
 
     def clear(self) -> int:
         """Remove the crawl's keys, every shard's included (FrontierAdmin.clear)."""
-        return self.crawl.clear(shards=[f.keys for f in self.parts if f is not self.crawl])
+        return self.crawl.admin.clear(shards=[f.keys for f in self.parts if f is not self.crawl])
 
     def move_dead(self, shard: int, limit: int = MOVE_DEAD_BATCH) -> int:
         """Move up to ``limit`` of the oldest dead letters from shard ``shard``'s quarantine

@@ -1,7 +1,7 @@
 """The frontier's sizes, read one way for everyone who shows them.
 
 ``distcrawl status`` and ``watch`` (distcrawl/model/dashboard.py), the producer's ``status()``,
-``Frontier.sizes`` (the scheduler's opening line) and the web console read the same numbers:
+``FrontierAdmin.sizes`` (the scheduler's opening line) and the web console read the same numbers:
 how many requests are queued, in flight, retrying, dead, due again later, how many start URLs
 wait and how many URLs were seen. They are read here, as :class:`FrontierSizes`, so that a
 size is counted by one rule (the queue includes the due revisits' queue, the seen-set the Bloom
@@ -22,7 +22,8 @@ from typing import Any
 
 import redis
 
-from distcrawl.model.keys import MAX_SHARDS, FrontierKeys
+from distcrawl.model.keys import FrontierKeys
+from distcrawl.model.names import MAX_SHARDS
 from distcrawl.model.ops import Op
 from distcrawl.model.seen import BloomState
 
@@ -68,7 +69,7 @@ class FrontierSizes:
     shards: tuple[FrontierSizes, ...] = ()
 
     def as_dict(self) -> dict[str, int]:
-        """The sizes ``Frontier.sizes`` has always returned (the scheduler logs them)."""
+        """The sizes ``FrontierAdmin.sizes`` has always returned (the scheduler logs them)."""
         return {
             "queue": self.queue,
             "leased": self.leased,
@@ -161,11 +162,6 @@ def sizes_from(
     if not start_urls:
         values.pop("start_urls", None)
     return FrontierSizes(**values)
-
-
-def add_up(parts: Sequence[FrontierSizes]) -> FrontierSizes:
-    """The sizes of several parts (shards) added up, the parts kept in ``shards``."""
-    return FrontierSizes().with_shards(parts)
 
 
 def recorded_count(raw: Any) -> int:
