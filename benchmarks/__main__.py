@@ -82,6 +82,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="lean suite: worker processes of the start-URL runs (default 2)",
     )
     p.add_argument(
+        "--start-url-batch",
+        type=int,
+        default=None,
+        help="start-URL runs: entries read and committed at a time (default 100, "
+        "DISTCRAWL_START_URLS_BATCH's default)",
+    )
+    p.add_argument(
+        "--queued-seconds",
+        type=float,
+        default=None,
+        help="start-URL runs: then lease and acknowledge this long on the queue they left "
+        "(default 0 for the start-urls suite, 15 for the lean suite)",
+    )
+    p.add_argument(
         "--idle-workers",
         type=int,
         nargs="+",
@@ -370,7 +384,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.suite == "start-urls":  # redis-server only: no crawler, no baseline
         from benchmarks.start_urls import suite_main
 
-        return suite_main(args.start_urls, args.distcrawl, args.output, args.max_seconds)
+        return suite_main(
+            args.start_urls,
+            args.distcrawl,
+            args.output,
+            args.max_seconds,
+            batch=args.start_url_batch or 100,
+            queued_seconds=args.queued_seconds or 0.0,
+        )
     problem = check_requirements()
     if problem:
         print(f"benchmarks: {problem}", file=sys.stderr)

@@ -162,14 +162,17 @@ def run_idle(args: Any, workdir: Path) -> dict[str, Any]:
 
 
 def run_start_urls(args: Any, workdir: Path) -> dict[str, Any]:
-    from benchmarks.start_urls import run_suite
+    from benchmarks.start_urls import BATCH, QUEUED_SECONDS, run_suite
 
+    queued = QUEUED_SECONDS if args.queued_seconds is None else args.queued_seconds
     return run_suite(
         args.start_urls,
         workdir / "start-urls",
         None,
         args.max_seconds,
         tuple(args.start_url_workers),
+        batch=args.start_url_batch or BATCH,
+        queued_seconds=queued,
     )
 
 
@@ -299,6 +302,19 @@ def lean_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                 f"{found['over_10ms']} over 10 ms (in the last {logged}), {over_1ms} over 1 ms",
             )
         )
+        queued = found.get("queued_phase")
+        if queued:
+            out.append(
+                _target(
+                    f"slowest script, leasing at {queued['queued']:,} queued, {n} workers",
+                    queued["worst_script_ms"],
+                    f"<= {SCRIPT_MS:g} ms",
+                    SCRIPT_MS,
+                    " ms",
+                    f"{queued['script_calls_over_10ms']} script calls over 10 ms, "
+                    f"{queued['script_calls_over_1ms']} over 1 ms",
+                )
+            )
     return out
 
 

@@ -29,6 +29,7 @@ from distcrawl.model.deadrecord import dead_letter
 from distcrawl.model.frontier import Frontier
 from distcrawl.model.keys import FrontierKeys
 from distcrawl.model.queue_entry import parse_entry
+from distcrawl.model.shards import COMMIT_CALL_MAX
 from distcrawl.producer import ProducerError, RedriveResult
 from tests.support import page_fetches, wait_until
 
@@ -117,6 +118,32 @@ def test_push_many_in_pipelined_batches_and_the_pending_cap(redis_url, redis_cli
     settings = project_settings(DISTCRAWL_MAX_PENDING=2000)
     with Producer.from_url(redis_url, "site", settings) as p:
         assert p.push("http://cap.test/9").outcome is Outcome.QUEUED
+
+
+def test_push_many_stores_a_large_batch_in_calls_of_at_most_commit_call_max(
+    redis_url, redis_client
+):
+    """DISTCRAWL_PUSH_BATCH_SIZE above COMMIT_CALL_MAX: the batch is several commit.lua
+    calls (each a bounded time in Redis), its outcomes still in order."""
+    count = 2 * COMMIT_CALL_MAX + 7
+    urls = [f"http://h{i % 5}.test/big/{i}" for i in range(count)]
+    frontier = Frontier(redis_client, SITE)
+    frontier.scripts.load(redis_client)  # no NOSCRIPT round: each call runs once
+    redis_client.config_set("slowlog-log-slower-than", 0)
+    redis_client.config_set("slowlog-max-len", 10_000)
+    redis_client.slowlog_reset()
+    settings = project_settings(DISTCRAWL_PUSH_BATCH_SIZE=1000)
+    with Producer.from_url(redis_url, "site", settings) as p:
+        # a URL of the first call pushed again in the last: found seen there
+        results = p.push_many([*urls, urls[3]])
+    sha = frontier.scripts.commit.sha.encode()
+    calls = [
+        e for e in redis_client.slowlog_get(10_000) if e["command"].startswith(b"EVALSHA " + sha)
+    ]
+    assert len(calls) == 3
+    assert [r.outcome for r in results] == [Outcome.QUEUED] * count + [Outcome.SEEN]
+    assert [r.url for r in results] == [*urls, urls[3]]
+    assert redis_client.zcard(SITE.queue) == count
 
 
 def test_push_many_after_a_script_flush_and_a_lost_reply(redis_proxy, redis_client):

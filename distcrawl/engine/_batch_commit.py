@@ -84,7 +84,7 @@ class Commits:
                 for i, part in enumerate(phase)
             ]
             last = phase is phases[-1]
-            if self.wait_replicas and len(phases) > 1 and phase is phases[0]:
+            if self.wait_replicas and self.shards.sharded and phase is not phases[-1]:
                 down = self._send(pending, res) or self._send_waited(steps, res)
             elif riding and last:
                 down = self._send(pending + steps + after, res)
@@ -158,7 +158,8 @@ class Commits:
         parts = [p for phase in commit.phases or [] for p in phase]
         results = [commit.parts_done[p.id] for p in parts]
         if not self.shards.sharded:
-            return results[0], []
+            # one part, or the pieces of a commit over COMMIT_CALL_MAX (shards.py)
+            return (results[0] if len(parts) == 1 else merge_commits(parts, results)), []
         for part, result in zip(parts, results, strict=True):
             self.leases.queued[part.shard] = result.queue_size
         done = sorted({p.shard for p, r in zip(parts, results, strict=True) if r.enqueued})

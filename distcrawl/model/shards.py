@@ -53,6 +53,11 @@ SLOT_MEMORY = 100_000
 MOVE_DEAD_BATCH = 100
 #: how long (ms) one worker holds a shard's quarantine while it moves it
 MOVE_DEAD_LOCK_MS = 10_000
+#: entries and acknowledgements one commit script call handles at most. Each costs a few
+#: Redis calls, O(log N) in the queue (12-25 us at a million queued requests): a call stays
+#: within a few milliseconds, however many links a page has or however large
+#: DISTCRAWL_START_URLS_BATCH is, and Redis serves the other workers in between
+COMMIT_CALL_MAX = 100
 
 # the suffix list bundled with tldextract: no download, no cache directory
 _extract = tldextract.TLDExtract(suffix_list_urls=(), cache_dir=None)
@@ -225,9 +230,8 @@ class Shards:
         list itself."""
         if not self.sharded:
             positions = list(range(len(entries)))
-            return [
-                [CommitPart(0, commit_id, list(acks), list(entries), list(feedback), positions)]
-            ]
+            whole = CommitPart(0, commit_id, list(acks), list(entries), list(feedback), positions)
+            return bounded([[whole]])
         refs = self.by_shard(acks)
         default = min(refs) if refs else 0
         routed: dict[int, list[tuple[int, Entry]]] = {}
@@ -251,7 +255,7 @@ class Shards:
                     shard, f"{commit_id}:{shard}", refs.get(shard, []), pairs, fed.get(shard, [])
                 )
                 last.append(part)
-        return [phase for phase in (first, last) if phase]
+        return bounded([phase for phase in (first, last) if phase])
 
     # -- the whole crawl --------------------------------------------------------------------
 
@@ -327,6 +331,50 @@ def in_shard(entry: Entry) -> Entry:
     if entry.kind is EntryKind.BAD_START:
         return entry._replace(kind=EntryKind.DEAD_LETTER)
     return entry
+
+
+def bounded(phases: list[list[CommitPart]], limit: int = COMMIT_CALL_MAX) -> list[list[CommitPart]]:
+    """``phases`` with every part of more than ``limit`` entries and acknowledgements cut
+    into pieces of at most ``limit``, each piece a script call of its own and in a phase of
+    its own, before what it was cut from: entries go first, acknowledgements after the last
+    of them and the feedback with the last piece, so a request is still acknowledged only
+    once everything it produced is stored (a crash in between crawls it again, its children
+    deduplicated). A shard has one piece per phase: a phase's round trip loses at most the
+    reply of one call per shard, which the commit id then recognises (commit.lua keeps the
+    last id per worker). The pieces of a phase's parts end together, with the phase."""
+    out: list[list[CommitPart]] = []
+    for phase in phases:
+        cut = [_pieces(part, limit) for part in phase]
+        depth = max((len(pieces) for pieces in cut), default=0)
+        for step in range(depth):
+            out.append(
+                [
+                    pieces[step - depth + len(pieces)]
+                    for pieces in cut
+                    if step >= depth - len(pieces)
+                ]
+            )
+    return out
+
+
+def _pieces(part: CommitPart, limit: int) -> list[CommitPart]:
+    """``part`` as calls of at most ``limit`` entries and acknowledgements, in order; the
+    last keeps the part's id (a part that fits is itself)."""
+    if len(part.entries) + len(part.acks) <= limit:
+        return [part]
+    pairs = list(zip(part.positions, part.entries, strict=True))
+    acks = list(part.acks)
+    pieces: list[CommitPart] = []
+    while len(pairs) + len(acks) > limit:
+        piece_id = f"{part.id}:p{len(pieces)}"
+        if pairs:
+            pieces.append(_part(part.shard, piece_id, [], pairs[:limit], []))
+            pairs = pairs[limit:]
+        else:
+            pieces.append(CommitPart(part.shard, piece_id, acks[:limit], [], [], []))
+            acks = acks[limit:]
+    pieces.append(_part(part.shard, part.id, acks, pairs, part.feedback))
+    return pieces
 
 
 def _part(

@@ -16,7 +16,7 @@ from distcrawl.config import DistcrawlConfig
 from distcrawl.engine._batch_send import pipelined
 from distcrawl.model.frontier import Frontier
 from distcrawl.model.records import Entry, Politeness
-from distcrawl.model.shards import shard_of_url
+from distcrawl.model.shards import COMMIT_CALL_MAX, shard_of_url
 from distcrawl.producer._results import Outcome, PushResult
 
 #: how long a pending cap published by the workers (``<ns>:settings``) is trusted
@@ -114,21 +114,23 @@ class Committer:
         self, batches: Sequence[Sequence[tuple[int, str, Entry]]], results: list[PushResult | None]
     ) -> None:
         """One commit per batch and shard: a batch's entries grouped by the shard of their
-        URL (all in one with one shard), every commit of the call in one pipeline; each
-        entry's outcome read at its position in its commit and reported at its own."""
+        URL (all in one with one shard), in calls of at most COMMIT_CALL_MAX entries (a
+        bounded time in Redis each), every call in one pipeline; each entry's outcome read
+        at its position in its call and reported at its own."""
         parts = self._parts()
         politeness = self._politeness()
         for part in parts:
             part.politeness = politeness
         commits: list[tuple[Frontier, list[tuple[int, str, Entry]]]] = []
         for batch in batches:
-            if len(parts) == 1:
-                commits.append((parts[0], list(batch)))
-                continue
             by_shard: dict[int, list[tuple[int, str, Entry]]] = {}
             for item in batch:
                 by_shard.setdefault(shard_of_url(item[1], len(parts)), []).append(item)
-            commits += [(parts[shard], group) for shard, group in sorted(by_shard.items())]
+            for shard, group in sorted(by_shard.items()):
+                commits += [
+                    (parts[shard], group[at : at + COMMIT_CALL_MAX])
+                    for at in range(0, len(group), COMMIT_CALL_MAX)
+                ]
         if parts[0].bloom is not None:
             # the Bloom filter may have to read or grow its state around each commit
             replies = [
