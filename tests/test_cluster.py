@@ -87,6 +87,7 @@ def assert_drained(client: redis.Redis) -> None:
     assert client.llen(SITE.start_urls) == 0
 
 
+@pytest.mark.valkey
 def test_two_workers_crawl_every_page_once_through_a_node_without_the_slot(
     redis_cluster, demo_site, workers, cluster_client, redis_url
 ):

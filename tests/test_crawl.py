@@ -54,6 +54,7 @@ def test_two_workers_fetch_every_page_exactly_once(demo_site, workers, redis_cli
         assert "Deprecat" not in w.log() + w.log_path.with_suffix(".stderr").read_text()
 
 
+@pytest.mark.valkey
 def test_push_to_idle_workers_starts_the_crawl_at_once(
     demo_site, workers, redis_server, redis_client
 ):

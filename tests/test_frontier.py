@@ -14,6 +14,9 @@ from distcrawl.model.keys import FrontierKeys
 from distcrawl.model.queue_entry import LeaseRef, make_entry
 from distcrawl.model.records import Entry, EntryKind, Redrive, RedriveKind
 
+#: the frontier's scripts, on Valkey too
+pytestmark = pytest.mark.valkey
+
 
 @pytest.fixture
 def frontier(redis_client):

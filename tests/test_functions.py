@@ -24,6 +24,7 @@ def pairs(reply: list) -> dict:
     return dict(zip(reply[::2], reply[1::2], strict=True))
 
 
+@pytest.mark.valkey
 def test_setup_loads_the_library_once_and_again(capsys, redis_url, redis_client):
     assert lua.loaded_version(redis_client) is None
     assert main(["--redis-url", redis_url, "--json", "setup"]) == 0
@@ -56,6 +57,7 @@ def test_the_version_changes_with_any_script():
 
 
 @pytest.mark.parametrize("loaded", [False, True])
+@pytest.mark.valkey
 def test_a_frontier_runs_its_scripts_either_way(loaded, redis_client):
     """The same frontier steps, by EVALSHA or FCALL; the server's own counters say which."""
     if loaded:

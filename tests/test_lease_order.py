@@ -17,6 +17,9 @@ from distcrawl.model.frontier import Frontier
 from distcrawl.model.keys import FrontierKeys
 from distcrawl.model.records import Entry, EntryKind, Politeness
 
+#: the frontier's scripts, on Valkey too
+pytestmark = pytest.mark.valkey
+
 
 def frontier_of(redis_client, **options) -> Frontier:
     return Frontier(redis_client, FrontierKeys("t"), Politeness(**options))

