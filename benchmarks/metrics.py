@@ -67,6 +67,7 @@ def crawl_metrics(run: CrawlRun) -> dict[str, Any]:
                 "net_in_bytes": run.traffic.net_in,
             },
             "commandstats_calls": run.traffic.calls,
+            "commandstats_usec": run.traffic.usec,
         }
     if run.seen:
         out["seen_set"] = {**run.seen, "bytes_per_url": run.seen["bytes"] / run.seen["members"]}

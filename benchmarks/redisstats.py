@@ -36,6 +36,7 @@ class Snapshot:
     net_out: int
     calls: dict[str, int]
     cpu: float
+    usec: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def take(cls, client: redis.Redis) -> Snapshot:
@@ -52,6 +53,11 @@ class Snapshot:
             net_out=int(info["total_net_output_bytes"]),
             calls=calls,
             cpu=float(info["used_cpu_user"]) + float(info["used_cpu_sys"]),
+            usec={
+                key[len("cmdstat_") :]: int(value["usec"])
+                for key, value in info.items()
+                if key.startswith("cmdstat_")
+            },
         )
 
 
@@ -66,6 +72,8 @@ class Traffic:
     net_out: int = 0
     cpu: float = 0.0
     calls: dict[str, int] = field(default_factory=dict)
+    #: microseconds Redis spent in each command (a script's includes its inner calls)
+    usec: dict[str, int] = field(default_factory=dict)
 
     def per_page(self, pages: int) -> dict[str, float]:
         n = max(pages, 1)
@@ -94,6 +102,11 @@ def traffic(before: Snapshot, after: Snapshot, own: Traffic | None = None) -> Tr
         net_out=after.net_out - before.net_out,
         cpu=after.cpu - before.cpu,
         calls={k: v for k, v in sorted(calls.items(), key=lambda kv: -kv[1]) if v},
+        usec={
+            k: v - before.usec.get(k, 0)
+            for k, v in sorted(after.usec.items(), key=lambda kv: -kv[1])
+            if v - before.usec.get(k, 0)
+        },
     )
 
 
