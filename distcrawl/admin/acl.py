@@ -61,6 +61,7 @@ LUA_COMMANDS = (
     "bitfield",
     "del",
     "exists",
+    "get",
     "getbit",
     "hdel",
     "hexists",
@@ -71,6 +72,7 @@ LUA_COMMANDS = (
     "hscan",
     "hset",
     "incr",
+    "incrby",
     "lindex",
     "llen",
     "lmove",
@@ -85,6 +87,7 @@ LUA_COMMANDS = (
     "setbit",
     "sismember",
     "smembers",
+    "smismember",
     "srem",
     "time",
     "zadd",
@@ -95,6 +98,7 @@ LUA_COMMANDS = (
     "zrangebylex",
     "zrangebyscore",
     "zrem",
+    "zmscore",
     "zscore",
 )
 

@@ -24,6 +24,7 @@ push whichever seen-set is used, and each script keeps a single copy of the logi
 from __future__ import annotations
 
 import hashlib
+import re
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -123,16 +124,54 @@ def source(name: str) -> str:
     return files(__name__).joinpath(f"{name}.lua").read_text(encoding="utf-8")
 
 
+#: a top-level definition of lib.lua: ``local function name(`` or ``local NAME =``
+_LIB_DEFINITION = re.compile(r"^local (?:function )?([A-Za-z_][A-Za-z0-9_]*)", re.MULTILINE)
+
+
+@lru_cache(maxsize=1)
+def lib_definitions() -> tuple[tuple[str, str], ...]:
+    """lib.lua cut into its top-level definitions, (name, text with the comment above it),
+    in order."""
+    text = source("lib")
+    starts = [m.start() for m in _LIB_DEFINITION.finditer(text)]
+    out = []
+    for at, end in zip(starts, [*starts[1:], len(text)], strict=True):
+        # without the comment lines above the next definition (comments run no code)
+        lines = text[at:end].split("\n")
+        while len(lines) > 1 and (lines[-1].startswith("--") or not lines[-1].strip()):
+            lines.pop()
+        name = _LIB_DEFINITION.match(text, at)
+        assert name is not None
+        out.append((name.group(1), "\n".join(lines)))
+    return tuple(out)
+
+
+def lib_for(code: str) -> str:
+    """The definitions of lib.lua that ``code`` uses, directly or through one another, in
+    lib.lua's order. A script runs its whole text on every call, lib.lua's included: each
+    function defined is a closure made anew, so a script carries only what it calls."""
+    defs = lib_definitions()
+    used: set[str] = set()
+    pending = [code]
+    while pending:
+        text = pending.pop()
+        for name, body in defs:
+            if name not in used and re.search(rf"\b{name}\b", text):
+                used.add(name)
+                pending.append(body)
+    return "\n".join(body for name, body in defs if name in used)
+
+
 def script_source(name: str, seen: str = "set") -> str:
-    """The source of script ``name``: the seen-set snippet if it uses one, lib.lua, then
-    the script itself."""
+    """The source of script ``name``: what it uses of lib.lua, the seen-set snippet if it
+    uses one (it calls lib.lua's helpers too), then the script itself."""
     if seen not in SEEN_MODES:
         raise ValueError(f"unknown seen-set {seen!r}: expected one of {', '.join(SEEN_MODES)}")
-    parts = [source("lib"), source(name)]
+    parts = [source(name)]
     at = SEEN_KEYS.get((name, seen))
     if at is not None:
         parts[:0] = [f"local SEEN_KEYS = {at}", source(f"seen_{seen}")]
-    return "\n".join(parts)
+    return "\n".join([lib_for("\n".join(parts)), *parts])
 
 
 #: the doctor's scripts (doctor.py), in the library too: the operator runs the doctor as the

@@ -158,29 +158,74 @@ end
 
 local now = now_ms()
 local late, stale, missing = 0, 0, 0
-for i = 8, 7 + 2 * acks, 2 do
-  local id, token = ARGV[i], ARGV[i + 1]
-  local record = redis.call('HGET', KEYS[2], id)
-  if not record then
-    missing = missing + 1
-  elseif string.sub(record, 1, TOKEN_BYTES) ~= token then
-    stale = stale + 1
-  else
-    redis.call('HDEL', KEYS[2], id)
-    local entry = string.sub(record, TOKEN_BYTES + 1)
-    if redis.call('ZREM', KEYS[5], id) == 1 then
-      local slot = entry_slot(entry)
-      done_with(KEYS[17], KEYS[11], KEYS[13], slot, id)
-      arm(KEYS[9], KEYS[10], slot, now, false)
-    elseif redis.call('ZREM', KEYS[1], entry) == 1 then
-      -- its lease expired and it went back to the queue: it is done, so it must not run again
-      late = late + 1
+-- The acknowledgements' records, leases and places are read in one call each (HMGET,
+-- ZMSCORE, SMISMEMBER) and retired in one call each, their slots' places given back and
+-- armed once per slot: what a commit costs Redis grows with its slots, not its pages.
+if acks > 0 then
+  local ids = {}
+  for i = 8, 7 + 2 * acks, 2 do ids[#ids + 1] = ARGV[i] end
+  local records = call_many('HMGET', KEYS[2], ids)
+  local leased = call_many('ZMSCORE', KEYS[5], ids)
+  local placeless = call_many('SMISMEMBER', KEYS[17], ids)
+  local gone, retired, done, unplaced, landed_in, freed_slots = {}, {}, {}, {}, {}, {}
+  for n, id in ipairs(ids) do
+    local record = records[n]
+    if not record or gone[id] then
+      missing = missing + 1
+    elseif string.sub(record, 1, TOKEN_BYTES) ~= ARGV[7 + 2 * n] then
+      stale = stale + 1
+    else
+      gone[id] = true
+      retired[#retired + 1] = id
+      local entry = string.sub(record, TOKEN_BYTES + 1)
+      if leased[n] then
+        done[#done + 1] = id
+        local slot = entry_slot(entry)
+        if slot then
+          if landed_in[slot] == nil then
+            landed_in[slot] = 0
+            freed_slots[#freed_slots + 1] = slot
+          end
+          -- a place is given back unless the request holds none (done_with in lib.lua)
+          if placeless[n] == 1 then
+            unplaced[#unplaced + 1] = id
+          else
+            landed_in[slot] = landed_in[slot] + 1
+          end
+        end
+      elseif redis.call('ZREM', KEYS[1], entry) == 1 then
+        -- its lease expired and it went back to the queue: it is done, so it must not run again
+        late = late + 1
+      end
     end
+  end
+  call_many('HDEL', KEYS[2], retired)
+  call_many('ZREM', KEYS[5], done)
+  call_many('SREM', KEYS[17], unplaced)
+  for _, slot in ipairs(freed_slots) do
+    if landed_in[slot] > 0 then landed(KEYS[11], KEYS[13], slot, landed_in[slot]) end
+    arm(KEYS[9], KEYS[10], slot, now, false)
   end
 end
 
+-- request ids: the counter is read once and moved on once, by as many ids as the commit gave
+-- out (seq_flush), in the order of its entries
+local seq_last, seq_used = nil, 0
+local function next_seq()
+  if not seq_last then
+    seq_last = tonumber(redis.call('GET', KEYS[4]) or 0)
+    -- not a number: INCR fails with Redis' own error, before anything else is written
+    if not seq_last then redis.call('INCR', KEYS[4]) end
+  end
+  seq_last, seq_used = seq_last + 1, seq_used + 1
+  return seq_last
+end
+local function seq_flush()
+  if seq_used > 0 then redis.call('INCRBY', KEYS[4], seq_used) end
+end
+
 local function new_entry(slot, prio, payload)
-  return make_entry(slot, prio, redis.call('INCR', KEYS[4]), payload)
+  return make_entry(slot, prio, next_seq(), payload)
 end
 
 -- a request stored for later (a retry, a revisit) in ``waiting``, due at ``due``; its id
@@ -205,13 +250,27 @@ local claimed = false
 local enqueued, duplicates, dead, skipped, dropped, held = 0, 0, 0, 0, 0, 0
 local slot_dropped = 0
 local not_stored = {}
--- requests queued per slot, counted once per slot and call (ZLEXCOUNT: O(log N))
+-- the entries this commit queues, in order, and their slots: they go into the queue (one
+-- ZADD) after the loop, their slots armed once each
+local to_queue, queued_slots, queued_in = {}, {}, {}
+-- requests queued per slot, counted once per slot and call (ZLEXCOUNT: O(log N)), those of
+-- this commit included
 local in_slot = {}
 local function slot_full(slot, prio)
   if slot_cap == 0 or prio >= keep_prio then return false end
-  if not in_slot[slot] then in_slot[slot] = redis.call('ZLEXCOUNT', KEYS[1], slot_range(slot)) end
+  if not in_slot[slot] then
+    in_slot[slot] = redis.call('ZLEXCOUNT', KEYS[1], slot_range(slot)) + (queued_in[slot] or 0)
+  end
   return in_slot[slot] >= slot_cap
 end
+-- whether each new request's fingerprint is in the seen-set, read in one call
+local fps = {}
+for i = 0, n - 1 do
+  local at = base + 1 + i * 6
+  local kind, fp = ARGV[at], ARGV[at + 1]
+  if fp ~= '' and (kind == 'r' or kind == 's' or kind == 'S') then fps[#fps + 1] = fp end
+end
+seen_prefetch(fps)
 for i = 0, n - 1 do
   local at = base + 1 + i * 6
   local kind, fp, slot, prio = ARGV[at], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3]
@@ -257,8 +316,9 @@ for i = 0, n - 1 do
         duplicates = duplicates + 1
         if want_positions then not_stored[#not_stored + 1] = i end
       elseif fp == '' or seen_add(fp) == 1 then
-        redis.call('ZADD', KEYS[1], 0, new_entry(slot, prio, payload))
-        arm(KEYS[9], KEYS[10], slot, now, true)
+        to_queue[#to_queue + 1] = new_entry(slot, prio, payload)
+        queued_slots[#queued_slots + 1] = slot
+        queued_in[slot] = (queued_in[slot] or 0) + 1
         pending = pending + 1
         queued = queued + 1
         if in_slot[slot] then in_slot[slot] = in_slot[slot] + 1 end
@@ -267,6 +327,26 @@ for i = 0, n - 1 do
         duplicates = duplicates + 1
         if want_positions then not_stored[#not_stored + 1] = i end
       end
+    end
+  end
+end
+
+seen_flush()
+seq_flush()
+if #to_queue > 0 then
+  local args, armed = {}, {}
+  for i, entry in ipairs(to_queue) do
+    args[#args + 1] = 0
+    args[#args + 1] = entry
+    if #args >= CALL_CHUNK or i == #to_queue then
+      redis.call('ZADD', KEYS[1], unpack(args))
+      args = {}
+    end
+  end
+  for _, slot in ipairs(queued_slots) do
+    if not armed[slot] then
+      armed[slot] = true
+      arm(KEYS[9], KEYS[10], slot, now, true)
     end
   end
 end
@@ -298,7 +378,8 @@ for i = 0, records - 1 do
   local slot, count, latency = ARGV[at], tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
   local throttled, retry_after = tonumber(ARGV[at + 3]), tonumber(ARGV[at + 4])
   local answers = count + throttled
-  local old = tonumber(redis.call('HGET', KEYS[12], slot)) or 0
+  local stored = redis.call('HGET', KEYS[12], slot)
+  local old = tonumber(stored) or 0
   local new = old
   local state = redis.call('HGET', KEYS[16], slot)
   local conc_cap, share, hold = 0, 0, 0
@@ -321,6 +402,7 @@ for i = 0, records - 1 do
       if now - (tonumber(redis.call('HGET', KEYS[14], slot)) or 0) >= old then
         new = math.min(math.max(old * 2, t_start), t_max)
         redis.call('HSET', KEYS[14], slot, now)
+        stored = stored or true
       end
       hold_back = new
     end
@@ -363,8 +445,10 @@ for i = 0, records - 1 do
   end
   new = math.floor(new)
   if new < 1 then
-    redis.call('HDEL', KEYS[12], slot)
-    redis.call('HDEL', KEYS[14], slot)
+    if stored then  -- nothing to delete for a slot that had no adaptive delay
+      redis.call('HDEL', KEYS[12], slot)
+      redis.call('HDEL', KEYS[14], slot)
+    end
   elseif new ~= old then
     redis.call('HSET', KEYS[12], slot, new)
   end

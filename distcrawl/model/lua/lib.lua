@@ -23,6 +23,26 @@ local NO_TOKEN = string.rep('\0', TOKEN_BYTES)
 local MAX_SLOT_BYTES = 255
 local DEAD_RAW_BYTES = 65536
 
+-- at most this many arguments go into one variadic call (unpack's C stack is ~8,000)
+local CALL_CHUNK = 1000
+
+-- ``command`` on ``key`` with ``items`` as its arguments, sent in calls of at most
+-- CALL_CHUNK: one call for what a per-item loop would send as many. The replies of a command
+-- answering per item (HMGET, ZMSCORE, SMISMEMBER) are joined in order; an integer reply
+-- (SADD, SREM, HDEL, ZREM) is summed.
+local function call_many(command, key, items)
+  local joined, sum = {}, 0
+  for first = 1, #items, CALL_CHUNK do
+    local reply = redis.call(command, key, unpack(items, first, math.min(#items, first + CALL_CHUNK - 1)))
+    if type(reply) == 'table' then
+      for i = 1, #reply do joined[#joined + 1] = reply[i] end
+    else
+      sum = sum + reply
+    end
+  end
+  return joined, sum
+end
+
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -115,11 +135,11 @@ local function arm(ready, slots, slot, now, add)
   end
 end
 
--- one request of this slot is no longer in flight. If the slot was waiting for its
--- robots.txt, that request was the one meant to read it and it ended without doing so
--- (dead-lettered, given back, expired): the next lease sends another.
-local function landed(inflight, robots, slot)
-  if redis.call('HINCRBY', inflight, slot, -1) <= 0 then
+-- ``count`` requests of this slot (1 when nil) are no longer in flight. If the slot was
+-- waiting for its robots.txt, that request was the one meant to read it and it ended without
+-- doing so (dead-lettered, given back, expired): the next lease sends another.
+local function landed(inflight, robots, slot, count)
+  if redis.call('HINCRBY', inflight, slot, -(count or 1)) <= 0 then
     redis.call('HDEL', inflight, slot)
   end
   local crawl_delay = tonumber(redis.call('HGET', robots, slot))

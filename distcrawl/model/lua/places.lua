@@ -31,27 +31,69 @@ local now = now_ms()
 local out = {0, 0}
 local freed = tonumber(ARGV[1])
 
-local function held(id, token)
-  local record = redis.call('HGET', KEYS[1], id)
+-- Every id's record, lease and place are read in one call each (HMGET, ZMSCORE,
+-- SMISMEMBER) and written back in one call each, per slot once: a report of many requests
+-- costs a handful of commands, not a handful per request. ``placeless`` follows what the
+-- requests in order would do to the set, so that an id reported twice counts once.
+local ids = {}
+for i = 2, #ARGV, 2 do ids[#ids + 1] = ARGV[i] end
+if #ids == 0 then return out end
+local records = call_many('HMGET', KEYS[1], ids)
+local leased = call_many('ZMSCORE', KEYS[2], ids)
+local member = {}
+for n, flag in ipairs(call_many('SMISMEMBER', KEYS[7], ids)) do
+  member[ids[n]] = flag == 1
+end
+local was = {}
+for id, flag in pairs(member) do was[id] = flag end
+
+-- the slot of the n-th id when its lease is held under the token presented, else nil
+local function held(n, token)
+  local record = records[n]
   local slot = record and string.sub(record, 1, TOKEN_BYTES) == token
     and entry_slot(string.sub(record, TOKEN_BYTES + 1))
-  if slot and redis.call('ZSCORE', KEYS[2], id) then return slot end
+  if slot and leased[n] then return slot end
   return nil
 end
 
-for i = 2, 2 * freed, 2 do
-  local slot = held(ARGV[i], ARGV[i + 1])
-  if slot and redis.call('SADD', KEYS[7], ARGV[i]) == 1 then
-    landed(KEYS[3], KEYS[4], slot)
-    arm(KEYS[5], KEYS[6], slot, now, false)
+local landed_in, taken_in, slots_freed, slots_taken = {}, {}, {}, {}
+for n = 1, freed do
+  local id = ids[n]
+  local slot = held(n, ARGV[2 * n + 1])
+  if slot and not member[id] then
+    member[id] = true
+    if not landed_in[slot] then slots_freed[#slots_freed + 1] = slot end
+    landed_in[slot] = (landed_in[slot] or 0) + 1
     out[1] = out[1] + 1
   end
 end
-for i = 2 * freed + 2, #ARGV, 2 do
-  local slot = held(ARGV[i], ARGV[i + 1])
-  if slot and redis.call('SREM', KEYS[7], ARGV[i]) == 1 then
-    redis.call('HINCRBY', KEYS[3], slot, 1)
+for n = freed + 1, #ids do
+  local id = ids[n]
+  local slot = held(n, ARGV[2 * n + 1])
+  if slot and member[id] then
+    member[id] = false
+    if not taken_in[slot] then slots_taken[#slots_taken + 1] = slot end
+    taken_in[slot] = (taken_in[slot] or 0) + 1
     out[2] = out[2] + 1
   end
+end
+
+local add, remove, listed = {}, {}, {}
+for _, id in ipairs(ids) do
+  if not listed[id] then
+    listed[id] = true
+    if member[id] and not was[id] then add[#add + 1] = id end
+    if was[id] and not member[id] then remove[#remove + 1] = id end
+  end
+end
+call_many('SADD', KEYS[7], add)
+call_many('SREM', KEYS[7], remove)
+-- places freed first, then the reserves' places taken, as the report is ordered
+for _, slot in ipairs(slots_freed) do
+  landed(KEYS[3], KEYS[4], slot, landed_in[slot])
+  arm(KEYS[5], KEYS[6], slot, now, false)
+end
+for _, slot in ipairs(slots_taken) do
+  redis.call('HINCRBY', KEYS[3], slot, taken_in[slot])
 end
 return out

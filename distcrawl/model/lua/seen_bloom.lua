@@ -21,6 +21,8 @@
 --                 count is incremented), 0 if it was probably seen (all its bits are set in
 --                 some layer; wrong with the configured false-positive probability)
 --   seen_has(fp)  the same answer without writing anything
+--   seen_prefetch(fps), seen_flush()  nothing (seen_set.lua batches its reads and writes
+--                 with them; each of a Bloom filter's bits is read and set where it is met)
 --
 -- Lua does no hashing: fp is already a SHA1-based fingerprint, so its first 12 bytes give
 -- two independent 48-bit numbers h1 and h2, and the k bit positions in a layer of m bits are
@@ -123,3 +125,7 @@ local function seen_add(fp)
   redis.call('HINCRBY', KEYS[SEEN_KEYS], bloom_count_field, 1)
   return 1
 end
+
+local function seen_prefetch(_) end
+
+local function seen_flush() end
