@@ -42,7 +42,7 @@ def lua_commands() -> set[str]:
     for path in sorted((PACKAGE / "model" / "lua").glob("*.lua")):
         text = path.read_text(encoding="utf-8")
         # lib.lua's call_many sends the command it is given, always a literal at its callers
-        text = text.replace("redis.call(command, key, unpack(", "")
+        text = text.replace("redis.call(command, key, unpack(items", "")
         calls = re.findall(r"(?:redis\.p?call|[^_]call_many)\((?!command)", text)
         literal = re.findall(r"(?:redis\.p?call|call_many)\(\s*(['\"])([A-Za-z]+)\1", text)
         # a command name built at run time could not be checked here

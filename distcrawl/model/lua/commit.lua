@@ -335,14 +335,11 @@ seen_flush()
 seq_flush()
 if #to_queue > 0 then
   local args, armed = {}, {}
-  for i, entry in ipairs(to_queue) do
+  for _, entry in ipairs(to_queue) do
     args[#args + 1] = 0
     args[#args + 1] = entry
-    if #args >= CALL_CHUNK or i == #to_queue then
-      redis.call('ZADD', KEYS[1], unpack(args))
-      args = {}
-    end
   end
+  call_many('ZADD', KEYS[1], args)
   for _, slot in ipairs(queued_slots) do
     if not armed[slot] then
       armed[slot] = true

@@ -243,6 +243,8 @@ end
 -- what this lease hands out, {priority, rank in its slot, slot's place, kind, token, entry},
 -- sorted before it goes into ``out`` (see the rotation below)
 local leased = {}
+-- the ids this call leased (a reused id must not name two of them)
+local leased_ids = {}
 -- per slot: its place among the candidates, its lowest priority so far, how many of that
 -- priority it gave
 local order, given, lowest = {}, {}, {}
@@ -311,45 +313,68 @@ local function visit(slot, room, first)
     for _, entry in ipairs(fresh) do
       entries[#entries + 1], queues[#queues + 1] = entry, KEYS[1]
     end
+    -- which entries this turn takes, in order: places first, then reserves; a malformed
+    -- one is quarantined where it is met
     local taken, reserves, used = 0, 0, 0
+    local picked, from = {}, {}
     for i, entry in ipairs(entries) do
       if taken + reserves >= take + extra then break end
       used = i
       if entry_slot(entry) ~= slot then
         quarantined(entry, 'malformed queue entry', queues[i])
       else
-        redis.call('ZREM', queues[i], entry)
-        local id = entry_id(entry)
-        local record = redis.call('HGET', KEYS[2], id)
-        -- a record under this id that is not this request's: 'seq' went back after Redis
-        -- lost data, and the id is reused; this request gets a new one
-        while record and string.sub(record, TOKEN_BYTES + 1) ~= entry do
-          local prio, payload = entry_fields(entry)
-          entry = make_entry(slot, prio, redis.call('INCR', KEYS[12]), payload)
-          id = entry_id(entry)
-          record = redis.call('HGET', KEYS[2], id)
-        end
-        local token = tag .. be_bytes((nonce + #leased) % 4294967296, 4)
-        redis.call('HSET', KEYS[2], id, token .. entry)
-        redis.call('ZADD', KEYS[3], deadline, id)
-        local kind
-        if taken < take then
-          redis.call('SREM', KEYS[17], id)  -- a new lease takes a place of its own
-          kind = delay > 0 and 1 or 0
-          taken = taken + 1
-        else
-          redis.call('SADD', KEYS[17], id)  -- a reserve: no place until it takes one
-          kind = 2
-          reserves = reserves + 1
-        end
-        -- never above an earlier one of the slot (sorting keeps each slot's own order); its
-        -- rank counts the slot's requests of that priority
-        local prio = math.min(entry_priority(entry), lowest[slot] or math.huge)
-        given[slot] = prio == lowest[slot] and given[slot] + 1 or 1
-        lowest[slot] = prio
-        leased[#leased + 1] = {prio, given[slot], order[slot], kind, token, entry}
+        picked[#picked + 1] = entry
+        from[queues[i]] = from[queues[i]] or {}
+        local list = from[queues[i]]
+        list[#list + 1] = entry
+        if taken < take then taken = taken + 1 else reserves = reserves + 1 end
       end
     end
+    -- and they are leased with one call per command for the turn (ZREM from each queue,
+    -- HMGET, HSET, ZADD, SREM/SADD), not one per request
+    for _, queue in ipairs({KEYS[1], KEYS[19]}) do
+      if from[queue] then call_many('ZREM', queue, from[queue]) end
+    end
+    local ids = {}
+    for n, entry in ipairs(picked) do ids[n] = entry_id(entry) end
+    local records = call_many('HMGET', KEYS[2], ids)
+    local writes, deadlines, placed, unplaced = {}, {}, {}, {}
+    for n, entry in ipairs(picked) do
+      local id, record = ids[n], records[n]
+      -- a record under this id that is not this request's: 'seq' went back after Redis
+      -- lost data, and the id is reused (by a record, or by a request this call leased);
+      -- this request gets a new one
+      while (record and string.sub(record, TOKEN_BYTES + 1) ~= entry) or leased_ids[id] do
+        local prio, payload = entry_fields(entry)
+        entry = make_entry(slot, prio, redis.call('INCR', KEYS[12]), payload)
+        id = entry_id(entry)
+        record = redis.call('HGET', KEYS[2], id)
+      end
+      leased_ids[id] = true
+      local token = tag .. be_bytes((nonce + #leased) % 4294967296, 4)
+      writes[#writes + 1] = id
+      writes[#writes + 1] = token .. entry
+      deadlines[#deadlines + 1] = deadline
+      deadlines[#deadlines + 1] = id
+      local kind
+      if n <= taken then
+        placed[#placed + 1] = id  -- a new lease takes a place of its own
+        kind = delay > 0 and 1 or 0
+      else
+        unplaced[#unplaced + 1] = id  -- a reserve: no place until it takes one
+        kind = 2
+      end
+      -- never above an earlier one of the slot (sorting keeps each slot's own order); its
+      -- rank counts the slot's requests of that priority
+      local prio = math.min(entry_priority(entry), lowest[slot] or math.huge)
+      given[slot] = prio == lowest[slot] and given[slot] + 1 or 1
+      lowest[slot] = prio
+      leased[#leased + 1] = {prio, given[slot], order[slot], kind, token, entry}
+    end
+    call_many('HSET', KEYS[2], writes)
+    call_many('ZADD', KEYS[3], deadlines)
+    call_many('SREM', KEYS[17], placed)
+    call_many('SADD', KEYS[17], unplaced)
     want = want - taken - reserves
     held[slot] = mine + taken
     reserved[slot] = (reserved[slot] or 0) + reserves
@@ -433,7 +458,8 @@ out[2] = redis.call('ZCARD', KEYS[4])
 -- the next slot's turn, or the next retry or revisit coming due, whichever is sooner: an
 -- idle worker asks again then, instead of leaving every due retry to a busy one
 for _, key in ipairs({KEYS[5], KEYS[4], KEYS[18]}) do
-  local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+  -- (no retry waits: nothing to read in 'delayed')
+  local first = (key ~= KEYS[4] or out[2] > 0) and redis.call('ZRANGE', key, 0, 0, 'WITHSCORES') or {}
   if #first > 0 then
     local wait = math.max(0, tonumber(first[2]) - now)
     if out[4] < 0 or wait < out[4] then out[4] = wait end

@@ -23,7 +23,8 @@ local NO_TOKEN = string.rep('\0', TOKEN_BYTES)
 local MAX_SLOT_BYTES = 255
 local DEAD_RAW_BYTES = 65536
 
--- at most this many arguments go into one variadic call (unpack's C stack is ~8,000)
+-- at most this many arguments go into one variadic call (unpack's C stack is ~8,000); even,
+-- so that the pairs of HSET and ZADD stay whole
 local CALL_CHUNK = 1000
 
 -- ``command`` on ``key`` with ``items`` as its arguments, sent in calls of at most
@@ -33,7 +34,8 @@ local CALL_CHUNK = 1000
 local function call_many(command, key, items)
   local joined, sum = {}, 0
   for first = 1, #items, CALL_CHUNK do
-    local reply = redis.call(command, key, unpack(items, first, math.min(#items, first + CALL_CHUNK - 1)))
+    local last = math.min(#items, first + CALL_CHUNK - 1)
+    local reply = redis.call(command, key, unpack(items, first, last))
     if type(reply) == 'table' then
       for i = 1, #reply do joined[#joined + 1] = reply[i] end
     else
