@@ -460,7 +460,8 @@ if queued > 0 then
     redis.call('PEXPIRE', KEYS[19], WAKE_TTL_MS)
   end
 end
+-- the queue's length: read once above, and counted since (this script only adds to it)
 return {
-  enqueued, duplicates, dead, skipped, redis.call('ZCARD', KEYS[1]), dropped, held, 0,
+  enqueued, duplicates, dead, skipped, pending, dropped, held, 0,
   late, stale, missing, slot_dropped, not_stored,
 }

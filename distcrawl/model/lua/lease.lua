@@ -166,20 +166,6 @@ promote(KEYS[4], KEYS[1], 'retry')
 promote(KEYS[18], KEYS[19], 'revisit')
 local revisits_queued = redis.call('ZCARD', KEYS[19]) > 0
 
-if redis.call('ZCARD', KEYS[5]) == 0 then
-  for _, queue in ipairs({KEYS[1], KEYS[19]}) do
-    for _, member in ipairs(redis.call('ZRANGE', queue, 0, 15)) do
-      local slot = entry_slot(member)
-      if slot then
-        redis.call('ZADD', KEYS[5], 'NX', now, slot)
-        out[8] = out[8] + 1
-      else
-        quarantined(member, 'malformed queue entry', queue)
-      end
-    end
-  end
-end
-
 -- a slot's next ``count`` entries of ``queue`` (one more, to know whether any is left)
 local function slot_entries(queue, slot, count)
   local lo, hi = slot_range(slot)
@@ -226,12 +212,17 @@ local function capped(slot, conc)
 end
 
 -- this worker holds less than its share of a full slot: the slot is contended
+local marked = {}
 local function hungry(slot, conc)
   if (held[slot] or 0) < share_of(conc) then
-    redis.call('HSET', KEYS[11], slot, now)
+    if not marked[slot] then redis.call('HSET', KEYS[11], slot, now) end
+    marked[slot] = true
     starved = true
   end
 end
+-- per slot visited: its concurrency and its requests in flight after the visit, so that the
+-- parked slots' check below reads nothing again
+local conc_of, inflight_of = {}, {}
 
 -- the priority of a well-formed entry (entry_fields without copying the payload)
 local function entry_priority(entry)
@@ -269,6 +260,7 @@ local function visit(slot, room, first)
   if adaptive > delay then delay = math.max(delay, math.floor(adaptive * jitter)) end
   conc = capped(slot, conc)
   local inflight = tonumber(redis.call('HGET', KEYS[7], slot)) or 0
+  conc_of[slot], inflight_of[slot] = conc, inflight
   local take = math.min(conc - inflight, room)
   if delay > 0 or probe then take = math.min(take, 1) end
   local mine = held[slot] or 0
@@ -380,6 +372,7 @@ local function visit(slot, room, first)
     reserved[slot] = (reserved[slot] or 0) + reserves
     if taken > 0 then
       inflight = redis.call('HINCRBY', KEYS[7], slot, taken)
+      inflight_of[slot] = inflight
     end
     local next_at = now
     if taken > 0 then
@@ -419,7 +412,25 @@ end
 -- rank among their slot's requests of that priority, then by the slot's place: a1, b1, a2,
 -- b2.
 local TURNS = 3
-local active = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now, 'LIMIT', 0, tonumber(ARGV[4]))
+local function ready_now()
+  return redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now, 'LIMIT', 0, tonumber(ARGV[4]))
+end
+local active = ready_now()
+-- no slot ready at all (an empty 'ready' is read only then): a slot lost from it is armed again
+if #active == 0 and redis.call('ZCARD', KEYS[5]) == 0 then
+  for _, queue in ipairs({KEYS[1], KEYS[19]}) do
+    for _, member in ipairs(redis.call('ZRANGE', queue, 0, 15)) do
+      local slot = entry_slot(member)
+      if slot then
+        redis.call('ZADD', KEYS[5], 'NX', now, slot)
+        out[8] = out[8] + 1
+      else
+        quarantined(member, 'malformed queue entry', queue)
+      end
+    end
+  end
+  if out[8] > 0 then active = ready_now() end
+end
 for i, slot in ipairs(active) do order[slot] = i end
 local turn = 0
 while want > 0 and #active > 0 do
@@ -448,12 +459,17 @@ if want > 0 then
   local parked = redis.call('ZRANGEBYSCORE', KEYS[5], '(' .. now, now + RECHECK_FULL_MS,
     'LIMIT', 0, tonumber(ARGV[4]))
   for _, slot in ipairs(parked) do
-    local _, conc = limits(slot)
-    conc = capped(slot, conc)
-    if (tonumber(redis.call('HGET', KEYS[7], slot)) or 0) >= conc then hungry(slot, conc) end
+    local conc, inflight = conc_of[slot], inflight_of[slot]
+    if conc == nil then
+      local _, c = limits(slot)
+      conc = capped(slot, c)
+      inflight = tonumber(redis.call('HGET', KEYS[7], slot)) or 0
+    end
+    if inflight >= conc then hungry(slot, conc) end
   end
 end
-out[1] = redis.call('ZCARD', KEYS[1]) + redis.call('ZCARD', KEYS[19])
+-- (this call only takes from the revisits' queue: empty after the promotion, empty now)
+out[1] = redis.call('ZCARD', KEYS[1]) + (revisits_queued and redis.call('ZCARD', KEYS[19]) or 0)
 out[2] = redis.call('ZCARD', KEYS[4])
 -- the next slot's turn, or the next retry or revisit coming due, whichever is sooner: an
 -- idle worker asks again then, instead of leaving every due retry to a busy one

@@ -11,11 +11,23 @@
 -- Returns how many were extended.
 
 local deadline = now_ms() + tonumber(ARGV[1])
-local renewed = 0
-for i = 2, #ARGV, 2 do
-  local record = redis.call('HGET', KEYS[2], ARGV[i])
-  if record and string.sub(record, 1, TOKEN_BYTES) == ARGV[i + 1] then
-    renewed = renewed + redis.call('ZADD', KEYS[1], 'XX', 'GT', 'CH', deadline, ARGV[i])
+-- every record read with one HMGET and every deadline moved with one ZADD, however many
+-- leases the worker holds
+local ids = {}
+for i = 2, #ARGV, 2 do ids[#ids + 1] = ARGV[i] end
+local records = call_many('HMGET', KEYS[2], ids)
+local moves = {}
+for n, id in ipairs(ids) do
+  local record = records[n]
+  if record and string.sub(record, 1, TOKEN_BYTES) == ARGV[2 * n + 1] then
+    moves[#moves + 1] = deadline
+    moves[#moves + 1] = id
   end
+end
+-- the flags go with every call; CALL_CHUNK is even, so each call's pairs stay whole
+local renewed = 0
+for first = 1, #moves, CALL_CHUNK do
+  local last = math.min(#moves, first + CALL_CHUNK - 1)
+  renewed = renewed + redis.call('ZADD', KEYS[1], 'XX', 'GT', 'CH', unpack(moves, first, last))
 end
 return renewed
