@@ -140,7 +140,16 @@ local function quarantined(raw, reason, queue)
 end
 
 -- due requests waiting in ``waiting`` (retries, revisits) move into ``queue``
+-- per key, its first member's score read where nothing changed it since (false: the key is
+-- empty), so that the end of this call need not read it again
+local first_at = {}
 local function promote(waiting, queue, what)
+  -- most calls have nothing due: one read says so, and when the next one is due
+  local head = redis.call('ZRANGE', waiting, 0, 0, 'WITHSCORES')
+  if #head == 0 or tonumber(head[2]) > now then
+    first_at[waiting] = #head > 0 and tonumber(head[2])
+    return
+  end
   local due = redis.call('ZRANGEBYSCORE', waiting, '-inf', now, 'LIMIT', 0, tonumber(ARGV[3]))
   for _, id in ipairs(due) do
     redis.call('ZREM', waiting, id)
@@ -416,8 +425,11 @@ local function ready_now()
   return redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now, 'LIMIT', 0, tonumber(ARGV[4]))
 end
 local active = ready_now()
--- no slot ready at all (an empty 'ready' is read only then): a slot lost from it is armed again
-if #active == 0 and redis.call('ZCARD', KEYS[5]) == 0 then
+local head = #active == 0 and redis.call('ZRANGE', KEYS[5], 0, 0, 'WITHSCORES')
+-- with no slot ready, nothing below changes 'ready': its first turn holds for the end
+if head then first_at[KEYS[5]] = #head > 0 and tonumber(head[2]) end
+-- no slot in 'ready' at all: a slot lost from it is armed again
+if head and #head == 0 then
   for _, queue in ipairs({KEYS[1], KEYS[19]}) do
     for _, member in ipairs(redis.call('ZRANGE', queue, 0, 15)) do
       local slot = entry_slot(member)
@@ -429,7 +441,10 @@ if #active == 0 and redis.call('ZCARD', KEYS[5]) == 0 then
       end
     end
   end
-  if out[8] > 0 then active = ready_now() end
+  if out[8] > 0 then
+    active = ready_now()
+    first_at[KEYS[5]] = nil
+  end
 end
 for i, slot in ipairs(active) do order[slot] = i end
 local turn = 0
@@ -470,14 +485,17 @@ if want > 0 then
 end
 -- (this call only takes from the revisits' queue: empty after the promotion, empty now)
 out[1] = redis.call('ZCARD', KEYS[1]) + (revisits_queued and redis.call('ZCARD', KEYS[19]) or 0)
-out[2] = redis.call('ZCARD', KEYS[4])
+out[2] = first_at[KEYS[4]] == false and 0 or redis.call('ZCARD', KEYS[4])
 -- the next slot's turn, or the next retry or revisit coming due, whichever is sooner: an
 -- idle worker asks again then, instead of leaving every due retry to a busy one
 for _, key in ipairs({KEYS[5], KEYS[4], KEYS[18]}) do
-  -- (no retry waits: nothing to read in 'delayed')
-  local first = (key ~= KEYS[4] or out[2] > 0) and redis.call('ZRANGE', key, 0, 0, 'WITHSCORES') or {}
-  if #first > 0 then
-    local wait = math.max(0, tonumber(first[2]) - now)
+  local at = first_at[key]
+  if at == nil then
+    local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+    at = #first > 0 and tonumber(first[2])
+  end
+  if at then
+    local wait = math.max(0, at - now)
     if out[4] < 0 or wait < out[4] then out[4] = wait end
   end
 end
