@@ -93,6 +93,52 @@ def test_renew_keeps_a_lease_alive(frontier):
     assert frontier.renew([item.ref], 300) == 0  # requeued: no longer ours to renew
 
 
+def test_renewals_past_one_call_of_arguments_all_count(frontier, redis_client):
+    """renew.lua moves every deadline in calls of at most 1,000 arguments (call_many)."""
+    push(frontier, *[(str(i).encode(), 0, b"p") for i in range(1_200)])
+    # a slot's concurrency bounds a lease: give the test slot room for all of them
+    redis_client.hset("t:limits", "t.test", ":2000")
+    held = frontier.lease(1_200, 60_000).items
+    assert len(held) == 1_200
+    assert frontier.renew([x.ref for x in held], 120_000) == 1_200
+    assert frontier.renew([x.ref for x in held[:3]], 1_000) == 0  # never shortened
+
+
+def test_one_commit_acknowledges_a_slots_leases_together(frontier, redis_client):
+    """Acknowledgements are read and retired with one call each for the whole commit: each
+    outcome is still the one a request on its own would have had."""
+    push(frontier, *[(str(i).encode(), 0, str(i).encode()) for i in range(4)])
+    held = frontier.lease(4, 60_000).items
+    assert redis_client.hget("t:inflight", "t.test") == b"4"
+    # one place already given back when its response left the downloader (places.lua)
+    assert frontier.places([held[0].ref]).freed == 1
+    assert redis_client.hget("t:inflight", "t.test") == b"3"
+    stranger = LeaseRef(held[3].id, b"\x01" * 8)
+    result = frontier.commit([held[0].ref, held[1].ref, held[1].ref, stranger, held[2].ref], [])
+    assert (result.stale, result.missing, result.late) == (1, 1, 0)
+    # three acknowledged: held[0] gave its place back before, so two more places are freed
+    assert redis_client.hget("t:inflight", "t.test") == b"1"
+    assert redis_client.zcard("t:leases") == 1 and redis_client.scard("t:placeless") == 0
+    assert not any(redis_client.hexists("t:requests", x.id) for x in held[:3])
+    assert frontier.commit([held[3].ref], []).missing == 0
+    assert not redis_client.hexists("t:inflight", "t.test")
+
+
+def test_a_commits_new_requests_are_checked_and_queued_in_order(frontier, redis_client):
+    """One SMISMEMBER and one SADD for a commit's fingerprints, ids in entry order: the same
+    fingerprint twice in one commit is queued once, and one seen before not at all."""
+    push(frontier, (b"old", 0, b"old"))
+    result = push(
+        frontier, (b"n1", 0, b"n1"), (b"old", 0, b"x"), (b"n2", 0, b"n2"), (b"n1", 0, b"y")
+    )
+    assert (result.enqueued, result.duplicates) == (2, 2)
+    assert redis_client.scard("t:seen") == 3
+    leased = frontier.lease(10, 60_000).items
+    assert [x.payload for x in leased] == [b"old", b"n1", b"n2"]
+    ids = [int(x.id, 16) for x in leased]
+    assert ids == sorted(ids) and int(redis_client.get("t:seq")) == ids[-1]
+
+
 def test_ack_after_requeue_removes_it_from_the_queue(frontier):
     push(frontier, (b"a", 0, b"a"))
     (item,), _ = frontier.lease(1, 50)[:2]
