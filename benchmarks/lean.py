@@ -422,6 +422,14 @@ def print_lean_report(results: dict[str, Any]) -> None:
         f"CONCURRENT_REQUESTS_PER_DOMAIN = 16), ~17 links a page, {meta['cpus']} CPUs, "
         f"load average before {meta.get('load_before')}, after {meta.get('load_after')}"
     )
+    wake = meta.get("wakeup")
+    if wake:
+        print(
+            f"Redis CPU per round trip on this machine: PING {wake['ping_back_to_back_us']} µs "
+            f"back to back, {wake['ping_spaced_us']} µs {wake['gap_s'] * 1000:g} ms apart; a "
+            f"script reading TIME {wake['script_back_to_back_us']} and "
+            f"{wake['script_spaced_us']} µs"
+        )
     if results.get("crawls"):
         print(crawl_table(results))
         print(CRAWL_NOTES)
@@ -436,6 +444,20 @@ def print_lean_report(results: dict[str, Any]) -> None:
         print(start_urls_table(results["start_urls"]))
     print("\nTargets of issue 28")
     print(targets_table(results["targets"]))
+
+
+def measure_wakeup(workdir: Path) -> dict[str, float]:
+    """What one round trip costs a fresh redis-server on this machine (redisstats)."""
+    from benchmarks.redisstats import wakeup_cost
+    from distcrawl.testing.redis_server import RedisServer
+
+    (workdir / "wakeup").mkdir(parents=True, exist_ok=True)
+    with RedisServer(directory=workdir / "wakeup") as server:
+        client = server.client()
+        try:
+            return wakeup_cost(client)
+        finally:
+            client.close()
 
 
 def _load() -> str:
@@ -469,6 +491,7 @@ def lean_suite(args: Any, environment: dict[str, Any]) -> int:
         ("idle", run_idle),
         ("start_urls", run_start_urls),
     ]
+    results["meta"]["wakeup"] = measure_wakeup(workdir)
     for name, part in parts:
         if args.parts and name not in args.parts:
             continue

@@ -174,3 +174,34 @@ def parse_monitor(lines: list[str], exclude_addr: str | None = None) -> MonitorC
         elif source != exclude_addr:
             counts.client[command] += 1
     return counts
+
+
+def wakeup_cost(client: redis.Redis, count: int = 300, gap: float = 0.005) -> dict[str, float]:
+    """Redis CPU (µs, ``used_cpu_user + used_cpu_sys``) per round trip on this machine, for a
+    ``PING`` and for a script that only reads ``TIME``, sent back to back and ``gap`` s
+    apart. A crawl wakes Redis for each pipeline, caches cold: what it costs Redis per page is
+    mostly round trips per page times the spaced figure, and that figure is the machine's."""
+    import time
+
+    script = client.register_script("local t = redis.call('TIME') return 1")
+    script()  # loaded, so that what follows is EVALSHA alone
+
+    def cpu() -> float:
+        info = client.info("cpu")
+        return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+    def measure(call: Any, pause: float) -> float:
+        before = cpu()
+        for _ in range(count):
+            if pause:
+                time.sleep(pause)
+            call()
+        return round(1e6 * (cpu() - before) / count, 1)
+
+    return {
+        "gap_s": gap,
+        "ping_back_to_back_us": measure(client.ping, 0.0),
+        "ping_spaced_us": measure(client.ping, gap),
+        "script_back_to_back_us": measure(script, 0.0),
+        "script_spaced_us": measure(script, gap),
+    }
