@@ -100,3 +100,33 @@ def test_on_a_cluster_each_script_keys_share_one_hash_slot(name: str) -> None:
     caller_gives_a_key = {"doctor_unrecorded", "doctor_quarantine"}
     keys = k.script_keys(name, k.queue if name in caller_gives_a_key else "w1")
     assert {key_slot(k.encode()) for k in keys} <= {key_slot(b"site:start_urls")}
+
+
+def test_lib_definitions_cover_all_of_lib_lua() -> None:
+    """lib.lua cut at its top-level definitions loses no code line: each one lands in some
+    definition (comment lines aside)."""
+    code = [
+        line
+        for line in lua.source("lib").splitlines()
+        if line.strip() and not line.lstrip().startswith("--")
+    ]
+    joined = "\n".join(body for _, body in lua.lib_definitions())
+    assert [line for line in code if line not in joined] == []
+    names = [name for name, _ in lua.lib_definitions()]
+    assert len(names) == len(set(names))
+
+
+@pytest.mark.parametrize("name", lua.NAMES)
+def test_a_script_carries_the_lib_definitions_it_uses_and_no_other(name: str) -> None:
+    """A script runs all of its text on every call: lib.lua's functions it never calls are
+    not in it, and every one it calls (directly or through another) is, before the script."""
+    source = lua.script_source(name)
+    own = lua.source(name)
+    defined = {n for n, body in lua.lib_definitions() if body in source and body not in own}
+    for n, body in lua.lib_definitions():
+        used = re.search(rf"\b{n}\b", source.replace(body, "")) is not None
+        assert (n in defined) == used, (name, n)
+    assert source.endswith(own)
+    # a script of few needs stays small: alive.lua takes now_ms() alone
+    if name == "alive":
+        assert defined == {"now_ms"}
