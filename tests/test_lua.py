@@ -130,3 +130,31 @@ def test_a_script_carries_the_lib_definitions_it_uses_and_no_other(name: str) ->
     # a script of few needs stays small: alive.lua takes now_ms() alone
     if name == "alive":
         assert defined == {"now_ms"}
+
+
+@pytest.mark.valkey
+def test_lua_entries_and_ids_are_the_python_layout(redis_client) -> None:
+    """lib.lua's make_entry and entry_id (string.char and one '%012x', no tables) build the
+    same bytes as queue_entry.make_entry, over priorities and sequence numbers at the edges."""
+    from distcrawl.model.queue_entry import make_entry, split_member
+
+    cases = [
+        (prio, seq)
+        for prio in (-2_147_483_647, -1, 0, 1, 7, 2_147_483_647)
+        for seq in (0, 1, 255, 256, 65_535, 2**32 - 1, 2**32, 2**40 + 12_345, 2**48 - 1)
+    ]
+    script = lua.lib_for("make_entry entry_id") + (
+        "\nlocal out = {}\n"
+        "for i = 1, #ARGV, 2 do\n"
+        "  local e = make_entry('example.com', ARGV[i], tonumber(ARGV[i + 1]), 'pay')\n"
+        "  out[#out + 1] = e\n"
+        "  out[#out + 1] = entry_id(e)\n"
+        "end\n"
+        "return out\n"
+    )
+    args = [str(x) for case in cases for x in case]
+    got = redis_client.eval(script, 0, *args)
+    for n, (prio, seq) in enumerate(cases):
+        entry, ident = got[2 * n], got[2 * n + 1].decode()
+        assert entry == make_entry("example.com", prio, seq, b"pay"), (prio, seq)
+        assert ident == f"{seq:012x}" == split_member(entry).id, (prio, seq)

@@ -50,7 +50,25 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- the low ``width`` bytes of the integer part of n >= 0, most significant first. Widths 4 and
+-- 6 (priority keys, sequence numbers, tokens: one or more a request) take one string.char
+-- and no table, a fifth of the time of the loop below
 local function be_bytes(n, width)
+  n = math.floor(n)
+  if width == 4 or width == 6 then
+    local a = n % 256
+    n = (n - a) / 256
+    local b = n % 256
+    n = (n - b) / 256
+    local c = n % 256
+    n = (n - c) / 256
+    local d = n % 256
+    if width == 4 then return string.char(d, c, b, a) end
+    n = (n - d) / 256
+    local e = n % 256
+    n = (n - e) / 256
+    return string.char(n % 256, e, d, c, b, a)
+  end
   local out = {}
   for i = width, 1, -1 do
     out[i] = string.char(n % 256)
@@ -75,7 +93,8 @@ end
 -- the id of a well-formed entry (entry_slot did not return nil)
 local function entry_id(entry)
   local at = string.find(entry, '\0', 1, true) + 5
-  return string.format('%02x%02x%02x%02x%02x%02x', string.byte(entry, at, at + 5))
+  local b1, b2, b3, b4, b5, b6 = string.byte(entry, at, at + 5)
+  return string.format('%012x', ((((b1 * 256 + b2) * 256 + b3) * 256 + b4) * 256 + b5) * 256 + b6)
 end
 
 -- priority and payload of a well-formed entry, to store it again under a new id
