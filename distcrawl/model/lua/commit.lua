@@ -204,8 +204,8 @@ if acks > 0 then
   call_many('SREM', KEYS[17], unplaced)
   for _, slot in ipairs(freed_slots) do
     if landed_in[slot] > 0 then landed(KEYS[11], KEYS[13], slot, landed_in[slot]) end
-    arm(KEYS[9], KEYS[10], slot, now, false)
   end
+  arm_many(KEYS[9], KEYS[10], freed_slots, now, false)
 end
 
 -- request ids: the counter is read once and moved on once, by as many ids as the commit gave
@@ -340,12 +340,14 @@ if #to_queue > 0 then
     args[#args + 1] = entry
   end
   call_many('ZADD', KEYS[1], args)
+  local distinct = {}
   for _, slot in ipairs(queued_slots) do
     if not armed[slot] then
       armed[slot] = true
-      arm(KEYS[9], KEYS[10], slot, now, true)
+      distinct[#distinct + 1] = slot
     end
   end
+  arm_many(KEYS[9], KEYS[10], distinct, now, true)
 end
 
 if claimed and tag ~= '' and redis.call('EXISTS', KEYS[6]) == 0 then

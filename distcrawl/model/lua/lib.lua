@@ -156,6 +156,26 @@ local function arm(ready, slots, slot, now, add)
   end
 end
 
+-- arm() for each of ``list`` (distinct slots): their next allowed times read with one HMGET
+-- and set with one ZADD (per CALL_CHUNK arguments), not two calls a slot
+local function arm_many(ready, slots, list, now, add)
+  if #list == 0 then return end
+  local at = call_many('HMGET', slots, list)
+  local pairs_ = {}
+  for i, slot in ipairs(list) do
+    pairs_[#pairs_ + 1] = math.max(now, tonumber(at[i]) or 0)
+    pairs_[#pairs_ + 1] = slot
+  end
+  for first = 1, #pairs_, CALL_CHUNK do
+    local last = math.min(#pairs_, first + CALL_CHUNK - 1)
+    if add then
+      redis.call('ZADD', ready, 'LT', unpack(pairs_, first, last))
+    else
+      redis.call('ZADD', ready, 'XX', 'LT', unpack(pairs_, first, last))
+    end
+  end
+end
+
 -- ``count`` requests of this slot (1 when nil) are no longer in flight. If the slot was
 -- waiting for its robots.txt, that request was the one meant to read it and it ended without
 -- doing so (dead-lettered, given back, expired): the next lease sends another.

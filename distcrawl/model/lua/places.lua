@@ -91,8 +91,8 @@ call_many('SREM', KEYS[7], remove)
 -- places freed first, then the reserves' places taken, as the report is ordered
 for _, slot in ipairs(slots_freed) do
   landed(KEYS[3], KEYS[4], slot, landed_in[slot])
-  arm(KEYS[5], KEYS[6], slot, now, false)
 end
+arm_many(KEYS[5], KEYS[6], slots_freed, now, false)
 for _, slot in ipairs(slots_taken) do
   redis.call('HINCRBY', KEYS[3], slot, taken_in[slot])
 end
