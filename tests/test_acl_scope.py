@@ -72,13 +72,15 @@ def fill_crawl(redis_url: str, admin: redis.Redis, shards: int) -> list[Frontier
 
 
 def contents(client: redis.Redis, key: bytes) -> Any:
-    """Everything ``key`` holds, read as an administrator."""
+    """Everything ``key`` holds, read as an administrator; None for a key gone since it was
+    listed (``<ns>:wake`` lives a second: on a loaded machine it can expire in between)."""
     read = {
         b"string": client.get,
         b"list": lambda k: client.lrange(k, 0, -1),
         b"set": client.smembers,
         b"zset": lambda k: client.zrange(k, 0, -1),
         b"hash": client.hgetall,
+        b"none": lambda k: None,
     }
     return read[client.type(key)](key)
 

@@ -108,11 +108,21 @@ def test_readonly_busy_and_masterdown_of_real_servers_are_outages(
                 0,
             )
 
+    def running() -> bool:
+        """Whether the script is past the threshold: then Redis answers BUSY to anyone."""
+        try:
+            redis_client.ping()
+        except redis.ResponseError as exc:
+            return str(exc).startswith("BUSY")
+        return False
+
+    frontier = Frontier(redis_client, FrontierKeys("t"))
+    frontier.commit([], [])  # its scripts loaded before the busy one runs
     thread = threading.Thread(target=busy_script)
     thread.start()
     try:
-        time.sleep(0.2)
-        frontier = Frontier(redis_client, FrontierKeys("t"))
+        # on a loaded machine the thread's EVAL may start late: commit once it runs
+        assert wait_until(running, 5, step=0.01)
         busy = error_of(lambda: frontier.commit([], [request(1)]))
     finally:
         thread.join(10)
