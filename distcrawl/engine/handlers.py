@@ -33,7 +33,7 @@ class SignalHandlers(SchedulerState):
         timeout = self.config.idle_timeout
         if (
             timeout is None
-            or (self._busy and not self._waiting)
+            or self._busy
             or self._outage.failing  # cannot tell whether the shared queue is empty
             or self._paused
             or self.has_pending_requests()
