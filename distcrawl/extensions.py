@@ -87,7 +87,7 @@ MEMORY_CHECK_INTERVAL = 10.0
 #: seconds between the beats of a parked (idle) worker (distcrawl/engine/idle.py): it fetches
 #: nothing, so its counters stand still, and its liveness is the liveness thread's; an
 #: operator's pause reaches it within this, or within one heartbeat of its waking
-PARKED_BEAT_INTERVAL = 30.0
+PARKED_BEAT_INTERVAL = 60.0
 #: domains kept in ``<ns>:domains`` (the busiest, by pages fetched): a broad crawl meets
 #: millions, and a line each would grow Redis for a statistic nobody reads that far down
 DOMAINS_KEPT = 10_000

@@ -55,7 +55,7 @@ from distcrawl.engine._batch_types import Batch, BatchResult, Rider
 from distcrawl.engine.batch import Runner
 from distcrawl.engine.building import BatchBuilding
 from distcrawl.engine.handlers import SignalHandlers
-from distcrawl.engine.idle import IdleWaits
+from distcrawl.engine.idle import IdleWaits, claim_wait_for
 from distcrawl.engine.intake import Intake
 from distcrawl.engine.leases import Leases
 from distcrawl.engine.liveness import Liveness
@@ -276,6 +276,7 @@ class Scheduler(BaseScheduler, SignalHandlers, Pump, BatchBuilding):
                 socket_timeout=self.config.socket_timeout,
                 cluster=self.io.cluster,
                 deliver=deliver,
+                claim_wait=claim_wait_for(self.config.lease.worker_timeout),
             )
 
     def _open_frontier(self) -> dict[str, int]:

@@ -171,6 +171,9 @@ class Runner:
             reap = self._reap_steps(res, fanned, waiting)
         elif batch.idle_reap:
             after.append(Step(self._election_op(idle=True), elected.append))
+        if batch.drain and sh.sharded and not batch.reclaim:
+            # before an idle close: the shards' quarantined dead letters go to the crawl's
+            after += fanned(self._dead_lengths(), waiting.extend)
         if batch.want:
             if sh.sharded:
                 if batch.woken:
@@ -217,7 +220,7 @@ class Runner:
                 res.requeue = res.requeue._replace(unclaimed=unclaimed)
             except redis.RedisError as exc:
                 down = failed(res, exc)
-        if batch.reclaim and not down and any(waiting):
+        if (batch.reclaim or batch.idle_reap or batch.drain) and not down and any(waiting):
             down = self._move_dead(res, [i for i, n in enumerate(waiting) if n])
         if not down:
             down = self._rejoin(res)
@@ -249,8 +252,10 @@ class Runner:
         """The read of the crawl's generation (layout.py), with the batches that take work
         in (leases, claims) and the periodic reclaim, after their claim and lease: what they
         took was in Redis before the read, so a claim of the next crawl's first start URL
-        comes with the read that shows the reset before it."""
-        if self.joined is None or not (batch.want or batch.peek or batch.reclaim):
+        comes with the read that shows the reset before it. A parked worker's look for dead
+        workers' work reads it too: it notices a reset within ``IDLE_REAP_INTERVAL``."""
+        reads = batch.want or batch.peek or batch.reclaim or batch.idle_reap
+        if self.joined is None or not reads:
             return []
 
         def done(generation: str | None) -> None:
@@ -297,9 +302,12 @@ class Runner:
         steps = fanned(requeue, setter(res, "requeue"))
         steps += fanned(Fan([f.sweep_op() for f in sh.parts], sum_sweeps), setter(res, "swept"))
         if sh.sharded:
-            lengths = Fan([Op("", [], ["LLEN", f.keys.dead], int) for f in sh.parts], list)
-            steps += fanned(lengths, waiting.extend)
+            steps += fanned(self._dead_lengths(), waiting.extend)
         return steps
+
+    def _dead_lengths(self) -> Fan[list[int]]:
+        """The lengths of the shards' dead-letter quarantines (moved after the round trip)."""
+        return Fan([Op("", [], ["LLEN", f.keys.dead], int) for f in self.sh.parts], list)
 
     def _idle_reap(
         self,

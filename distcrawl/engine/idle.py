@@ -39,7 +39,8 @@ from distcrawl.model.keys import FrontierKeys
 logger = logging.getLogger(__name__)
 
 #: seconds a BLMOVE waits for a start URL before it is sent again (also the longest a close
-#: or a pause waits for it when CLIENT UNBLOCK is refused)
+#: or a pause waits for it when CLIENT UNBLOCK is refused); at most half the worker timeout
+#: (``claim_wait_for``)
 CLAIM_WAIT = 10.0
 #: seconds a BLPOP waits for a wake-up token before it is sent again
 WAKE_WAIT = 30.0
@@ -50,6 +51,15 @@ RETRY_AFTER = 1.0
 #: seconds between a parked worker's looks for dead workers' work (batch.py); one of the
 #: parked workers looks per interval (``<ns>:reaper:idle``)
 IDLE_REAP_INTERVAL = 30.0
+
+
+def claim_wait_for(worker_timeout: float) -> float:
+    """How long a parked worker's BLMOVE may wait: under the worker timeout less one idle
+    beat interval (a third of it), so that a BLMOVE sent by a worker that then froze or died
+    has returned in Redis before anyone can take the worker for dead and give its claim list
+    back (unregistering it): no entry moves into a list nobody will find. Half the timeout
+    keeps a sixth of it as margin."""
+    return min(CLAIM_WAIT, worker_timeout / 2)
 
 
 class BlockingWait:
@@ -312,8 +322,10 @@ class IdleWaits:
             # registered before the first entry can move: the reaper finds the claim list
             # of a worker killed right after (commit.lua unregisters an emptied list)
             client.sadd(k.claimants, self.tag)
+        # a float (Redis 6+): rounded down to whole seconds, a short wait would be 0: for ever
+        wait: Any = round(self.claim_wait, 3)
         reply: bytes | None = client.blmove(  # type: ignore[assignment]
-            k.start_urls, k.claims(self.tag), int(self.claim_wait), "RIGHT", "LEFT"
+            k.start_urls, k.claims(self.tag), wait, "RIGHT", "LEFT"
         )
         return reply
 

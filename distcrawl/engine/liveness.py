@@ -53,7 +53,7 @@ JOIN_MARGIN = 1.0
 TICK_SLACK = 0.005
 #: an idle worker's plain beats estimate the server's time from the last alive.lua reply;
 #: alive.lua runs again once that reply is this old (s)
-RESYNC_AFTER = 60.0
+RESYNC_AFTER = 300.0
 
 
 class Liveness:

@@ -144,7 +144,7 @@ class Pump(SchedulerState):
         assert self._idle_waits is not None
         self._parked = True
         self._park_until = now + until
-        self._next_idle_reap = now + IDLE_REAP_INTERVAL * (0.5 + random.random())
+        self._next_idle_reap = now + IDLE_REAP_INTERVAL * (0.25 + 0.75 * random.random())
         if self._liveness is not None:
             self._liveness.idle(True)
         claims = self._start_pending == 0 and not self._full() and not self._paused
@@ -167,9 +167,10 @@ class Pump(SchedulerState):
             return  # a claimed entry is in the claim list: the close gives it back
         now = time.monotonic()
         if kind == "claimed":
-            # in the claim list already: stored like any claimed entry, or given back
-            self._handle_peeked([value])
-            self._polling.peek_now(now)  # more may follow: claimed once this is stored
+            # in the claim list already: the next claim (claim.lua) hands it out with what
+            # followed it, and the generation read after it says whether the crawl it came
+            # from is still the one this worker joined (layout.py)
+            self._polling.peek_now(now)
         elif kind == "failed":
             # the claim list may hold an entry whose reply was lost: the next claim hands
             # it out; and an unreachable Redis is the polls' to report
