@@ -10,10 +10,10 @@ the worker timeout, alive.lua at start and once a minute), the batch runner's pa
 0.5 to 1.5) and the monitor's parked heartbeat (``WorkerMonitor._ops(parts=False)``'s commands:
 HSET of the heartbeat, EXISTS of the pause flag, the crawl's dead-letter size) every
 ``PARKED_BEAT_INTERVAL``, and the generation read a worker's runner adds to its parked
-reaper's pipeline (here a round trip of its own). What it leaves out is what an idle worker does
-not send: Scrapy itself. Then it pushes ``--pushes`` start URLs one at a time and reports how long until one
-worker's BLMOVE had moved it into its claim list and handed it over (the real worker then
-commits it and leases the request: a few ms more, see ``benchmarks.idle``).
+reaper's pipeline (here a round trip of its own). What it leaves out is what an idle worker
+does not send: Scrapy itself. Then it pushes ``--pushes`` start URLs one at a time and reports
+how long until one worker's BLMOVE had moved it into its claim list and handed it over (the
+real worker then claims, commits and leases it: a few ms more, see ``benchmarks.idle``).
 
 Measured from ``INFO`` as ``benchmarks.idle`` measures (``benchmarks/redisstats.py``).
 """
