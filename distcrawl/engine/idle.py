@@ -264,9 +264,10 @@ class IdleWaits:
             self._claims.arm()
 
     def unpark(self) -> None:
-        """Stop waiting for wake-up tokens; a BLMOVE already waiting goes on until it returns
-        (``claiming``): what it takes is handed over as any claim."""
+        """Stop waiting: neither wait is sent again; one already waiting in Redis goes on
+        until it returns (a BLMOVE: ``claiming``, what it takes is handed over as any claim)."""
         self._wake.disarm()
+        self._claims.disarm()
 
     @property
     def claiming(self) -> bool:

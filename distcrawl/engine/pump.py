@@ -143,7 +143,8 @@ class Pump(SchedulerState):
         or revisit due)."""
         assert self._idle_waits is not None
         self._parked = True
-        self._park_until = now + until
+        # a due time that came already: polled again at the flush pace, not in a busy loop
+        self._park_until = now + max(until, self.config.flush_interval)
         self._next_idle_reap = now + IDLE_REAP_INTERVAL * (0.25 + 0.75 * random.random())
         if self._liveness is not None:
             self._liveness.idle(True)
