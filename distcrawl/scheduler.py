@@ -166,6 +166,9 @@ class Scheduler(BaseScheduler, SignalHandlers, Pump, BatchBuilding):
         self._next_idle_reap = 0.0
         #: a wait just woke this worker: its next lease asks every shard
         self._woken = False
+        #: the last claim found this worker's claim list and start_urls empty, and nothing
+        #: was claimed or left claimed since: a park's BLMOVE (start_urls only) misses nothing
+        self._claims_empty = False
         self._last_work = time.monotonic()
         #: whether the crawl has had work since this worker joined it (or, read from Redis,
         #: before): the idle clock (DISTCRAWL_IDLE_TIMEOUT) runs only from then on
@@ -278,6 +281,8 @@ class Scheduler(BaseScheduler, SignalHandlers, Pump, BatchBuilding):
                 deliver=deliver,
                 claim_wait=claim_wait_for(self.config.lease.worker_timeout),
             )
+            assert self._liveness is not None
+            self._liveness.on_readded = self._idle_waits.registered_again
 
     def _open_frontier(self) -> dict[str, int]:
         if self._runner is None:

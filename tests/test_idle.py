@@ -18,7 +18,8 @@ import pytest
 from distcrawl.codec.serialize import RequestCodec
 from distcrawl.engine._batch_types import Batch
 from distcrawl.engine.batch import Runner
-from distcrawl.engine.idle import IdleWaits
+from distcrawl.engine.idle import BlockingWait, IdleWaits
+from distcrawl.engine.liveness import Liveness
 from distcrawl.model.frontier import Frontier
 from distcrawl.model.keys import FrontierKeys
 from distcrawl.producer import Producer
@@ -214,3 +215,49 @@ def test_work_another_worker_commits_wakes_a_parked_worker(
     assert first - pushed_at < 1.0
     worker.stop()
     assert worker.proc.returncode == 0
+
+
+class _Client:
+    def close(self) -> None:
+        pass
+
+
+def test_a_claim_wait_that_comes_back_late_registers_the_claim_list_again():
+    """A wait that returns far later than its timeout: the process was frozen, long enough
+    perhaps to be taken for dead and have its claim list unregistered by the reaper; the
+    next BLMOVE registers it again first (its ``fresh`` SADD)."""
+    seen: list[bool] = []
+    done = threading.Event()
+
+    def command(client: Any, fresh: bool) -> bytes | None:
+        seen.append(fresh)
+        if len(seen) == 2:
+            time.sleep(0.3)  # frozen past its wait (0) and the stall allowed (0.2)
+        return b"x" if len(seen) == 4 else None
+
+    wait = BlockingWait(
+        "t", _Client, command, lambda _: done.set(), lambda _: None, wait=0.0, stall=0.2
+    )
+    wait.arm()
+    assert done.wait(5)
+    wait.stop()
+    assert seen == [True, False, True, False]
+
+
+def test_a_parked_beat_that_finds_its_tag_gone_says_so(redis_server, redis_client):
+    liveness = Liveness(
+        redis_server.url, SITE, TAG, interval=1.0, socket_timeout=5.0, idle_interval=10.0
+    )
+    readded: list[bool] = []
+    liveness.on_readded = lambda: readded.append(True)
+    try:
+        liveness.beat()  # alive.lua: the server's time learnt
+        liveness.idle(True)
+        liveness.beat()  # a plain ZADD, the tag was there
+        assert readded == []
+        redis_client.zrem(SITE.alive, TAG)  # taken for dead by a reaper
+        liveness.beat()
+        assert readded == [True]  # the claim list is registered again (idle.py)
+        assert redis_client.zscore(SITE.alive, TAG) is not None
+    finally:
+        liveness.stop(clean=True)

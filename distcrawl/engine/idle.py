@@ -48,6 +48,11 @@ WAKE_WAIT = 30.0
 UNBLOCK_EVERY = 0.1
 #: seconds a wait that failed (Redis unreachable) waits before it is armed again
 RETRY_AFTER = 1.0
+#: seconds a parked worker's claim wait may be late (frozen process, stalled thread) before
+#: it registers its claim list again with the next BLMOVE: a worker frozen long enough to be
+#: taken for dead (a third of the worker timeout late, at least) had its claim list given back
+#: and unregistered by the reaper
+STALL = 1.0
 #: seconds between a parked worker's looks for dead workers' work (batch.py); one of the
 #: parked workers looks per interval (``<ns>:reaper:idle``)
 IDLE_REAP_INTERVAL = 30.0
@@ -76,8 +81,17 @@ class BlockingWait:
         failed: Callable[[BaseException], None],
         *,
         want_id: bool = False,
+        wait: float = 0.0,
+        stall: float | None = None,
     ) -> None:
         self.name = name
+        #: the command's own timeout, and how much longer than that a command (or the gap
+        #: before the next) may take before the next one counts as the first of an arming
+        #: again (``command``'s ``fresh``): the process was frozen, and may have been taken
+        #: for dead meanwhile (its claim list given back and unregistered)
+        self._wait = wait
+        self._stall = stall
+        self._ended: float | None = None
         self._make_client = make_client
         self._command = command
         self._deliver = deliver
@@ -120,6 +134,11 @@ class BlockingWait:
                 )
                 self._thread.start()
 
+    def refresh(self) -> None:
+        """The next command is sent as the first of an arming (``fresh``)."""
+        with self._cond:
+            self._fresh = True
+
     def disarm(self) -> None:
         """Send the command no more; one waiting in Redis ends at its timeout (or reply)."""
         with self._cond:
@@ -159,6 +178,9 @@ class BlockingWait:
             except Exception:
                 logger.debug("cutting a wait's connection failed", exc_info=True)
 
+    def _stalled(self, late: float) -> bool:
+        return self._stall is not None and late > self._stall
+
     def _connect(self) -> redis.Redis:
         if self._client is None:
             self._client = self._make_client()
@@ -186,6 +208,9 @@ class BlockingWait:
                     break
                 self._outstanding = True
                 fresh, self._fresh = self._fresh, False
+            began = time.monotonic()
+            if self._stalled(began - (began if self._ended is None else self._ended)):
+                fresh = True  # frozen between two commands
             reply: Any = None
             error: BaseException | None = None
             try:
@@ -194,7 +219,10 @@ class BlockingWait:
                 reply = self._command(client, fresh)
             except Exception as exc:
                 error = exc
+            self._ended = time.monotonic()
             with self._cond:
+                if self._stalled(self._ended - began - self._wait):
+                    self._fresh = True  # frozen while it waited
                 self._outstanding = False
                 if reply is not None or error is not None:
                     self._armed = False
@@ -245,6 +273,8 @@ class IdleWaits:
             lambda raw: deliver("claimed", raw),
             lambda exc: deliver("failed", exc),
             want_id=True,
+            wait=claim_wait,
+            stall=STALL,
         )
         self._wake = BlockingWait(
             f"wake-{tag}",
@@ -262,6 +292,11 @@ class IdleWaits:
         self._wake.arm()
         if claims:
             self._claims.arm()
+
+    def registered_again(self) -> None:
+        """This worker's liveness beat found its tag gone from ``alive`` (taken for dead, or
+        a reset): its claim list is registered again before the next BLMOVE."""
+        self._claims.refresh()
 
     def unpark(self) -> None:
         """Stop waiting: neither wait is sent again; one already waiting in Redis goes on

@@ -35,7 +35,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import redis
 
@@ -99,6 +99,8 @@ class Liveness:
         self._synced: list[tuple[int, float]] = []
         #: set to end the thread's sleep early (idle() changed how long it may sleep)
         self._tick = threading.Event()
+        #: called (on the liveness thread) when a plain beat found the tag gone from alive
+        self.on_readded: Callable[[], None] | None = None
         #: monotonic time at which the last beat, from whichever thread, reached Redis
         self._last = float("-inf")
         #: beats that reached Redis, for stats (written by whichever thread beats)
@@ -145,7 +147,13 @@ class Liveness:
                 pipe = self._redis().pipeline(transaction=False)
                 for keys, (ms, at) in zip(parts, self._synced, strict=True):
                     pipe.zadd(keys.alive, {self.tag: ms + int((now - at) * 1000)})
-                pipe.execute()
+                if any(pipe.execute()):
+                    # the tag was gone: taken for dead (a frozen process, a server clock that
+                    # jumped ahead of the estimate) or a reset. alive.lua next time, and the
+                    # claim list registered again (idle.py)
+                    self._synced = []
+                    if self.on_readded is not None:
+                        self.on_readded()
             else:
                 if self._script is None:
                     self._script = lua_script(self._redis(), "alive")

@@ -105,6 +105,10 @@ class Polling:
         else:
             self._next_peek = now + BUSY_PEEK_INTERVAL
 
+    def lease_in(self, now: float, delay: float) -> None:
+        """The next lease poll in ``delay`` seconds, without back-off."""
+        self._next_lease = now + delay
+
     def peek_now(self, now: float) -> None:
         """Start URLs are there (a parked worker's wait took one): claim the rest as soon
         as what was taken is stored."""

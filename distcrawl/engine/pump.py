@@ -117,13 +117,23 @@ class Pump(SchedulerState):
             self._handle_peeked(res.peeked)
             busy = bool(self._leases.ready or self._leases.active)
             self._polling.peeked(now, len(res.peeked), batch.peek, busy=busy)
+            # claim.lua hands out the claim list first: nothing means it and start_urls
+            # were both empty
+            self._claims_empty = not res.peeked
             if len(res.peeked) >= batch.peek:
                 park = None  # more start URLs wait: claimed next
         if park is not None:
-            if self._idle() and res.error is None and self._idle_waits is not None:
+            ready = self._idle() and res.error is None and self._idle_waits is not None
+            if ready and self._claims_empty:
                 self._park(now, park)
             else:
-                self._polling.lease_now(now)
+                # its claim list may hold entries (held back at the pending cap): the BLMOVE
+                # of a park waits on start_urls only, so a claim comes first
+                self._polling.peek_now(now)
+                later = self._claims_waiting() or not ready
+                self._polling.lease_in(
+                    now, self.config.idle_poll_max if later else self.config.flush_interval
+                )
         if res.drained is not None:
             self._drained = (now, res.drained)
             _engine.wake(self.crawler)  # the engine asks spider_idle again, which reads it
@@ -168,6 +178,7 @@ class Pump(SchedulerState):
             return  # a claimed entry is in the claim list: the close gives it back
         now = time.monotonic()
         if kind == "claimed":
+            self._claims_empty = False
             # in the claim list already: the next claim (claim.lua) hands it out with what
             # followed it, and the generation read after it says whether the crawl it came
             # from is still the one this worker joined (layout.py)
@@ -254,6 +265,8 @@ class Pump(SchedulerState):
 
     def _apply_commit(self, c: CommitResult, commit: Commit | None) -> None:
         self._remote_queue = c.queue_size
+        if c.held:
+            self._claims_empty = False  # start entries left in the claim list at the cap
         self._report.commit(c, commit)
         if c.dropped or c.held:
             self._polling.queue_full()

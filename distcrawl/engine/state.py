@@ -68,6 +68,7 @@ class SchedulerState:
     _park_until: float
     _next_idle_reap: float
     _woken: bool
+    _claims_empty: bool
     _last_work: float
     _had_work: bool
     _noted_no_work: bool
@@ -96,3 +97,5 @@ class SchedulerState:
         def _idle(self) -> bool: ...
 
         def _full(self) -> bool: ...
+
+        def _claims_waiting(self) -> bool: ...
