@@ -1,13 +1,14 @@
 """Worker heartbeats, shared counters, pause/resume and Prometheus metrics (EXTENSIONS).
 
-Every ``DISTCRAWL_HEARTBEAT_INTERVAL`` a worker writes, in one pipeline on the crawler's
+Every ``DISTCRAWL_HEARTBEAT_INTERVAL`` (a parked, idle worker every ``PARKED_BEAT_INTERVAL``,
+without the frontier's sizes) a worker writes, in one pipeline on the crawler's
 Redis thread: its heartbeat (``<ns>:workers``), the growth of its counters since the last
 beat into the crawl-wide totals (``<ns>:stats``, HINCRBY, so totals are exact however many
 workers write and survive every worker), the domains it fetched (``<ns>:domains``), and it
 reads the frontier sizes and the pause flag. ``distcrawl status`` and ``watch`` read those
 keys; an operator's ``distcrawl pause`` reaches every worker within one beat. The pipeline
-rides with the scheduler's next batch (``Scheduler.ride``), which runs about once a second
-even when the worker is idle, so the beat costs no round trip of its own.
+rides with the scheduler's next batch (``Scheduler.ride``), or runs alone once it waited a
+heartbeat for one.
 """
 
 from __future__ import annotations
@@ -83,6 +84,10 @@ COUNTERS = {
 }
 #: how often a worker reads Redis' INFO memory to warn before maxmemory is reached
 MEMORY_CHECK_INTERVAL = 10.0
+#: seconds between the beats of a parked (idle) worker (distcrawl/engine/idle.py): it fetches
+#: nothing, so its counters stand still, and its liveness is the liveness thread's; an
+#: operator's pause reaches it within this, or within one heartbeat of its waking
+PARKED_BEAT_INTERVAL = 60.0
 #: domains kept in ``<ns>:domains`` (the busiest, by pages fetched): a broad crawl meets
 #: millions, and a line each would grow Redis for a statistic nobody reads that far down
 DOMAINS_KEPT = 10_000
@@ -142,6 +147,9 @@ class WorkerMonitor:
         self._loop: task.LoopingCall | None = None
         self._busy = False
         self._metrics_port: Any = None
+        #: monotonic time of the last beat sent (a parked worker's come every
+        #: PARKED_BEAT_INTERVAL)
+        self._last_sent = float("-inf")
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> WorkerMonitor:
@@ -215,25 +223,41 @@ class WorkerMonitor:
         scheduler = scheduler_of(self.crawler)
         if scheduler is not None and scheduler.refused:
             return  # the crawl is closing: it never reached Redis (the scheduler said why)
+        parked = scheduler is not None and scheduler.parked
+        now = time.monotonic()
+        if parked and now - self._last_sent < PARKED_BEAT_INTERVAL and not self._changed():
+            return  # an idle worker's beat: rare, unless it has counts still to send
+        self._last_sent = now
         state = "paused" if scheduler is not None and scheduler.paused else "running"
         snapshot = self._snapshot(state)
         self._busy = True
-        memory = time.monotonic() >= self._next_memory_check
+        memory = not parked and now >= self._next_memory_check
         if memory:
-            self._next_memory_check = time.monotonic() + MEMORY_CHECK_INTERVAL
-        # with the scheduler's next batch (it runs about once a second even when idle): no
-        # round trip of its own. Not on a cluster: a batch's pipeline is no MULTI there, and
-        # redis-py would send the counters again after a lost reply (and INFO has no key)
+            self._next_memory_check = now + MEMORY_CHECK_INTERVAL
+        # with the scheduler's next batch: no round trip of its own. Not on a cluster: a
+        # batch's pipeline is no MULTI there, and redis-py would send the counters again
+        # after a lost reply (and INFO has no key)
         if self.frontier is not None and not is_cluster(self.io.client):
-            ops = self._ops(snapshot)
+            # parked: the heartbeat, counters and pause flag, not the frontier's sizes
+            ops = self._ops(snapshot, parts=not parked)
             if memory:
                 ops.append(Op("", [], ["INFO", "memory"], _same))
-            rider = Rider(ops, lambda replies: self._rode(replies, snapshot, memory))
+            rider = Rider(
+                ops, lambda replies: self._rode(replies, snapshot, memory, parts=not parked)
+            )
             rider.wait = self.config.lease.heartbeat
             if scheduler is not None and scheduler.ride(rider):
                 return
         d = self.io.run(self._publish, snapshot, memory)
         d.addCallbacks(self._published, self._failed, errbackArgs=(snapshot,))
+
+    def _changed(self) -> bool:
+        """Whether a counter or a domain grew since the last beat (sent at once, parked or
+        not: the last pages of a crawl are counted before the worker idles for long)."""
+        if self.domains:
+            return True
+        now = counters(self.crawler.stats)
+        return any(v != self.sent[k] for k, v in now.items())
 
     def _ops(self, beat: Beat, parts: bool = True) -> list[Op[Any]]:
         """The beat's commands; then the reads of the pause flag and of the crawl's own
@@ -369,8 +393,10 @@ class WorkerMonitor:
             sizes.update(self._cluster_parts(FrontierSizes(dead=sizes["dead"])))
         return paused, sizes
 
-    def _rode(self, replies: list[Any], beat: Beat, memory: bool) -> None:
-        """The beat rode with a scheduler batch: each command's reply, or its error."""
+    def _rode(self, replies: list[Any], beat: Beat, memory: bool, parts: bool = True) -> None:
+        """The beat rode with a scheduler batch: each command's reply, or its error.
+        Without ``parts`` (a parked worker's beat) the frontier's gauges are kept as the
+        last full beat read them."""
         if memory:
             info = replies.pop()
             if isinstance(info, redis.exceptions.NoPermissionError):
@@ -378,12 +404,16 @@ class WorkerMonitor:
             elif not isinstance(info, BaseException):
                 self._check_memory(info)
         # the parts' reads are not the beat's: their failure loses their gauges only
-        count = part_replies(len(self._parts()))
-        error = next((r for r in replies[:-count] if isinstance(r, BaseException)), None)
+        count = part_replies(len(self._parts())) if parts else 0
+        own = replies[:-count] if count else replies
+        error = next((r for r in own if isinstance(r, BaseException)), None)
         if error is not None:
             self._failed(Failure(error), beat)
-        else:
+        elif parts:
             self._published(self._read(replies))
+        else:
+            paused, sizes = self._read(replies, parts=False)
+            self._published((paused, {**self.sizes, **sizes}))
 
     def _memory_info(self) -> None:
         """An ACL user without INFO (``-@dangerous`` denies it) loses the memory check, not

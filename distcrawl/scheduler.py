@@ -55,6 +55,7 @@ from distcrawl.engine._batch_types import Batch, BatchResult, Rider
 from distcrawl.engine.batch import Runner
 from distcrawl.engine.building import BatchBuilding
 from distcrawl.engine.handlers import SignalHandlers
+from distcrawl.engine.idle import IdleWaits, claim_wait_for
 from distcrawl.engine.intake import Intake
 from distcrawl.engine.leases import Leases
 from distcrawl.engine.liveness import Liveness
@@ -156,9 +157,18 @@ class Scheduler(BaseScheduler, SignalHandlers, Pump, BatchBuilding):
         self._remote_queue = 0
         self._start_pending = 0
         self._polling = Polling(config)
-        #: whether the batch running is a lease poll's wait in Redis for a wake-up token
-        #: (Polling.take_wake_wait): it brings no work of this worker's
-        self._waiting = False
+        #: an idle worker's blocking reads (idle.py), made with the frontier
+        self._idle_waits: IdleWaits | None = None
+        #: idle: no poll, the blocking reads wait for work (Pump._park), until _park_until
+        self._parked = False
+        self._park_until = 0.0
+        #: when a parked worker next stands for the look for dead workers' work
+        self._next_idle_reap = 0.0
+        #: a wait just woke this worker: its next lease asks every shard
+        self._woken = False
+        #: the last claim found this worker's claim list and start_urls empty, and nothing
+        #: was claimed or left claimed since: a park's BLMOVE (start_urls only) misses nothing
+        self._claims_empty = False
         self._last_work = time.monotonic()
         #: whether the crawl has had work since this worker joined it (or, read from Redis,
         #: before): the idle clock (DISTCRAWL_IDLE_TIMEOUT) runs only from then on
@@ -256,6 +266,23 @@ class Scheduler(BaseScheduler, SignalHandlers, Pump, BatchBuilding):
         self.keys, self.frontier, self._liveness, self._runner, self.shards = connect(
             self.io, self.keys, self.codec, self.config, self.tag, self.spider
         )
+        if self._idle_waits is None:
+            from twisted.internet import reactor
+
+            def deliver(kind: str, value: Any) -> None:
+                reactor.callFromThread(self._waited, kind, value)
+
+            self._idle_waits = IdleWaits(
+                self.config.redis_url,
+                self.keys,
+                self.tag,
+                socket_timeout=self.config.socket_timeout,
+                cluster=self.io.cluster,
+                deliver=deliver,
+                claim_wait=claim_wait_for(self.config.lease.worker_timeout),
+            )
+            assert self._liveness is not None
+            self._liveness.on_readded = self._idle_waits.registered_again
 
     def _open_frontier(self) -> dict[str, int]:
         if self._runner is None:
@@ -425,6 +452,11 @@ class Scheduler(BaseScheduler, SignalHandlers, Pump, BatchBuilding):
     def paused(self) -> bool:
         return self._paused
 
+    @property
+    def parked(self) -> bool:
+        """Idle: holding nothing, waiting for work in blocking reads (distcrawl/engine/idle.py)."""
+        return self._parked
+
     def ride(self, rider: Rider) -> bool:
         """Send ``rider``'s commands with the next batch, within ``rider.wait`` seconds, rather
         than in a round trip of their own; False when no batch will run (closing), and the
@@ -462,6 +494,17 @@ class Scheduler(BaseScheduler, SignalHandlers, Pump, BatchBuilding):
             if not self._busy:
                 break
             await task.deferLater(reactor, 0.05)
+        if self._idle_waits is not None:
+            # a BLMOVE still waiting could move a start URL into the claim list after the
+            # give-back below: ended first (CLIENT UNBLOCK, or its timeout)
+            self._idle_waits.unpark()
+            self._idle_waits.end_claims()
+            bound = self._idle_waits.claim_wait + self.config.socket_timeout
+            for _ in range(int(bound / 0.05)):
+                if not self._idle_waits.claiming:
+                    break
+                await task.deferLater(reactor, 0.05)
+            self._idle_waits.stop()
         self._collect_finished()
         self._riders.drop(self._riders.take())
         # requests not done are given back at once, for another worker to take

@@ -51,7 +51,7 @@ def lua_commands() -> set[str]:
     return found
 
 
-_RECEIVER = re.compile(r"(^|\.)_?(client|pipe)$|_redis\(\)$")
+_RECEIVER = re.compile(r"(^|\.)_?(client|pipe|other)$|_redis\(\)$")
 #: redis-py methods that send no command of their own
 _NO_COMMAND = {"close", "execute", "set_retry", "execute_command"}
 _RENAMED = {
@@ -62,6 +62,8 @@ _RENAMED = {
     "hscan_iter": "hscan",
     "memory_usage": "memory|usage",
     "function_load": "function|load",
+    "client_id": "client|id",
+    "client_unblock": "client|unblock",
 }
 
 

@@ -205,16 +205,17 @@ def test_a_reclaim_sweeps_finished_slots_in_the_same_round_trip(runner, redis_cl
     runner.run(Batch(renew=[LeaseRef("x", b"0" * 8)]))  # the scripts are loaded
     reads = _reads(redis_client)
     res = runner.run(Batch(reclaim=True))
-    assert _reads(redis_client) - reads == 2  # the batch's pipeline, and this INFO
+    # the election's round trip (SET <ns>:reaper NX PX), the reaper's, and this INFO
+    assert _reads(redis_client) - reads == 3
     assert res.error is None and res.requeue is not None
     assert res.swept is not None and res.swept.forgotten == 1
     assert redis_client.hkeys("t:slots") == [b"busy.test"]
 
 
-def test_a_commit_that_queues_requests_wakes_an_idle_poll_which_leases_them(runner, redis_client):
+def test_a_commit_that_queues_requests_pushes_wake_up_tokens(runner, redis_client):
     """The wake-up list: a commit pushes one token per request it queues (at most 16, kept
-    about a second), duplicates and retries none; an idle worker's poll waits on it (BLPOP)
-    and leases in the same round trip once a token came."""
+    about a second), duplicates and retries none; a parked worker waits on it (BLPOP,
+    tests/test_idle.py)."""
     frontier = runner.frontier
     frontier.commit(
         [], [Entry(EntryKind.REQUEST, f"{i}".encode(), 0, b"x", b"", "t.test") for i in range(3)]
@@ -228,15 +229,3 @@ def test_a_commit_that_queues_requests_wakes_an_idle_poll_which_leases_them(runn
     frontier.commit([], many)
     assert redis_client.llen("t:wake") == 16
     redis_client.delete("t:wake", "t:queue")
-
-    res = runner.run(Batch(want=4, wait=0.2))  # nothing queued, no token: the time runs out
-    assert not res.woken and res.leased == []
-    frontier.commit([], [Entry(EntryKind.REQUEST, b"new", 0, b"x", b"", "t.test")])
-    res = runner.run(Batch(want=4, wait=5.0))
-    assert res.woken and len(res.leased) == 1
-    assert redis_client.llen("t:wake") == 0
-    # a start URL pushed meanwhile: the poll's claim comes before its wait, and ends it
-    redis_client.lpush("t:start_urls", b"http://a.test/1")
-    res = runner.run(Batch(want=4, peek=10, wait=5.0))
-    assert res.peeked == [b"http://a.test/1"] and res.woken
-    assert redis_client.exists(f"t:wake:{frontier.tag}", "t:wake") == 0

@@ -28,6 +28,9 @@ def write_queue(redis_client: Any, namespace: str, payloads: list[dict[str, Any]
         entry = make_entry("127.0.0.1", 0, seq, b"m" + msgpack.packb(data))
         redis_client.zadd(f"{namespace}:queue", {entry: 0})
     redis_client.zadd(f"{namespace}:ready", {"127.0.0.1": 0})
+    # as commit.lua does (lib.lua wake_idle): a parked worker hears of the new entries now,
+    # not at its next look at the whole frontier
+    redis_client.lpush(f"{namespace}:wake", "1")
 
 
 def dead_letters(redis_client: Any, namespace: str) -> list[dict[str, Any]]:

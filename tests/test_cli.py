@@ -80,6 +80,8 @@ def fill(client, keys):
     client.hset(keys.stats, b"pages", 1)
     client.zadd(keys.domains, {b"example.com": 1})
     client.set(keys.paused, b"1")
+    client.set(keys.reaper, b"0a0b0c0d", px=60_000)
+    client.set(keys.reaper_idle, b"0a0b0c0d", px=60_000)
     client.zadd(keys.ready, {b"example.com": 1})
     client.hset(keys.slots, b"example.com", 1)
     client.hset(keys.inflight, b"example.com", 1)

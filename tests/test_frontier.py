@@ -229,7 +229,11 @@ def test_redrive_moves_each_record_once(frontier, redis_client):
         Redrive(b"rec-2", RedriveKind.START_URLS, "", 0, b"http://a.test/"),
     ]
     assert frontier.redrive(moves) == 2
+    # the request queued wakes one parked worker (a start URL wakes its BLMOVE itself)
+    assert redis_client.lrange("t:wake", 0, -1) == [b"1"]
+    assert 0 < redis_client.pttl("t:wake") <= 1000
     assert frontier.redrive(moves) == 0  # already taken: nothing twice
+    assert redis_client.llen("t:wake") == 1
     assert redis_client.llen("t:dead") == 0
     assert redis_client.lrange("t:start_urls", 0, -1) == [b"http://a.test/"]
     (item,) = frontier.lease(5, 10_000).items

@@ -79,6 +79,8 @@ def test_key_names_are_pinned():
         "site:paused",
         "site:meta",
         "site:sweep",
+        "site:reaper",
+        "site:reaper:idle",
         "site:wake",
         "site:ready",
         "site:slots",

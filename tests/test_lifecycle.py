@@ -105,7 +105,9 @@ def test_a_live_worker_stops_when_the_crawl_is_set_up_anew_with_other_settings(
     pipe.flushdb()
     pipe.hset(SITE.meta, mapping={**meta, b"serializer": b"json", b"generation": b"0" * 16})
     pipe.execute()
-    assert worker.wait(30) is not None, worker.log()[-3000:]
+    # parked (idle), it reads the generation with its look for dead workers' work, at most
+    # IDLE_REAP_INTERVAL (30 s) after it parked
+    assert worker.wait(60) is not None, worker.log()[-3000:]
     log = worker.log()
     assert (
         "ERROR: The frontier 'site' this worker joined was reset, and this worker's settings "

@@ -3,6 +3,7 @@ crawl: the rules a crawl test would only show through timing, checked one at a t
 
 from __future__ import annotations
 
+import math
 import time
 
 from scrapy import Request
@@ -171,16 +172,18 @@ def test_requests_waiting_in_full_slots_cap_the_back_off_lower():
     assert polling._next_lease - now == CONTENDED_POLL_MAX
 
 
-def test_an_idle_worker_waits_in_redis_once_then_polls_again():
-    config = DistcrawlConfig()
-    polling = Polling(config)
+def test_an_idle_worker_parks_until_the_next_due_time():
+    polling = Polling(DistcrawlConfig())
     now = time.monotonic()
-    polling.back_off(now, LeaseResult([], queue_size=0, delayed=0, released=0), idle=True)
-    assert polling.lease_due(now)  # the wait is spent in Redis, not here
-    assert polling.take_wake_wait(lambda: False) == 0.0  # no longer idle: no wait...
-    polling.back_off(now, LeaseResult([], queue_size=0, delayed=0, released=0), idle=True)
-    assert polling.take_wake_wait(lambda: True) == 0.1
-    assert polling.take_wake_wait(lambda: True) == 0.0  # ...and used once
+    empty = LeaseResult([], queue_size=0, delayed=0, released=0)
+    assert polling.back_off(now, empty, idle=True) == math.inf  # nothing due: parked
+    assert not polling.lease_due(now + 3600)  # no poll while parked
+    due = LeaseResult([], queue_size=0, delayed=1, released=0, wait=30.0)
+    assert polling.back_off(now, due, idle=True) == 30.0  # a retry due in 30 s
+    assert polling.back_off(now, empty, idle=False) is None  # holds work: polls
+    assert round(polling._next_lease - now, 3) == 0.05
+    polling.lease_now(now)
+    assert polling.lease_due(now)
 
 
 # ---------------------------------------------------------------------- intake

@@ -596,6 +596,9 @@ def test_redrive_puts_each_request_back_into_its_shard(redis_url, redis_client):
     for keys in (KEYS, PARTS[0], PARTS[3]):
         assert redis_client.zcard(keys.queue) == redis_client.zcard(keys.delayed) == 0
     assert redis_client.keys("site:redrive:*") == []  # the removal's scratch list is gone
+    # parked workers wait on the crawl's wake list, not a shard's: two requests, two tokens
+    assert redis_client.llen(KEYS.wake) == 2
+    assert all(redis_client.llen(part.wake) == 0 for part in PARTS)
 
     # the workers' next lease in that shard takes it: due at once, never filtered
     leased = Frontier(redis_client, PARTS[2]).lease(10, 60_000)

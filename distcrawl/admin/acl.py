@@ -94,20 +94,25 @@ LUA_COMMANDS = (
     "zcard",
     "zcount",
     "zlexcount",
+    "zmscore",
     "zrange",
     "zrangebylex",
     "zrangebyscore",
     "zrem",
-    "zmscore",
     "zscore",
 )
 
 #: every command distcrawl sends from Python (frontier, scheduler, liveness, monitor, seen,
 #: dashboard, doctor, cli, revisits_admin): MULTI/EXEC for the transactional pipelines, INFO
-#: for the monitor's memory check (INFO memory), TIME for ages on the server's clock, BLPOP for an
-#: idle worker's wait for work (batch.py)
+#: for the monitor's memory check (INFO memory), TIME for ages on the server's clock; BLMOVE and
+#: BLPOP for a parked worker's waits for work, SADD to register its claim list before, CLIENT ID
+#: and CLIENT UNBLOCK to end its BLMOVE when it closes or pauses (idle.py), ZDIFF for a parked
+#: reaper's look for claimants not alive (batch.py)
 PYTHON_COMMANDS = (
+    "blmove",
     "blpop",
+    "client|id",
+    "client|unblock",
     "del",
     "exec",
     "exists",
@@ -130,6 +135,7 @@ PYTHON_COMMANDS = (
     "ltrim",
     "multi",
     "pexpire",
+    "sadd",
     "scan",
     "scard",
     "set",
@@ -139,6 +145,7 @@ PYTHON_COMMANDS = (
     "zadd",
     "zcard",
     "zcount",
+    "zdiff",
     "zincrby",
     "zlexcount",
     "zmscore",
@@ -155,24 +162,23 @@ SETUP_COMMANDS = ("function|load",)
 
 #: what ``distcrawl import scrapy-redis`` (importer.py) sends beyond PYTHON_COMMANDS: it
 #: reads scrapy-redis' keys, outside the crawl's namespace, so it runs as an administrator,
-#: never as the worker user these lists build, which gets none of them but SADD (its
-#: scripts' own)
-IMPORT_COMMANDS = ("renamenx", "sadd", "smismember", "sscan", "type")
+#: never as the worker user these lists build, which gets none of them (SADD is a worker's:
+#: its scripts' and a parked worker's own)
+IMPORT_COMMANDS = ("renamenx", "smismember", "sscan", "type")
 
 #: what ``distcrawl migrate`` (migrate.py, reshard.py) sends beyond PYTHON_COMMANDS:
 #: DUMP/RESTORE and PTTL copy each key with its TTL, TYPE and the size of each type verify
 #: the copy, MEMORY USAGE sizes the dry run; re-sharding (``--shards``) reads the seen SET
-#: (SSCAN), writes fingerprints into the new shards (SADD) and copies Bloom bitmaps in pieces
-#: (GETRANGE, SETRANGE); its HMGET of retries' records and ZADD of queue entries are among
-#: PYTHON_COMMANDS (``distcrawl recrawl`` sends them too). An administrator's tool, like the
-#: import: the worker user gets none of these
+#: (SSCAN) and copies Bloom bitmaps in pieces (GETRANGE, SETRANGE); its SADD of fingerprints
+#: into the new shards, HMGET of retries' records and ZADD of queue entries are among
+#: PYTHON_COMMANDS (workers and ``distcrawl recrawl`` send them too). An administrator's tool,
+#: like the import: the worker user gets none of these
 MIGRATE_COMMANDS = (
     "dump",
     "getrange",
     "memory|usage",
     "pttl",
     "restore",
-    "sadd",
     "setrange",
     "sscan",
     "strlen",

@@ -212,6 +212,8 @@ def _redrive_to_shards(
         by_shard.setdefault(shard_of_url(url, len(parts)), []).append(retry)
     for shard, entries in sorted(by_shard.items()):
         parts[shard].commit([], entries)
+    # the shards' commits wake nobody: idle workers wait on the crawl's own wake list
+    frontier.wake(len(requests))
     done = frontier.redrive(starts)
     stored = [_after(move, starts) for move, _ in requests]
     return done + _forget(frontier, stored)

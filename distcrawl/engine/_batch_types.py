@@ -110,9 +110,10 @@ class Batch:
     #: a liveness beat rides along (ZADD alive, see liveness.py); never a reason to run
     beat: bool = False
     riders: list[Rider] = field(default_factory=list)
-    #: an idle worker's poll: first wait up to this long (s) for a wake-up token (BLPOP
-    #: ``<ns>:wake``, pushed by a commit that queues requests), then lease
-    wait: float = 0.0
+    #: the first lease after an idle worker was woken (idle.py): work may be in any shard
+    woken: bool = False
+    #: a parked worker's rare look for dead workers' work (``Runner.idle_reap``)
+    idle_reap: bool = False
 
     def empty(self) -> bool:
         return not (
@@ -128,6 +129,7 @@ class Batch:
             or self.unclaim
             or self.drain
             or self.riders
+            or self.idle_reap
         )
 
 
@@ -158,8 +160,6 @@ class BatchResult:
     #: places given back for requests that left the downloader, and taken by reserves
     freed: int = 0
     taken: int = 0
-    #: an idle poll's wait ended with a wake-up token, not its timeout
-    woken: bool = False
     requeue: RequeueResult | None = None
     released: int = 0
     lease: LeaseResult | None = None

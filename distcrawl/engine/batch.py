@@ -90,6 +90,10 @@ class Runner:
     wait_replicas: int = 0
     wait_replicas_ms: int = 1000
     replica_recheck: float = RECHECK
+    #: how long an election to reap holds (ms): DISTCRAWL_RECLAIM_INTERVAL for busy workers,
+    #: IDLE_REAP_INTERVAL for parked ones
+    reclaim_ms: int = 2000
+    idle_reap_ms: int = 30_000
     leases: ShardLeases = field(init=False)
     commits: Commits = field(init=False)
 
@@ -138,7 +142,7 @@ class Runner:
             fans.append((fan, values, done))
             return [Step(op, filler(values, i)) for i, op in enumerate(fan.ops)]
 
-        before = self._wait_steps(batch, res)
+        before: list[Step] = []
         if batch.sent:
             before += fanned(sh.sent_fan(batch.sent), ignore)
         if batch.freed or batch.taken:
@@ -158,27 +162,29 @@ class Runner:
                 batch.renew, lambda f, refs: f.renew_op(refs, self.lease_ms), sum_ints
             )
             after += fanned(fan, setter(res, "renewed"))
+        #: the reaper's steps, sent in a round trip of their own once this worker was
+        #: elected for this interval (an election step in ``after``)
+        reap: list[Step] = []
+        elected: list[bool] = []
         if batch.reclaim:
-            timeout = self.worker_timeout_ms
-            requeue = sh.every_fan(lambda f: f.requeue_op(worker_timeout_ms=timeout), sum_requeue)
-            after += fanned(requeue, setter(res, "requeue"))
-            # finished slots' state is forgotten at the same pace, a page at a time
-            after += fanned(Fan([f.sweep_op() for f in sh.parts], sum_sweeps), setter(res, "swept"))
-            if sh.sharded:
-                # the shards' quarantines, read in the same round trip; moved after it
-                lengths = Fan([Op("", [], ["LLEN", f.keys.dead], int) for f in sh.parts], list)
-                after += fanned(lengths, waiting.extend)
+            after.append(Step(self._election_op(idle=False), elected.append))
+            reap = self._reap_steps(res, fanned, waiting)
+        elif batch.idle_reap:
+            after.append(Step(self._election_op(idle=True), elected.append))
+        if batch.drain and sh.sharded and not batch.reclaim:
+            # before an idle close: the shards' quarantined dead letters go to the crawl's
+            after += fanned(self._dead_lengths(), waiting.extend)
         if batch.want:
             if sh.sharded:
-                if batch.wait > 0:
-                    # an idle poll: its wait may end with a token for work in any shard
+                if batch.woken:
+                    # woken from a park: the token may be for work in any shard
                     self.arrived()
                 for commit in batch.commits:
                     # the lease follows the commit in Redis: it finds what the commit stores
                     phases = self.commits.phases(commit)
                     self.arrived([p.shard for phase in phases for p in phase if p.entries])
             after += fanned(self.leases.fan(batch), self._leased(res))
-        if batch.peek and not batch.wait > 0:
+        if batch.peek:
             after.append(Step(crawl.claim_op(batch.peek), setter(res, "peeked")))
         after += self._generation_steps(batch, res)
         if batch.beat and self.liveness is not None:
@@ -193,11 +199,20 @@ class Runner:
             down = self._commit_alone(batch, before, after, res)
         else:
             down = self.commits.send_around(batch.commits[0], before, after, res)
+        if elected and elected[0] and not down:
+            if batch.idle_reap:
+                reap = self._idle_reap(res, fanned, waiting)
+            if reap:
+                down = self._send(reap, res)
         for fan, values, done in fans:
             if all(v is not _MISSING for v in values):
                 done(fan.merge(values))
-        if res.woken and sh.sharded:
-            self.arrived()
+        if res.requeue is not None and res.requeue.requeued and not down:
+            # parked workers wait for wake-up tokens, not for a poll: leases given back are
+            # work for them as much as a commit's requests
+            down = self._send(
+                [Step(op, ignore) for op in crawl.wake_ops(res.requeue.requeued)], res
+            )
         if res.requeue is not None and res.requeue.orphan_claims and not down:
             # rare: workers found dead held start_urls claims; unclaim.lua checks again
             try:
@@ -205,7 +220,7 @@ class Runner:
                 res.requeue = res.requeue._replace(unclaimed=unclaimed)
             except redis.RedisError as exc:
                 down = failed(res, exc)
-        if batch.reclaim and not down and any(waiting):
+        if (batch.reclaim or batch.idle_reap or batch.drain) and not down and any(waiting):
             down = self._move_dead(res, [i for i, n in enumerate(waiting) if n])
         if not down:
             down = self._rejoin(res)
@@ -237,8 +252,10 @@ class Runner:
         """The read of the crawl's generation (layout.py), with the batches that take work
         in (leases, claims) and the periodic reclaim, after their claim and lease: what they
         took was in Redis before the read, so a claim of the next crawl's first start URL
-        comes with the read that shows the reset before it."""
-        if self.joined is None or not (batch.want or batch.peek or batch.reclaim):
+        comes with the read that shows the reset before it. A parked worker's look for dead
+        workers' work reads it too: it notices a reset within ``IDLE_REAP_INTERVAL``."""
+        reads = batch.want or batch.peek or batch.reclaim or batch.idle_reap
+        if self.joined is None or not reads:
             return []
 
         def done(generation: str | None) -> None:
@@ -262,18 +279,67 @@ class Runner:
                     part.bloom.state = None  # its layers went with the old crawl: read again
         return False
 
-    def _wait_steps(self, batch: Batch, res: BatchResult) -> list[Step]:
-        """An idle poll's first steps, on the crawl's own keys: the claim first, so that start
-        URLs pushed during the last wait are taken now (a claim ends the wait); then the wait,
-        after which Redis runs the rest."""
-        if not batch.wait > 0:
-            return []
-        steps: list[Step] = []
-        if batch.peek:
-            claim = self.frontier.claim_op(batch.peek, then_wait=True)
-            steps.append(Step(claim, setter(res, "peeked")))
-        steps.append(Step(self.frontier.wait_op(batch.wait), setter(res, "woken")))
+    def _election_op(self, *, idle: bool) -> Op[bool]:
+        """``SET <reaper key> <tag> NX PX <interval>``: true for the one worker that reaps
+        this interval. Busy workers share ``reaper`` (``DISTCRAWL_RECLAIM_INTERVAL``), parked
+        ones ``reaper:idle`` (``IDLE_REAP_INTERVAL``), so a parked worker's turn never delays
+        a busy one's."""
+        k = self.frontier.keys
+        key, ms = (k.reaper_idle, self.idle_reap_ms) if idle else (k.reaper, self.reclaim_ms)
+        return Op("", [], ["SET", key, self.frontier.tag, "NX", "PX", ms], bool)
+
+    def _reap_steps(
+        self,
+        res: BatchResult,
+        fanned: Callable[[Fan[Any], Callable[[Any], None]], list[Step]],
+        waiting: list[int],
+    ) -> list[Step]:
+        """The reaper's steps: expired leases and dead workers' leases back to the queue
+        (requeue.lua, every shard), finished slots' state forgotten at the same pace (sweep.lua,
+        a page at a time), and the shards' quarantines read (moved after the round trip)."""
+        sh, timeout = self.sh, self.worker_timeout_ms
+        requeue = sh.every_fan(lambda f: f.requeue_op(worker_timeout_ms=timeout), sum_requeue)
+        steps = fanned(requeue, setter(res, "requeue"))
+        steps += fanned(Fan([f.sweep_op() for f in sh.parts], sum_sweeps), setter(res, "swept"))
+        if sh.sharded:
+            steps += fanned(self._dead_lengths(), waiting.extend)
         return steps
+
+    def _dead_lengths(self) -> Fan[list[int]]:
+        """The lengths of the shards' dead-letter quarantines (moved after the round trip)."""
+        return Fan([Op("", [], ["LLEN", f.keys.dead], int) for f in self.sh.parts], list)
+
+    def _idle_reap(
+        self,
+        res: BatchResult,
+        fanned: Callable[[Fan[Any], Callable[[Any], None]], list[Step]],
+        waiting: list[int],
+    ) -> list[Step]:
+        """A parked worker elected for this interval: whether the reaper's steps are needed,
+        read first with plain commands on an idle frontier of one shard (a script's every
+        call counts, and an idle worker's budget is one command a second): the server's TIME,
+        the earliest lease deadline, the oldest liveness beat, the claimants not alive and
+        the slots whose state a sweep would look at. With shards, the reaper's steps."""
+        if self.sh.sharded:
+            return self._reap_steps(res, fanned, waiting)
+        k = self.frontier.keys
+        pipe = self.frontier.client.pipeline(transaction=False)
+        pipe.time()
+        pipe.zrange(k.leases, 0, 0, withscores=True)
+        pipe.zrange(k.alive, 0, 0, withscores=True)
+        pipe.zdiff([k.claimants, k.alive])
+        pipe.hlen(k.slots)
+        try:
+            (seconds, micros), leases, alive, orphans, slots = pipe.execute()
+        except redis.RedisError as exc:
+            failed(res, exc)
+            return []
+        now = int(seconds) * 1000 + int(micros) // 1000
+        expired = bool(leases) and float(leases[0][1]) <= now
+        dead = bool(alive) and float(alive[0][1]) < now - self.worker_timeout_ms
+        if expired or dead or orphans or slots:
+            return self._reap_steps(res, fanned, waiting)
+        return []
 
     @staticmethod
     def _rider_steps(batch: Batch, res: BatchResult) -> list[Step]:
@@ -357,10 +423,11 @@ class Runner:
         return done
 
     def _beaten(self, res: BatchResult) -> Callable[[int], None]:
-        def done(_: int) -> None:
+        def done(stamp: int) -> None:
             res.beat = True
             if self.liveness is not None:
-                self.liveness.noted()
+                # one shard: the server's time alive.lua wrote (summed over several)
+                self.liveness.noted(() if self.sh.sharded else (stamp,))
 
         return done
 

@@ -9,6 +9,7 @@ in one place and can change without touching how batches run.
 from __future__ import annotations
 
 from distcrawl.engine._batch_types import Batch
+from distcrawl.engine.idle import IDLE_REAP_INTERVAL
 from distcrawl.engine.state import SchedulerState
 from distcrawl.model.queue_entry import LeaseRef
 
@@ -19,17 +20,29 @@ class BatchBuilding(SchedulerState):
     def _build_batch(self, now: float) -> Batch:
         """The work due now, and what may ride with it: the reclaim of expired leases, other
         components' commands, a liveness beat. Those run in a batch of their own only once
-        late (the beat never: its thread does), so an idle worker makes one round trip per
-        lease poll, about one a second (DISTCRAWL_IDLE_POLL_MAX)."""
+        late (the beat never: its thread does). A parked worker (idle.py) sends no poll:
+        only what its riders need, and one look for dead workers' work an interval."""
+        if self._parked and self._park_over(now):
+            self._unpark(now)
         batch = self._build_work(now)
         work = not batch.empty()
-        if self._polling.reclaim_due(now, work=work):
+        if self._parked:
+            if now >= self._next_idle_reap:
+                # one parked worker an interval looks for dead workers' work (batch.py)
+                self._next_idle_reap = now + IDLE_REAP_INTERVAL
+                batch.idle_reap = True
+        elif self._polling.reclaim_due(now, work=work):
             batch.reclaim = True
         if self._riders.due(now, work=not batch.empty()):
             batch.riders = self._riders.take()
-        if not batch.empty() and self._liveness is not None and self._liveness.due(batch.wait):
+        if not batch.empty() and self._liveness is not None and self._liveness.due():
             batch.beat = True
         return batch
+
+    def _park_over(self, now: float) -> bool:
+        """Whether a parked worker goes back to polling: something here needs Redis (a
+        request to push, a pause, a close), or the lease reply's next due time came."""
+        return not self._idle() or now >= self._park_until
 
     def _build_work(self, now: float) -> Batch:
         batch = Batch()
@@ -47,7 +60,11 @@ class BatchBuilding(SchedulerState):
             # claim now could not be stored either; the commit alone finds when it does
             return batch
         if self._paused:
-            if self._start_pending == 0 and not self._unclaimed:
+            if self._claims_waiting():
+                # a BLMOVE may still move an entry into the claim list: ended first
+                assert self._idle_waits is not None
+                self._idle_waits.end_claims()
+            elif self._start_pending == 0 and not self._unclaimed:
                 # every start entry read is stored: what is still claimed goes back
                 batch.unclaim = self._unclaimed = True
             batch.release = self._leases.release_waiting()
@@ -63,15 +80,28 @@ class BatchBuilding(SchedulerState):
             self._held_back = False
         batch.release, held = self._leases.release_idle_reserves(lease)
         self._inc("distcrawl/places/reserves_returned", len(batch.release))
+        if self._parked:
+            return batch  # the blocking reads wait for work (idle.py): no poll, no claim
         if lease:
-            batch.wait = self._polling.take_wake_wait(lambda: self._idle() and not batch.drain)
+            batch.woken, self._woken = self._woken, False
             batch.want = min(room, max(0, prefetch - self._leases.waiting))
             batch.held = held
             batch.reserve = prefetch // 2
             batch.reserved = self._leases.reserved()
-        if self._start_pending == 0 and self._polling.peek_due(now) and not self._full():
+        if (
+            self._start_pending == 0
+            and self._polling.peek_due(now)
+            and not self._full()
+            and not self._claims_waiting()
+        ):
             batch.peek = self.config.start_urls_batch
         return batch
+
+    def _claims_waiting(self) -> bool:
+        """Whether a parked worker's BLMOVE may still move a start URL into this worker's
+        claim list (idle.py): claim.lua, which hands out what the list holds, and the give
+        back of the list wait until it returned, or the entry would be handed out twice."""
+        return self._idle_waits is not None and self._idle_waits.claiming
 
     def _idle(self) -> bool:
         """Nothing here would need Redis soon: no request ready or downloading, nothing

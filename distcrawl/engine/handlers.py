@@ -16,6 +16,7 @@ from scrapy import Request, Spider
 from scrapy.exceptions import DontCloseSpider
 
 from distcrawl.engine import _engine
+from distcrawl.engine.idle import IDLE_REAP_INTERVAL
 from distcrawl.engine.state import SchedulerState
 
 #: the scheduler's logger: these are its messages, filtered and configured as such
@@ -33,7 +34,7 @@ class SignalHandlers(SchedulerState):
         timeout = self.config.idle_timeout
         if (
             timeout is None
-            or (self._busy and not self._waiting)
+            or self._busy
             or self._outage.failing  # cannot tell whether the shared queue is empty
             or self._paused
             or self.has_pending_requests()
@@ -77,7 +78,9 @@ class SignalHandlers(SchedulerState):
         if look is not None and look[1].worked:
             self._had_work = True
             return True
-        if look is None or now - look[0] > DRAIN_CHECK_MAX_AGE:
+        # parked (idle.py), work wakes it: a look at the whole frontier only now and then
+        max_age = IDLE_REAP_INTERVAL if self._parked else DRAIN_CHECK_MAX_AGE
+        if look is None or now - look[0] > max_age:
             self._drain_wanted = True  # read at most once per idle signal (about 5 s)
             self._kick()
         if look is not None and not self._noted_no_work:

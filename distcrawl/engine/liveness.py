@@ -19,6 +19,14 @@ unreachable Redis lets the beats lapse.
 
 The score is Redis' own TIME (``lua/alive.lua``): ages are then computed against the clock of
 the node holding the key, whatever the clocks of the workers' hosts say.
+
+An idle worker (parked, idle.py: it holds no lease and waits for work in blocking reads) sends
+no batch, and nothing of its own depends on a quick beat: it holds nothing to reap. Its beats
+(``idle()``) come every third of ``DISTCRAWL_WORKER_TIMEOUT`` instead of every interval, still
+three within the timeout, so that it stays live for the fair shares, ``distcrawl status``,
+``reset`` and the reaper of its claim list; and each is one plain ``ZADD`` of the server's time
+as the last ``alive.lua`` reply and the monotonic clock tell it (``alive.lua`` runs again at
+least every ``RESYNC_AFTER`` seconds), not a script of three calls.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import redis
 
@@ -43,6 +51,9 @@ _TAG = re.compile(r"[0-9a-fA-F]{8}")
 JOIN_MARGIN = 1.0
 #: a wake-up this close to its due time beats rather than sleeps again for a moment
 TICK_SLACK = 0.005
+#: an idle worker's plain beats estimate the server's time from the last alive.lua reply;
+#: alive.lua runs again once that reply is this old (s)
+RESYNC_AFTER = 300.0
 
 
 class Liveness:
@@ -63,6 +74,7 @@ class Liveness:
         own_after: float | None = None,
         cluster: bool | None = False,
         shards: Sequence[FrontierKeys] = (),
+        idle_interval: float | None = None,
     ) -> None:
         if not _TAG.fullmatch(tag):
             raise ValueError(f"invalid worker tag {tag!r}: expected 8 hex characters")
@@ -79,6 +91,16 @@ class Liveness:
         #: for this long; default one interval, for a Liveness nobody else beats for
         self.own_after = interval if own_after is None else own_after
         self.socket_timeout = socket_timeout
+        #: the beats' period while the worker is idle (``idle()``): default ``own_after``
+        self.idle_interval = self.own_after if idle_interval is None else idle_interval
+        self._idle = False
+        #: per key set (the crawl's, then each shard's): the server's ms at the last
+        #: alive.lua reply and the monotonic time it came
+        self._synced: list[tuple[int, float]] = []
+        #: set to end the thread's sleep early (idle() changed how long it may sleep)
+        self._tick = threading.Event()
+        #: called (on the liveness thread) when a plain beat found the tag gone from alive
+        self.on_readded: Callable[[], None] | None = None
         #: monotonic time at which the last beat, from whichever thread, reached Redis
         self._last = float("-inf")
         #: beats that reached Redis, for stats (written by whichever thread beats)
@@ -115,23 +137,57 @@ class Liveness:
         with self._lock:
             if self._closed:
                 return
-            if self._script is None:
-                self._script = lua_script(self._redis(), "alive")
-            for keys in (self.keys, *self.shards):
-                self._script(keys=keys.script_keys("alive"), args=[self.tag])
+            parts = (self.keys, *self.shards)
+            now = time.monotonic()
+            synced = len(self._synced) == len(parts) and all(
+                now - at < RESYNC_AFTER for _, at in self._synced
+            )
+            if self._idle and synced:
+                # the server's time as the last alive.lua told it: one plain ZADD a key set
+                pipe = self._redis().pipeline(transaction=False)
+                for keys, (ms, at) in zip(parts, self._synced, strict=True):
+                    pipe.zadd(keys.alive, {self.tag: ms + int((now - at) * 1000)})
+                if any(pipe.execute()):
+                    # the tag was gone: taken for dead (a frozen process, a server clock that
+                    # jumped ahead of the estimate) or a reset. alive.lua next time, and the
+                    # claim list registered again (idle.py)
+                    self._synced = []
+                    if self.on_readded is not None:
+                        self.on_readded()
+            else:
+                if self._script is None:
+                    self._script = lua_script(self._redis(), "alive")
+                synced_now = []
+                for keys in parts:
+                    ms = self._script(keys=keys.script_keys("alive"), args=[self.tag])
+                    synced_now.append((int(ms), time.monotonic()))
+                self._synced = synced_now
             self.beats += 1
             self._last = time.monotonic()
+
+    def idle(self, idle: bool) -> None:
+        """The worker is idle (parked: no lease held, waiting for work in blocking reads)
+        or no longer: its thread beats every ``idle_interval`` s, with plain ZADDs, or
+        again every ``own_after`` s."""
+        if idle != self._idle:
+            self._idle = idle
+            self._tick.set()
 
     def due(self, ahead: float = 0.0) -> bool:
         """Whether a batch should carry a beat: the last one is half an interval old, or will
         be by the time the beat reaches Redis (``ahead`` s: an idle poll's beat goes after its
         wait for work). Never a reason to run a batch: the thread beats when none does."""
+        if self._idle:
+            return False  # the thread's rarer beats are enough
         return not self._closed and time.monotonic() + ahead - self._last >= self.interval / 2
 
-    def noted(self) -> None:
-        """A beat that rode with a batch reached Redis (``Frontier.alive_op``)."""
+    def noted(self, stamps: Sequence[int] = ()) -> None:
+        """A beat that rode with a batch reached Redis (``Frontier.alive_op``); ``stamps``:
+        the server's ms each key set's alive.lua wrote, when known."""
         self.beats += 1
         self._last = time.monotonic()
+        if len(stamps) == 1 + len(self.shards):
+            self._synced = [(int(ms), self._last) for ms in stamps]
 
     def stop(self, *, clean: bool) -> None:
         """Stop beating; ``clean=True`` (a normal close) also removes the tag, so that nobody
@@ -143,6 +199,7 @@ class Liveness:
         for closing.
         """
         self._stopping.set()
+        self._tick.set()
         bound = self.socket_timeout + JOIN_MARGIN
         deadline = time.monotonic() + bound
         if self._thread is not None:
@@ -188,13 +245,14 @@ class Liveness:
         # wakes when the last beat, whoever sent it, is ``own_after`` old; after a failed
         # beat it tries again one interval later
         while not self._stopping.is_set():
-            if time.monotonic() - self._last >= self.own_after - TICK_SLACK:
+            every = self.idle_interval if self._idle else self.own_after
+            if time.monotonic() - self._last >= every - TICK_SLACK:
                 self._beat_logged()
-            wait = self._last + self.own_after - time.monotonic()
+            wait = self._last + every - time.monotonic()
             if wait <= TICK_SLACK:
                 wait = self.interval
-            if self._stopping.wait(wait):
-                return
+            self._tick.wait(wait)
+            self._tick.clear()
 
     def _beat_logged(self) -> None:
         """A beat whose failure is logged once per outage: a dead Redis must not flood the

@@ -27,6 +27,7 @@ from distcrawl.config import DistcrawlConfig
 from distcrawl.config._convert import ConfigError
 from distcrawl.dupefilter import RedisDupeFilter
 from distcrawl.engine.batch import Runner
+from distcrawl.engine.idle import IDLE_REAP_INTERVAL
 from distcrawl.engine.liveness import Liveness
 from distcrawl.model import lua
 from distcrawl.model.connection import RedisIO, node_info, redact_url
@@ -272,12 +273,16 @@ def connect(
         # batches carry the beats (Batch.beat): the thread is the fallback
         own_after=OWN_BEAT_AFTER * config.lease.heartbeat,
         shards=[f.keys for f in shards.parts],
+        # parked (idle.py): three beats within the worker timeout, plain ZADDs
+        idle_interval=config.lease.worker_timeout / 3,
     )
     options: dict[str, Any] = {
         "lease_ms": int(config.lease.timeout * 1000),
         "worker_timeout_ms": int(config.lease.worker_timeout * 1000),
         "schemes": config.allowed_schemes,
         "liveness": liveness,
+        "reclaim_ms": int(config.lease.reclaim_interval * 1000),
+        "idle_reap_ms": int(IDLE_REAP_INTERVAL * 1000),
     }
     if config.wait_replicas and not shards.sharded:
         logger.warning(

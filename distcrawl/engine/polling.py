@@ -5,14 +5,17 @@ An idle worker must cost Redis little and a busy one must never wait for work it
 have: a lease poll that finds nothing backs off (doubling up to DISTCRAWL_IDLE_POLL_MAX, or
 CONTENDED_POLL_MAX while requests wait in slots other workers fill), and anything that
 means work is there (a request left the downloader, a commit queued requests, start URLs
-were claimed) brings the next poll forward to now. Kept apart from what goes in a batch, so
-the timing can change without touching the batch's contents. Nothing here touches Redis.
+were claimed) brings the next poll forward to now. A poll that finds nothing queued anywhere,
+by a worker that holds nothing, polls no more: the worker parks (idle.py) until a blocking
+read brings work or the lease reply's next due time (a retry, a revisit) comes. Kept apart
+from what goes in a batch, so the timing can change without touching the batch's contents.
+Nothing here touches Redis.
 """
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Callable
 
 from distcrawl.config import DistcrawlConfig
 from distcrawl.model.replies import LeaseResult
@@ -33,8 +36,6 @@ class Polling:
         self._next_lease = self._next_peek = self._next_reclaim = now
         self._next_renew = now + config.lease.timeout / 3
         self._idle_delay = 0.0
-        #: how long the next lease poll waits in Redis for a wake-up token (back_off)
-        self._wake_wait = 0.0
 
     # -- what is due -------------------------------------------------------------------
 
@@ -62,17 +63,6 @@ class Polling:
             return True
         return False
 
-    def take_wake_wait(self, idle: Callable[[], bool]) -> float:
-        """How long the lease poll being built waits in Redis for work: the back-off,
-        spent where a commit's wake-up token ends it, when ``idle()`` (nothing here would
-        need Redis meanwhile); 0 otherwise. Used once."""
-        wait = 0.0
-        if self._wake_wait and idle():
-            # the back-off spent in Redis, where a commit's wake-up token ends it
-            wait = min(self._wake_wait, self.config.socket_timeout / 2)
-        self._wake_wait = 0.0
-        return wait
-
     # -- what changes it ---------------------------------------------------------------
 
     def lease_now(self, now: float) -> None:
@@ -80,8 +70,17 @@ class Polling:
         self._idle_delay = 0.0
         self._next_lease = now
 
-    def back_off(self, now: float, lease: LeaseResult, *, idle: bool) -> None:
-        """A lease poll found nothing this worker could take."""
+    def back_off(self, now: float, lease: LeaseResult, *, idle: bool) -> float | None:
+        """A lease poll found nothing this worker could take. Returns, when the worker
+        may park instead of polling (nothing queued anywhere, ``idle``: nothing here would
+        need Redis), the seconds until the reply's next retry or revisit is due (``inf``:
+        none waits); None otherwise."""
+        if not lease.queue_size and idle:
+            # nothing queued anywhere and nothing here: parked, woken by a blocking read
+            # as soon as work arrives, or at the next due time
+            self._idle_delay = 0.0
+            self._next_lease = math.inf
+            return math.inf if lease.wait is None else lease.wait
         cap = self.config.idle_poll_max
         if lease.queue_size:
             # requests wait in slots other workers fill: a place may free any moment
@@ -90,14 +89,8 @@ class Polling:
         wait = self._idle_delay
         if lease.wait is not None:  # a slot's turn comes sooner: ask for it then
             wait = min(wait, max(lease.wait, self.config.flush_interval))
-            self._next_lease = now + wait
-        elif not lease.queue_size and idle:
-            # nothing queued anywhere and nothing here: wait in Redis, woken as
-            # soon as any worker's commit queues something
-            self._wake_wait = wait
-            self._next_lease = now
-        else:
-            self._next_lease = now + wait
+        self._next_lease = now + wait
+        return None
 
     def peeked(self, now: float, got: int, asked: int, *, busy: bool) -> None:
         """A claim of start URLs brought ``got`` of the ``asked``; ``busy``: this worker
@@ -111,6 +104,15 @@ class Polling:
             self._next_peek = self._next_lease
         else:
             self._next_peek = now + BUSY_PEEK_INTERVAL
+
+    def lease_in(self, now: float, delay: float) -> None:
+        """The next lease poll in ``delay`` seconds, without back-off."""
+        self._next_lease = now + delay
+
+    def peek_now(self, now: float) -> None:
+        """Start URLs are there (a parked worker's wait took one): claim the rest as soon
+        as what was taken is stored."""
+        self._next_peek = now
 
     def queue_full(self) -> None:
         """The shared queue is at DISTCRAWL_MAX_PENDING: claim no start URLs for a while."""

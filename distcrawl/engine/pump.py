@@ -10,6 +10,7 @@ requests handed to the buffer, claimed start URLs made entries. A batch never ov
 from __future__ import annotations
 
 import logging
+import random
 import time
 from typing import Any
 
@@ -19,6 +20,7 @@ from distcrawl import signals as distcrawl_signals
 from distcrawl.engine import _engine
 from distcrawl.engine._batch_types import Batch, BatchResult, Commit
 from distcrawl.engine.batch import SPLIT_AFTER
+from distcrawl.engine.idle import IDLE_REAP_INTERVAL
 from distcrawl.engine.state import SchedulerState
 from distcrawl.model.deadrecord import dead_letter
 from distcrawl.model.layout import LayoutMismatch, Rejoined
@@ -62,7 +64,6 @@ class Pump(SchedulerState):
         if batch.empty():
             return
         self._busy = True
-        self._waiting = batch.wait > 0
         d = self.io.run(self._runner.run, batch)
         d.addCallback(self._apply, batch)
         d.addErrback(self._crashed, batch)
@@ -105,18 +106,34 @@ class Pump(SchedulerState):
         self._report.requeue(res)
         self._report.shards(res)
         got = self._handle_leased(res)
+        park: float | None = None
         if batch.want and res.lease is not None:
             if got:
                 self._polling.lease_now(now)
             else:
-                self._polling.back_off(now, res.lease, idle=self._idle())
-        if res.woken:
-            self._inc("distcrawl/idle/woken")
+                park = self._polling.back_off(now, res.lease, idle=self._idle())
         self._riders.deliver(batch.riders, res.riders)
         if batch.peek and res.error is None:
             self._handle_peeked(res.peeked)
             busy = bool(self._leases.ready or self._leases.active)
             self._polling.peeked(now, len(res.peeked), batch.peek, busy=busy)
+            # claim.lua hands out the claim list first: nothing means it and start_urls
+            # were both empty
+            self._claims_empty = not res.peeked
+            if len(res.peeked) >= batch.peek:
+                park = None  # more start URLs wait: claimed next
+        if park is not None:
+            ready = self._idle() and res.error is None and self._idle_waits is not None
+            if ready and self._claims_empty:
+                self._park(now, park)
+            else:
+                # its claim list may hold entries (held back at the pending cap): the BLMOVE
+                # of a park waits on start_urls only, so a claim comes first
+                self._polling.peek_now(now)
+                later = self._claims_waiting() or not ready
+                self._polling.lease_in(
+                    now, self.config.idle_poll_max if later else self.config.flush_interval
+                )
         if res.drained is not None:
             self._drained = (now, res.drained)
             _engine.wake(self.crawler)  # the engine asks spider_idle again, which reads it
@@ -126,6 +143,58 @@ class Pump(SchedulerState):
         if self._outbox.due or self._leases.unreported or ((got or lease_now or freed) and low):
             # the next batch now, not one reactor turn later: a turn can be a page's parsing
             self._pump()
+
+    # -- parked: an idle worker waits in blocking reads (idle.py) ------------------------
+
+    def _park(self, now: float, until: float) -> None:
+        """Nothing queued anywhere and nothing here: stop polling, wait in Redis for a start
+        URL (BLMOVE into the claim list, unless a claim may not be made now) and for a
+        wake-up token, beat rarely, until work arrives or ``until`` s pass (the next retry
+        or revisit due)."""
+        assert self._idle_waits is not None
+        self._parked = True
+        # a due time that came already: polled again at the flush pace, not in a busy loop
+        self._park_until = now + max(until, self.config.flush_interval)
+        self._next_idle_reap = now + IDLE_REAP_INTERVAL * (0.25 + 0.75 * random.random())
+        if self._liveness is not None:
+            self._liveness.idle(True)
+        claims = self._start_pending == 0 and not self._full() and not self._paused
+        self._idle_waits.park(claims=claims)
+
+    def _unpark(self, now: float) -> None:
+        """Back to polling: the next lease now. A BLMOVE still waiting goes on until it
+        returns (``_claims_waiting``), its entry handed over as any claim."""
+        self._parked = False
+        if self._liveness is not None:
+            self._liveness.idle(False)
+        if self._idle_waits is not None:
+            self._idle_waits.unpark()
+        self._polling.lease_now(now)
+
+    def _waited(self, kind: str, value: Any) -> None:
+        """A parked worker's wait returned (on the reactor, from idle.py's threads): a start
+        URL it moved into this worker's claim list, a wake-up token, or an error."""
+        if self._closing:
+            return  # a claimed entry is in the claim list: the close gives it back
+        now = time.monotonic()
+        if kind == "claimed":
+            self._claims_empty = False
+            # in the claim list already: the next claim (claim.lua) hands it out with what
+            # followed it, and the generation read after it says whether the crawl it came
+            # from is still the one this worker joined (layout.py)
+            self._polling.peek_now(now)
+        elif kind == "failed":
+            # the claim list may hold an entry whose reply was lost: the next claim hands
+            # it out; and an unreachable Redis is the polls' to report
+            logger.debug("idle wait failed: %r", value, extra={"spider": self.spider})
+        if kind != "failed":
+            self._inc("distcrawl/idle/woken")
+        if self._parked:
+            self._unpark(now)
+            self._woken = True
+        else:
+            self._polling.lease_now(now)
+        self._kick()
 
     def _rejoined(self, rejoined: Rejoined) -> None:
         """The frontier this worker joined was reset, and it joined the crawl there now
@@ -196,6 +265,8 @@ class Pump(SchedulerState):
 
     def _apply_commit(self, c: CommitResult, commit: Commit | None) -> None:
         self._remote_queue = c.queue_size
+        if c.held:
+            self._claims_empty = False  # start entries left in the claim list at the cap
         self._report.commit(c, commit)
         if c.dropped or c.held:
             self._polling.queue_full()

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from distcrawl.dupefilter import RedisDupeFilter
     from distcrawl.engine._batch_types import Batch
     from distcrawl.engine.batch import Runner
+    from distcrawl.engine.idle import IdleWaits
     from distcrawl.engine.intake import Intake
     from distcrawl.engine.leases import Leases
     from distcrawl.engine.liveness import Liveness
@@ -62,7 +63,12 @@ class SchedulerState:
     _remote_queue: int
     _start_pending: int
     _polling: Polling
-    _waiting: bool
+    _idle_waits: IdleWaits | None
+    _parked: bool
+    _park_until: float
+    _next_idle_reap: float
+    _woken: bool
+    _claims_empty: bool
     _last_work: float
     _had_work: bool
     _noted_no_work: bool
@@ -78,6 +84,10 @@ class SchedulerState:
 
         def _reconnect(self) -> None: ...
 
+        def _park(self, now: float, until: float) -> None: ...
+
+        def _unpark(self, now: float) -> None: ...
+
         def _inc(self, key: str, count: int = 1) -> None: ...
 
         def _kick(self) -> None: ...
@@ -85,3 +95,7 @@ class SchedulerState:
         def _build_batch(self, now: float) -> Batch: ...
 
         def _idle(self) -> bool: ...
+
+        def _full(self) -> bool: ...
+
+        def _claims_waiting(self) -> bool: ...

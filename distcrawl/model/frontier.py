@@ -45,7 +45,6 @@ from distcrawl.model.replies import (
     RobotsTxt,
     SweepResult,
     first_int,
-    is_not_none,
     parse_commit,
     parse_lease,
     parse_places,
@@ -289,12 +288,6 @@ class Frontier:
         args = ["ids", 0, 0, *_pairs(refs)]
         return Op("requeue", self._requeue_keys(), args, first_int)
 
-    def wait_op(self, seconds: float) -> Op[bool]:
-        """Wait up to ``seconds`` for a wake-up token (``FrontierKeys.wake``); True if one
-        came. Blocks the connection: only an idle worker's poll sends it."""
-        k = self.keys
-        return Op("", [], ["BLPOP", k.wake_of(self.tag), k.wake, f"{seconds:.3f}"], is_not_none)
-
     def wake_ops(self, queued: int) -> list[Op[Any]]:
         """Wake-up tokens for ``queued`` requests stored, as commit.lua pushes them (at most
         WAKE_MAX waiting, each for WAKE_TTL_MS): for commits made in shards, whose own wake
@@ -305,6 +298,16 @@ class Frontier:
             Op("", [], ["LTRIM", wake, 0, WAKE_MAX - 1], bool),
             Op("", [], ["PEXPIRE", wake, WAKE_TTL_MS], bool),
         ]
+
+    def wake(self, queued: int) -> None:
+        """Wake idle workers for ``queued`` requests stored where no script woke them
+        (``wake_ops``), in one round trip."""
+        if queued <= 0:
+            return
+        pipe = self.client.pipeline(transaction=False)
+        for op in self.wake_ops(queued):
+            pipe.execute_command(*op.args)
+        pipe.execute()
 
     def alive_op(self) -> Op[int]:
         """One liveness beat of this worker (alive.lua; see liveness.py), to ride with a
@@ -335,9 +338,23 @@ class Frontier:
         if firsts:
             next_retry = max(0, min(firsts) - (seconds * 1000 + micros // 1000))
         queued = int(queued) + int(due)
+        if claimants and k.shard is None:
+            claimants = self._holding_claims()
         return Drained(
             int(start_urls), queued, int(leased), next_retry, int(claimants), bool(worked)
         )
+
+    def _holding_claims(self) -> int:
+        """How many claimants hold claims: parked workers register before they wait for
+        start URLs (distcrawl/engine/idle.py) with nothing claimed yet. An entry claimed
+        after this read is its claimant's work; only whether this crawl has work now counts."""
+        k = self.keys
+        tags = sorted(self.client.smembers(k.claimants))
+        pipe = self.client.pipeline(transaction=False)
+        for tag in tags:
+            name = tag.decode() if isinstance(tag, bytes) else str(tag)
+            pipe.llen(k.claims(name))
+        return sum(1 for n in pipe.execute() if n)
 
     def robots_txt(self, netloc: str) -> RobotsTxt | None:
         """(age in seconds, HTTP status, body) of a netloc's shared robots.txt; status 0 means

@@ -356,6 +356,20 @@ class FrontierKeys:
         (distcrawl/model/layout.py).""",
     )
 
+    reaper = _Key(
+        "reaper",
+        """STRING the tag of the worker elected (``SET NX PX``) to reap expired leases, dead
+        workers' leases and claims and finished slots for one ``DISTCRAWL_RECLAIM_INTERVAL``:
+        one reaper per interval for the crawl, not one per worker (distcrawl/engine/batch.py).""",
+    )
+
+    reaper_idle = _Key(
+        "reaper:idle",
+        """STRING the tag of the parked (idle) worker elected to look for dead workers' work
+        for one idle interval (distcrawl/engine/idle.py): parked workers, who hold nothing,
+        look rarely, and never delay a busy reaper's turn.""",
+    )
+
     paused = _Key(
         "paused",
         """STRING present while the crawl is paused (``distcrawl pause``).""",
@@ -433,6 +447,8 @@ class FrontierKeys:
             self.settings,
             self.meta,
             self.sweep,
+            self.reaper,
+            self.reaper_idle,
             self.paused,
             self.wake,
             self.import_queue,

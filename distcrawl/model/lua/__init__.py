@@ -89,7 +89,7 @@ KEYS: dict[str, tuple[str, ...]] = {
         *("placeless", "revisits", "revisit_queue"),
     ),
     "places": ("requests", "leases", "inflight", "robots", "ready", "slots", "placeless"),
-    "redrive": ("dead", "queue", "seq", "start_urls", "ready", "slots"),
+    "redrive": ("dead", "queue", "seq", "start_urls", "ready", "slots", "wake"),
     "renew": ("leases", "requests"),
     "requeue": (
         *("leases", "queue", "requests", "ready", "slots", "inflight", "robots", "alive"),

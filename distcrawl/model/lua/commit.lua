@@ -24,9 +24,9 @@
 --                                 already (places.lua)
 -- KEYS[18] claimants       SET    worker tags whose claim list may hold entries: the committing
 --                                 worker's leaves it when its claim list empties
--- KEYS[19] wake            LIST   wake-up tokens: idle workers wait on it (BLPOP, batch.py); a
---                                 commit that queues requests pushes up to WAKE_MAX, kept
---                                 WAKE_TTL_MS, so a token nobody takes soon is gone
+-- KEYS[19] wake            LIST   wake-up tokens: idle workers wait on it (BLPOP, idle.py); a
+--                                 commit that queues requests pushes some (lib.lua wake_idle):
+--                                 few and short-lived
 -- KEYS[20] revisits       ZSET   request id -> when the page is due again (ms)
 -- KEYS[21] revisit_of     HASH   binary fingerprint -> id of the page's revisit in KEYS[20]
 -- KEYS[22] legacy_seen     SET    fingerprints of another crawler (scrapy-redis) of the pages it
@@ -244,8 +244,6 @@ end
 local pending = redis.call('ZCARD', KEYS[1])
 -- requests this commit put in the queue (not retries waiting in ``delayed``)
 local queued = 0
--- wake-up tokens: at most this many wait, each for at most this long (ms)
-local WAKE_MAX, WAKE_TTL_MS = 16, 1000
 local claimed = false
 local enqueued, duplicates, dead, skipped, dropped, held = 0, 0, 0, 0, 0, 0
 local slot_dropped = 0
@@ -452,16 +450,8 @@ for i = 0, records - 1 do
     redis.call('HSET', KEYS[12], slot, new)
   end
 end
--- wake the idle workers: one token per request queued, up to WAKE_MAX waiting at a time
-if queued > 0 then
-  local room = WAKE_MAX - redis.call('LLEN', KEYS[19])
-  for _ = 1, math.min(queued, room) do
-    redis.call('LPUSH', KEYS[19], '1')
-  end
-  if room > 0 then
-    redis.call('PEXPIRE', KEYS[19], WAKE_TTL_MS)
-  end
-end
+-- wake the idle workers (lib.lua)
+wake_idle(KEYS[19], queued)
 -- the queue's length: read once above, and counted since (this script only adds to it)
 return {
   enqueued, duplicates, dead, skipped, pending, dropped, held, 0,

@@ -196,3 +196,19 @@ local function done_with(placeless, inflight, robots, slot, id)
   if redis.call('SREM', placeless, id) == 0 then landed(inflight, robots, slot) end
 end
 
+-- wake-up tokens for idle workers (each waits in BLPOP on ``wake``, idle.py): one token per
+-- request queued, at most WAKE_MAX waiting at a time, each for at most WAKE_TTL_MS, so a
+-- token nobody takes soon is gone. Every script that queues requests a parked worker would
+-- not otherwise hear of pushes them (commit.lua, redrive.lua; frontier.py's wake_ops for
+-- requests requeued or committed in shards)
+local WAKE_MAX, WAKE_TTL_MS = 16, 1000
+local function wake_idle(wake, queued)
+  if queued <= 0 then return end
+  local room = WAKE_MAX - redis.call('LLEN', wake)
+  if room > 0 then
+    local tokens = {}
+    for i = 1, math.min(queued, room) do tokens[i] = '1' end
+    redis.call('LPUSH', wake, unpack(tokens))
+    redis.call('PEXPIRE', wake, WAKE_TTL_MS)
+  end
+end

@@ -7,6 +7,8 @@
 -- KEYS[4] start_urls  LIST  raw entries pushed by producers
 -- KEYS[5] ready       ZSET  slot -> when its next request may be leased (ms)
 -- KEYS[6] slots       HASH  slot -> earliest time of its next request (ms)
+-- KEYS[7] wake        LIST  wake-up tokens for idle workers (lib.lua's wake_idle): a
+--                           parked worker hears of requests re-driven into the queue at once
 --
 -- ARGV: 6 arguments per record:
 --   at        where the operator read it: a negative index, counted from the oldest end,
@@ -29,7 +31,7 @@
 
 local BLANK = ''
 local now = now_ms()
-local moved, blanks = 0, 0
+local moved, blanks, queued = 0, 0, 0
 for i = 1, #ARGV, 6 do
   local at, record, kind = tonumber(ARGV[i]), ARGV[i + 1], ARGV[i + 2]
   local slot, prio, payload = ARGV[i + 3], ARGV[i + 4], ARGV[i + 5]
@@ -50,6 +52,7 @@ for i = 1, #ARGV, 6 do
     if kind == 'q' then
       redis.call('ZADD', KEYS[2], 0, make_entry(slot, prio, redis.call('INCR', KEYS[3]), payload))
       arm(KEYS[5], KEYS[6], slot, now, true)
+      queued = queued + 1
     else
       redis.call('LPUSH', KEYS[4], payload)
     end
@@ -59,4 +62,5 @@ end
 if blanks > 0 then
   redis.call('LREM', KEYS[1], -blanks, BLANK)
 end
+wake_idle(KEYS[7], queued)
 return moved

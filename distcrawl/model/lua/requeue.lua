@@ -84,8 +84,13 @@ if ARGV[1] == 'expired' then
       end
     end
   end
-  for _, tag in ipairs(redis.call('SMEMBERS', KEYS[11])) do
-    if not redis.call('ZSCORE', KEYS[8], tag) then out[5][#out[5] + 1] = tag end
+  -- one ZMSCORE for every claimant (parked workers are claimants while they wait)
+  local claimants = redis.call('SMEMBERS', KEYS[11])
+  if #claimants > 0 then
+    local scores = redis.call('ZMSCORE', KEYS[8], unpack(claimants))
+    for i, tag in ipairs(claimants) do
+      if not scores[i] then out[5][#out[5] + 1] = tag end
+    end
   end
 else
   for i = 4, #ARGV, 2 do
