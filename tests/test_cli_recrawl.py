@@ -137,10 +137,13 @@ def test_now_makes_exactly_that_page_due(redis_client, redis_url, capsys):
     urls = [f"http://a.test/p{i}" for i in range(3)]
     frontier.commit([], [revisit(url, 60 * MINUTE) for url in urls])
     assert leased_urls(frontier) == []  # none due for an hour
+    redis_client.delete(SITE.wake)
 
     code, out, _ = run(capsys, redis_url, "recrawl", "now", "site", urls[1])
     assert code == 0
     assert f"{urls[1]}: made due now (was due in" in out
+    # a parked worker waits for the revisit its last lease saw due next: woken now
+    assert redis_client.lrange(SITE.wake, 0, -1) == [b"1"]
     assert leased_urls(frontier) == [urls[1]]
     assert redis_client.zcard(SITE.revisits) == 2
 
@@ -170,10 +173,12 @@ def test_now_for_a_domain_takes_its_subdomains_and_no_other(redis_client, redis_
     outside = ["http://aa.test/4", "http://b.test/5", "http://a.test.b.test/6"]
     frontier.commit([], [revisit(url, 60 * MINUTE) for url in inside + outside])
     frontier.commit([], [revisit("http://a.test/due", 0)])
+    redis_client.delete(SITE.wake)
 
     code, out, _ = run(capsys, redis_url, "recrawl", "now", "site", "A.test.")
     assert code == 0
     assert out.strip() == "a.test: 3 revisits made due now, 1 due already"
+    assert redis_client.llen(SITE.wake) == 3
     assert leased_urls(frontier) == sorted([*inside, "http://a.test/due"])
     assert redis_client.zcard(SITE.revisits) == len(outside)
 

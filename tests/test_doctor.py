@@ -141,6 +141,8 @@ def test_repair_fixes_everything_and_keeps_the_healthy_state(redis_client):
     assert found(report) == EXPECTED_FOUND
     assert {kind: f.repaired for kind, f in report.findings.items()} == EXPECTED_FOUND
     assert report.resolved
+    # requeued records and a re-armed slot: parked workers are woken for them
+    assert redis_client.llen(k.wake) == 3
 
     queue = set(redis_client.zrange(k.queue, 0, -1))
     assert queue == {

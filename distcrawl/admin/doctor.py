@@ -31,6 +31,7 @@ from typing import Any
 import redis
 
 from distcrawl.model.deadrecord import dead_letter
+from distcrawl.model.frontier import wake_idle
 from distcrawl.model.frontier_admin import recorded_shards
 from distcrawl.model.keys import FrontierKeys
 from distcrawl.model.lua import DOCTOR_NAMES, LuaScript, ScriptMode, lua_script
@@ -175,6 +176,10 @@ class Doctor:
             for kind, finding in report.findings.items():
                 for sample in finding.samples[before[kind] :]:
                     sample["shard"] = keys.shard
+        if repair:
+            # requeued records and re-armed slots are work a parked worker does not poll for
+            back = ("orphan_record", "slot_not_ready")
+            wake_idle(self.client, self.keys, sum(report.findings[k].repaired for k in back))
         for kind, finding in report.findings.items():
             if finding.found:
                 logger.info(

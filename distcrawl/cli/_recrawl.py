@@ -16,6 +16,7 @@ from scrapy import Request
 from distcrawl._commandline import EXIT_OK, EXIT_PARTIAL, _emit_json, _non_negative_int
 from distcrawl.cli._common import Context, UsageError, _one_line, _project_settings, command_maker
 from distcrawl.dupefilter import FINGERPRINT_BYTES, get_fingerprint
+from distcrawl.model.frontier import wake_idle
 from distcrawl.model.keys import FrontierKeys
 from distcrawl.model.layout import class_path
 from distcrawl.model.revisits_admin import (
@@ -143,7 +144,7 @@ def cmd_recrawl_now(args: argparse.Namespace, ctx: Context) -> int:
     if any(kind == "url" for kind, _ in targets):
         fingerprint = _fingerprinter(args, ctx, keys)
     results: list[dict[str, Any]] = []
-    nothing = 0
+    nothing = made_due = 0
     for kind, value in targets:
         if kind == "url":
             assert fingerprint is not None
@@ -153,6 +154,7 @@ def cmd_recrawl_now(args: argparse.Namespace, ctx: Context) -> int:
             if page.was_due_in is not None:
                 results[-1]["was_due_in"] = page.was_due_in
             nothing += page.state in ("not_scheduled", "not_waiting")
+            made_due += page.state == "made_due"
             if not ctx.as_json:
                 print(_page_line(value, page.state, page.was_due_in))
         else:
@@ -161,11 +163,14 @@ def cmd_recrawl_now(args: argparse.Namespace, ctx: Context) -> int:
                 {"domain": value, "made_due": done.made_due, "already_due": done.already_due}
             )
             nothing += not (done.made_due or done.already_due)
+            made_due += done.made_due
             if not ctx.as_json:
                 print(
                     f"{value}: {done.made_due} revisits made due now, "
                     f"{done.already_due} due already"
                 )
+    # parked workers wait for the next revisit their last lease saw due, not for these
+    wake_idle(ctx.client, keys, made_due)
     if ctx.as_json:
         _emit_json(results)
     return EXIT_PARTIAL if nothing else EXIT_OK

@@ -63,6 +63,19 @@ def _pairs(refs: Iterable[LeaseRef]) -> list[Any]:
     return [x for ref in refs for x in (ref.id, ref.token)]
 
 
+def wake_idle(client: redis.Redis, keys: FrontierKeys, queued: int) -> None:
+    """Wake-up tokens for ``queued`` requests that became due where no script pushed any (a
+    sharded re-drive, revisits made due now), in one round trip, as lib.lua's ``wake_idle``:
+    parked workers wait on the crawl's list (idle.py), not on a shard's."""
+    if queued <= 0:
+        return
+    pipe = client.pipeline(transaction=False)
+    pipe.lpush(keys.wake, *["1"] * min(queued, WAKE_MAX))
+    pipe.ltrim(keys.wake, 0, WAKE_MAX - 1)
+    pipe.pexpire(keys.wake, WAKE_TTL_MS)
+    pipe.execute()
+
+
 class Frontier:
     """``seen`` picks the seen-set, ``"set"`` or ``"bloom"`` (``DISTCRAWL_SEEN``); the Bloom
     filter's capacity and error rate only matter to the worker that creates it."""
@@ -300,14 +313,8 @@ class Frontier:
         ]
 
     def wake(self, queued: int) -> None:
-        """Wake idle workers for ``queued`` requests stored where no script woke them
-        (``wake_ops``), in one round trip."""
-        if queued <= 0:
-            return
-        pipe = self.client.pipeline(transaction=False)
-        for op in self.wake_ops(queued):
-            pipe.execute_command(*op.args)
-        pipe.execute()
+        """Wake idle workers for ``queued`` requests stored where no script woke them."""
+        wake_idle(self.client, self.keys, queued)
 
     def alive_op(self) -> Op[int]:
         """One liveness beat of this worker (alive.lua; see liveness.py), to ride with a
