@@ -232,6 +232,29 @@ def test_sigkill_of_a_worker_on_a_cluster_loses_no_page(
     assert_one_slot(redis_cluster)
 
 
+def test_the_parked_reaper_gives_a_dead_workers_leases_back_on_a_cluster(cluster_client):
+    """The elected parked worker's plain reads (batch.py ``_idle_reap``) carry TIME, which a
+    cluster pipeline refuses: it is asked of the keys' node after the pipeline."""
+    from distcrawl.codec.serialize import RequestCodec
+    from distcrawl.engine._batch_types import Batch
+    from distcrawl.engine.batch import Runner
+    from distcrawl.model.frontier import Frontier
+    from distcrawl.model.records import Entry, EntryKind
+
+    dead = Frontier(cluster_client, SITE, tag="0a0b0c0d")
+    dead.commit([], [Entry(EntryKind.REQUEST, b"fp", 0, b"payload", b"", "a.test")])
+    assert len(dead.lease(5, 60_000).items) == 1
+    seconds, _ = cluster_client.time(target_nodes=cluster_client.get_node_from_key(SITE.alive))
+    cluster_client.zadd(SITE.alive, {"0a0b0c0d": (int(seconds) - 60) * 1000})  # died
+    frontier = Frontier(cluster_client, SITE, tag="01020304")
+    runner = Runner(frontier, RequestCodec(), lease_ms=30_000, worker_timeout_ms=10_000)
+    res = runner.run(Batch(idle_reap=True))
+    assert res.error is None, res.error
+    assert res.requeue is not None and res.requeue.dead_workers == 1
+    assert cluster_client.zcard(SITE.leases) == 0
+    assert cluster_client.zcard(SITE.queue) == 1
+
+
 def test_cli_status_dead_and_reset_on_a_cluster(redis_cluster, cluster_client, redis_url, capsys):
     assert main(["--redis-url", redis_url, "push", "site", "http://a.example/"]) == 0
     cluster_client.lpush(SITE.dead, json.dumps({"reason": "boom", "url": "http://b.example/"}))

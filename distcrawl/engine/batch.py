@@ -45,7 +45,7 @@ from distcrawl.engine.sharded_batch import (
     sum_requeue,
     sum_sweeps,
 )
-from distcrawl.model.connection import node_info
+from distcrawl.model.connection import execute_timed, node_info
 from distcrawl.model.deadrecord import dead_letter
 from distcrawl.model.frontier import Frontier
 from distcrawl.model.layout import Joined, generation_op
@@ -323,14 +323,17 @@ class Runner:
         if self.sh.sharded:
             return self._reap_steps(res, fanned, waiting)
         k = self.frontier.keys
-        pipe = self.frontier.client.pipeline(transaction=False)
-        pipe.time()
+        client = self.frontier.client
+        pipe = client.pipeline(transaction=False)
         pipe.zrange(k.leases, 0, 0, withscores=True)
         pipe.zrange(k.alive, 0, 0, withscores=True)
         pipe.zdiff([k.claimants, k.alive])
         pipe.hlen(k.slots)
         try:
-            (seconds, micros), leases, alive, orphans, slots = pipe.execute()
+            # TIME last: on a cluster it is sent to the keys' node after the pipeline
+            leases, alive, orphans, slots, (seconds, micros) = execute_timed(
+                client, pipe, k.leases
+            )
         except redis.RedisError as exc:
             failed(res, exc)
             return []
