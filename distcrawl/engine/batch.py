@@ -331,9 +331,7 @@ class Runner:
         pipe.hlen(k.slots)
         try:
             # TIME last: on a cluster it is sent to the keys' node after the pipeline
-            leases, alive, orphans, slots, (seconds, micros) = execute_timed(
-                client, pipe, k.leases
-            )
+            leases, alive, orphans, slots, (seconds, micros) = execute_timed(client, pipe, k.leases)
         except redis.RedisError as exc:
             failed(res, exc)
             return []
