@@ -50,6 +50,45 @@ def test_a_reserve_takes_the_place_of_a_request_of_its_slot_that_left_the_downlo
     assert not leases.unreported
 
 
+def test_a_freed_place_is_reported_at_once_and_a_reserves_swap_rides_with_the_next_batch():
+    """A swap leaves Redis' count right (the place stays counted), so its report waits for
+    the next batch sent for other work, up to an interval; a place left free (the count is
+    one too high, another worker may be waiting for it) or a paced request sent (its slot's
+    next turn) is reported at once."""
+    leases = Leases()
+    now = time.monotonic()
+    first, first_ref, first_request = leased(1)
+    reserve, reserve_ref, _ = leased(2, reserve=True)
+    for item in (first, reserve):
+        leases.add(item, leased_at=0)
+    assert not leases.report_due(now, 0.05)  # nothing to report
+    leases.hand_out()
+    assert leases.left(first_request) is True  # swapped
+    assert not leases.report_due(time.monotonic(), 0.05)
+    assert leases.report_due(time.monotonic() + 0.05, 0.05)  # waited a whole interval
+
+    batch = Batch(want=4)  # a lease goes anyway: the swap rides with it
+    leases.report(batch)
+    assert (batch.freed, batch.taken) == ([first_ref], [reserve_ref])
+    leases.report(batch)  # a second look adds nothing and keeps what the batch holds
+    assert (batch.freed, batch.taken) == ([first_ref], [reserve_ref])
+    assert not leases.report_due(time.monotonic() + 1, 0.05)
+
+    second, _, second_request = leased(3)
+    leases.add(second, leased_at=0)
+    leases.hand_out()  # the swapped-in reserve
+    assert leases.hand_out() is second_request
+    assert leases.left(second_request) is False  # its place is free: no reserve left
+    assert leases.report_due(time.monotonic(), 0.05)
+
+    paced_leases = Leases()
+    paced, _, paced_request = leased(4, slot="slow.example", paced=True)
+    paced_leases.add(paced, leased_at=0)
+    paced_leases.hand_out()
+    assert paced_leases.downloading(paced_request) is True
+    assert paced_leases.report_due(time.monotonic(), 0.05)
+
+
 def test_a_request_without_a_reserve_frees_its_place_and_is_acknowledged_once_done():
     leases = Leases()
     item, ref, request = leased(1)
@@ -135,6 +174,41 @@ def test_an_acknowledgement_waits_for_the_entries_pushed_before_it():
     second = outbox.current()
     assert second is not None and (len(second.entries), second.acks) == (2, [ref])
     assert outbox.counts() == (2, 1)
+
+
+def test_a_commit_waits_for_other_work_until_overdue_full_or_throttled():
+    """Entries and acknowledgements ride with the next batch sent for other work; alone
+    they go once they waited DISTCRAWL_FLUSH_INTERVAL, fill a commit, or a response asked
+    every worker to slow down."""
+    from scrapy.http import Response
+
+    config = DistcrawlConfig(push_batch_size=3, flush_interval=0.05)
+    outbox = Outbox(config)
+    now = time.monotonic()
+    assert not outbox.overdue(now)
+    outbox.ack(LeaseRef("id1", b"t"))
+    assert not outbox.overdue(time.monotonic())
+    assert outbox.overdue(time.monotonic() + 0.05)
+    assert outbox.current() is not None  # taken: nothing waits any more
+    outbox.commit = None
+    assert not outbox.overdue(time.monotonic() + 1)
+
+    for n in range(3):
+        outbox.push(entry(n))
+    assert outbox.overdue(time.monotonic())  # a full commit
+    outbox.current()
+    outbox.commit = None
+
+    request = Request("https://a.example/1")
+    assert outbox.feedback(request, Response(request.url, status=200, request=request)) is False
+    assert not outbox.overdue(time.monotonic())  # a response's counts wait
+    assert outbox.overdue(time.monotonic() + 0.05)
+    assert outbox.feedback(request, Response(request.url, status=429, request=request)) is True
+    assert outbox.overdue(time.monotonic())  # every worker must hold back now
+    commit = outbox.current()
+    assert commit is not None and commit.feedback
+    outbox.commit = None
+    assert not outbox.overdue(time.monotonic() + 1)
 
 
 def test_closing_takes_every_commit_left():

@@ -8,7 +8,7 @@ in one place and can change without touching how batches run.
 
 from __future__ import annotations
 
-from distcrawl.engine._batch_types import Batch
+from distcrawl.engine._batch_types import Batch, Commit
 from distcrawl.engine.idle import IDLE_REAP_INTERVAL
 from distcrawl.engine.state import SchedulerState
 from distcrawl.model.queue_entry import LeaseRef
@@ -46,19 +46,28 @@ class BatchBuilding(SchedulerState):
 
     def _build_work(self, now: float) -> Batch:
         batch = Batch()
-        self._leases.report(batch)
-        commit = self._outbox.current()
-        if commit is not None:
-            batch.commits = [commit]
+        if self._leases.report_due(now, self.config.flush_interval):
+            self._leases.report(batch)
+        self._work(now, batch)
+        if not batch.commits:
+            self._commit(now, batch)  # rides with the lease, the claim or the reports
+        if not batch.empty():
+            # a reserve's swap, which may wait, goes with what is sent (and before the
+            # acknowledgement of the request that left, which a commit may carry)
+            self._leases.report(batch)
+        return batch
+
+    def _work(self, now: float, batch: Batch) -> None:
         if self._polling.renew_due(now):
             batch.renew = self._held_refs()
         if self._drain_wanted:
             batch.drain = True
             self._drain_wanted = False
+        commit = self._commit(now, batch)
         if commit is not None and self._outage.writes_refused:
             # Redis takes no write (full, read-only...): what this worker would lease or
             # claim now could not be stored either; the commit alone finds when it does
-            return batch
+            return
         if self._paused:
             if self._claims_waiting():
                 # a BLMOVE may still move an entry into the claim list: ended first
@@ -68,7 +77,7 @@ class BatchBuilding(SchedulerState):
                 # every start entry read is stored: what is still claimed goes back
                 batch.unclaim = self._unclaimed = True
             batch.release = self._leases.release_waiting()
-            return batch
+            return
         prefetch = self.config.prefetch
         lease = self._leases.ready <= prefetch // 2 and self._polling.lease_due(now)
         room = self._lease_room()
@@ -81,7 +90,7 @@ class BatchBuilding(SchedulerState):
         batch.release, held = self._leases.release_idle_reserves(lease)
         self._inc("distcrawl/places/reserves_returned", len(batch.release))
         if self._parked:
-            return batch  # the blocking reads wait for work (idle.py): no poll, no claim
+            return  # the blocking reads wait for work (idle.py): no poll, no claim
         if lease:
             batch.woken, self._woken = self._woken, False
             batch.want = min(room, max(0, prefetch - self._leases.waiting))
@@ -95,7 +104,28 @@ class BatchBuilding(SchedulerState):
             and not self._claims_waiting()
         ):
             batch.peek = self.config.start_urls_batch
-        return batch
+
+    def _commit(self, now: float, batch: Batch) -> Commit | None:
+        """The commit of this batch, if one goes now: one being sent again, or entries and
+        acknowledgements that ride with other work, or that may not wait for it (overdue,
+        a pause or close, acknowledgements holding leases back, or discovered requests for a
+        shared queue that is empty: every worker may be waiting for them). Otherwise they
+        wait for the next batch, at most DISTCRAWL_FLUSH_INTERVAL: a page's commit sent
+        alone is a round trip of its own."""
+        outbox = self._outbox
+        if outbox.commit is None and not (
+            not batch.empty()
+            or outbox.overdue(now)
+            or self._paused
+            or self._closing
+            or self._held_back
+            or (outbox.entries and self._remote_queue == 0)
+        ):
+            return None
+        commit = outbox.current()
+        if commit is not None:
+            batch.commits = [commit]
+        return commit
 
     def _claims_waiting(self) -> bool:
         """Whether a parked worker's BLMOVE may still move a start URL into this worker's

@@ -11,6 +11,7 @@ scheduler's Scrapy interface and its batches, keeps the rules of places and rese
 
 from __future__ import annotations
 
+import time
 from collections import Counter, deque
 from collections.abc import Container
 
@@ -39,6 +40,11 @@ class Leases:
         #: their places (Frontier.places)
         self._freed: list[LeaseRef] = []
         self._swapped: list[LeaseRef] = []
+        #: a report that may not wait for the next batch sent for other work: a place left
+        #: free (Redis' count is one too high until it hears) or a paced request sent; and
+        #: since when the others (a reserve's swap: the count stays right) wait
+        self._report_urgent = False
+        self._unreported_since: float | None = None
         #: slot -> reserves: leased requests holding no place, sent only in the place of a
         #: request of their slot that left the downloader (lease.lua)
         self._reserves: dict[str, deque[tuple[LeaseRef, Request]]] = {}
@@ -70,6 +76,19 @@ class Leases:
     def unreported(self) -> int:
         """Places freed or taken that Redis has yet to hear about (0: none)."""
         return len(self._freed) + len(self._swapped)
+
+    def report_due(self, now: float, interval: float) -> bool:
+        """Whether the place reports go now, even in a batch of their own: urgent, or
+        waiting ``interval`` s already (else they ride with the next batch sent)."""
+        if self._report_urgent:
+            return True
+        since = self._unreported_since
+        return since is not None and now - since >= interval
+
+    def _note_unreported(self, *, urgent: bool) -> None:
+        self._report_urgent = self._report_urgent or urgent
+        if self._unreported_since is None:
+            self._unreported_since = time.monotonic()
 
     def busy(self) -> bool:
         """Some lease is held, or some report is due."""
@@ -138,6 +157,7 @@ class Leases:
         paced = self._to_send.pop(request, None)
         if paced is not None:
             self._sent.append(paced)
+            self._note_unreported(urgent=True)
             return True
         return False
 
@@ -157,11 +177,13 @@ class Leases:
                 del self._reserves[slot]
             self._slots[taken.id] = slot
             self._swapped.append(taken)
+            self._note_unreported(urgent=False)
             self._ready.appendleft((taken, taken_request))
             # no batch of its own: Redis' count is right meanwhile (the place is still
             # counted, for the request that left), and the report goes with the next batch,
             # before any acknowledgement of that request
             return True
+        self._note_unreported(urgent=True)
         return False
 
     def _take_reserves(self) -> list[LeaseRef]:
@@ -177,16 +199,19 @@ class Leases:
     # -- batches -------------------------------------------------------------------------
 
     def report(self, batch: Batch) -> None:
-        """Put the place reports due in ``batch``."""
-        batch.sent, self._sent = self._sent, []
-        batch.freed, self._freed = self._freed, []
-        batch.taken, self._swapped = self._swapped, []
+        """Put the place reports waiting in ``batch`` (added to any it holds)."""
+        batch.sent, self._sent = batch.sent + self._sent, []
+        batch.freed, self._freed = batch.freed + self._freed, []
+        batch.taken, self._swapped = batch.taken + self._swapped, []
+        self._report_urgent, self._unreported_since = False, None
 
     def report_again(self, batch: Batch) -> None:
         """The batch failed: its place reports go with the next one (they are
         idempotent), rather than being lost."""
         self._freed[:0] = batch.freed
         self._swapped[:0] = batch.taken
+        if batch.freed or batch.taken:
+            self._note_unreported(urgent=True)
 
     def release_waiting(self) -> list[LeaseRef]:
         """Give back every request not yet in the engine (pausing)."""
@@ -203,6 +228,7 @@ class Leases:
         self._active.clear()
         self._fetching.clear()
         self._freed, self._swapped = [], []
+        self._report_urgent, self._unreported_since = False, None
         self._to_send.clear()
         self._forget(release)
         self._ready.clear()

@@ -9,6 +9,7 @@ Nothing here touches Redis.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 
 from scrapy import Request
@@ -34,6 +35,10 @@ class Outbox:
         #: the commit being sent; sent again, unchanged, until Redis confirms it
         self.commit: Commit | None = None
         self._feedback = FeedbackBuffer(config, clock)
+        #: monotonic time since which entries, acknowledgements or feedback wait (None:
+        #: nothing waits), and whether a response asked to slow down since the last commit
+        self._waiting_since: float | None = None
+        self._throttled = False
 
     @property
     def entries(self) -> int:
@@ -44,6 +49,17 @@ class Outbox:
     def due(self) -> bool:
         """Entries or acknowledgements wait for a commit (the one being sent aside)."""
         return bool(self._outgoing or self._acks)
+
+    def overdue(self, now: float) -> bool:
+        """Whether what waits must go now, not with the next batch sent for other work: it
+        waited DISTCRAWL_FLUSH_INTERVAL, or fills a commit. A commit of its own is a round
+        trip, and a Redis wake-up, per page otherwise."""
+        if self._waiting_since is None:
+            return False
+        if self._throttled:
+            return True  # every worker must hold back from now on
+        full = len(self._outgoing) >= self.config.push_batch_size
+        return full or now - self._waiting_since >= self.config.flush_interval
 
     def pending(self) -> bool:
         """Anything to store: waiting, or in the commit being sent."""
@@ -65,17 +81,27 @@ class Outbox:
         return refs
 
     def push(self, entry: Entry) -> None:
+        self._note_waiting()
         self._outgoing.append(entry)
         self._pushed += 1
+
+    def _note_waiting(self) -> None:
+        if self._waiting_since is None:
+            self._waiting_since = time.monotonic()
 
     def ack(self, ref: LeaseRef) -> None:
         """Acknowledge ``ref`` once everything pushed so far is stored: everything its
         request produced is pushed by the time the engine is done with it."""
+        self._note_waiting()
         self._acks.append(Ack(ref, self._pushed))
 
     def feedback(self, request: Request, response: Response) -> bool:
         """Politeness feedback for the next commit (FeedbackBuffer.add)."""
-        return self._feedback.add(request, response)
+        throttled = self._feedback.add(request, response)
+        if self._feedback:
+            self._note_waiting()
+        self._throttled = self._throttled or throttled
+        return throttled
 
     def forget_feedback(self) -> None:
         """Drop the politeness feedback not sent yet: its slots' state went with the
@@ -106,6 +132,9 @@ class Outbox:
         acks: list[LeaseRef] = []
         while self._acks and self._acks[0].after <= self._taken:
             acks.append(self._acks.popleft().ref)
+        if not self.due:
+            self._waiting_since = None  # the feedback goes in this commit too
+        self._throttled = False
         feedback = self._feedback.drain()
         if not (entries or acks or feedback):
             return None
