@@ -64,7 +64,7 @@ def test_a_request_without_a_reserve_frees_its_place_and_is_acknowledged_once_do
 
 def test_a_request_is_held_from_its_lease_until_the_engine_is_done_with_it():
     """Past the downloader too: while its items wait for the pipeline, its lease counts
-    against the room for more (BatchBuilding._lease_room)."""
+    against the room for more (BatchBuilder._lease_room)."""
     leases = Leases()
     items = [leased(n) for n in range(3)] + [leased(3, reserve=True)]
     for item, _, _ in items:
