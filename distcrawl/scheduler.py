@@ -215,6 +215,7 @@ class Scheduler(BaseScheduler):
         self._handlers = SignalHandlers(
             self.crawler,
             self.config,
+            # named alike on a cluster: the keys _connect makes keep it
             start_urls=self.keys.start_urls,
             status=self._status,
             pump=self._pump,
