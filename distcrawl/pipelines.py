@@ -12,7 +12,7 @@ wait on one batch at a time, which gives batching and back-pressure together:
   buffer holds DISTCRAWL_MONGO_MAX_BUFFER items, ``process_item`` waits for room, so the
   spider slows down instead of memory growing; and the requests whose items wait keep their
   leases, which count against the most a worker may hold (DISTCRAWL_PREFETCH +
-  CONCURRENT_REQUESTS, BatchBuilding._lease_room), so the worker stops leasing as well;
+  CONCURRENT_REQUESTS, BatchBuilder._lease_room), so the worker stops leasing as well;
 - a worker that closes while MongoDB stays down waits DISTCRAWL_MONGO_CLOSE_TIMEOUT, then
   appends what it holds to a JSON-lines spill file (``distcrawl mongo replay`` writes it);
 - a worker killed at any moment loses nothing either: requests whose items were not yet

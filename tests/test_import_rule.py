@@ -51,7 +51,7 @@ KNOWN: dict[tuple[str, str], str] = {
     # the scheduler's parts hold the component itself (isinstance, its cache)
     ("distcrawl.engine.opening", "distcrawl.dupefilter"): "the engine holds the component",
     ("distcrawl.engine.report", "distcrawl.dupefilter"): "the engine holds the component",
-    ("distcrawl.engine.state", "distcrawl.dupefilter"): "the engine holds the component",
+    ("distcrawl.engine.pump", "distcrawl.dupefilter"): "the engine holds the component",
     # the engine sends distcrawl.signals.frontier_reset, a public name at the top level
     ("distcrawl.engine.pump", "distcrawl.signals"): "signals the engine sends",
     # a producer's entry is refused by the worker's rule: refused_scheme is codec, not batch

@@ -103,7 +103,7 @@ def test_a_request_without_a_reserve_frees_its_place_and_is_acknowledged_once_do
 
 def test_a_request_is_held_from_its_lease_until_the_engine_is_done_with_it():
     """Past the downloader too: while its items wait for the pipeline, its lease counts
-    against the room for more (BatchBuilding._lease_room)."""
+    against the room for more (BatchBuilder._lease_room)."""
     leases = Leases()
     items = [leased(n) for n in range(3)] + [leased(3, reserve=True)]
     for item, _, _ in items:
@@ -258,6 +258,109 @@ def test_an_idle_worker_parks_until_the_next_due_time():
     assert round(polling._next_lease - now, 3) == 0.05
     polling.lease_now(now)
     assert polling.lease_due(now)
+
+
+# ---------------------------------------------------------------------- status, parking, builder
+
+
+class FakeWaits:
+    """idle.IdleWaits without its threads: what the parking asks of it."""
+
+    def __init__(self) -> None:
+        self.parks: list[bool] = []
+        self.claiming = False
+
+    def park(self, *, claims: bool) -> None:
+        self.parks.append(claims)
+
+    def unpark(self) -> None:
+        pass
+
+
+def builder_parts(config: DistcrawlConfig | None = None):
+    """A batch builder and the parts it reads, wired as Scheduler.__init__ wires them."""
+    from types import SimpleNamespace
+
+    from distcrawl.engine.building import BatchBuilder
+    from distcrawl.engine.handlers import IdleClock
+    from distcrawl.engine.link import Link
+    from distcrawl.engine.outage import Outage
+    from distcrawl.engine.parking import Parking
+    from distcrawl.engine.report import Reporter
+    from distcrawl.engine.riders import Riders
+    from distcrawl.engine.status import Status
+
+    config = config or DistcrawlConfig()
+    leases, outbox, polling = Leases(), Outbox(config), Polling(config)
+    report = Reporter(SimpleNamespace(stats=None), config, None)  # type: ignore[arg-type]
+    status = Status(config, leases, outbox)
+    link = Link(idle_waits=FakeWaits())  # type: ignore[arg-type]
+    parking = Parking(config, link, status, polling, report)
+    builder = BatchBuilder(
+        config,
+        link=link,
+        status=status,
+        leases=leases,
+        outbox=outbox,
+        polling=polling,
+        outage=Outage(config, None),
+        riders=Riders(),
+        report=report,
+        parking=parking,
+        idle_clock=IdleClock(),
+    )
+    return SimpleNamespace(
+        builder=builder, parking=parking, status=status, outbox=outbox, link=link
+    )
+
+
+def test_the_status_counts_the_work_known_to_wait_and_the_pending_cap():
+    parts = builder_parts(DistcrawlConfig(max_pending=10))
+    status = parts.status
+    assert (status.waiting(), status.pending(), status.full()) == (0, False, False)
+    parts.outbox.push(entry(1))
+    status.remote_queue = 10
+    assert (status.waiting(), status.pending(), status.full()) == (11, True, True)
+
+
+def test_a_parked_worker_sends_no_poll_and_looks_for_dead_workers_work_once_an_interval():
+    from distcrawl.engine.idle import IDLE_REAP_INTERVAL
+
+    parts = builder_parts()
+    builder, parking = parts.builder, parts.parking
+    now = time.monotonic()
+    parking.park(now, math.inf)
+    assert parts.link.idle_waits.parks == [True]  # nothing claimed or paused: BLMOVE too
+    batch = builder.build(now)
+    assert parking.parked and not (batch.want or batch.peek or batch.idle_reap)
+    assert builder.build(now + IDLE_REAP_INTERVAL).idle_reap
+    assert not builder.build(now + IDLE_REAP_INTERVAL + 1).idle_reap
+    parts.outbox.push(entry(1))  # something to store: back to polling, and a lease with it
+    batch = builder.build(now + IDLE_REAP_INTERVAL + 2)
+    assert not parking.parked and batch.commits and batch.want and batch.peek
+
+
+def test_a_wait_that_woke_a_parked_worker_has_its_next_lease_ask_every_shard_once():
+    parts = builder_parts()
+    builder, parking = parts.builder, parts.parking
+    now = time.monotonic()
+    parking.park(now, math.inf)
+    parking.woke("woken", None, now)
+    assert not parking.parked
+    assert builder.build(now).woken
+    assert not builder.build(now).woken
+
+
+def test_a_pause_gives_the_claims_back_once_and_ends_a_claim_wait_first():
+    parts = builder_parts()
+    parts.status.paused = True
+    parts.link.idle_waits.claiming = True
+    ended: list[bool] = []
+    parts.link.idle_waits.end_claims = lambda: ended.append(True)
+    assert not parts.builder.build(time.monotonic()).unclaim and ended == [True]
+    parts.link.idle_waits.claiming = False
+    assert parts.builder.build(time.monotonic()).unclaim
+    assert not parts.builder.build(time.monotonic()).unclaim  # in a batch already
 
 
 # ---------------------------------------------------------------------- intake

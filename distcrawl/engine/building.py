@@ -1,48 +1,87 @@
 """What goes in the scheduler's next batch.
 
 Each pump turn (pump.py) asks here for the work due now and what may ride with it, read from
-the scheduler's buffers and timers; nothing here touches Redis or the engine, so the rules for
-what a batch holds, and when an idle worker may block the Redis thread waiting for work, are
-in one place and can change without touching how batches run.
+the parts that hold the buffers and timers (leases, outbox, polling, riders, parking); nothing
+here touches Redis or the engine, so the rules for what a batch holds, and when an idle worker
+may block the Redis thread waiting for work, are in one place and can change without touching
+how batches run.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from distcrawl.engine._batch_types import Batch, Commit
-from distcrawl.engine.idle import IDLE_REAP_INTERVAL
-from distcrawl.engine.state import SchedulerState
-from distcrawl.model.queue_entry import LeaseRef
+
+if TYPE_CHECKING:
+    from distcrawl.config import DistcrawlConfig
+    from distcrawl.engine.handlers import IdleClock
+    from distcrawl.engine.leases import Leases
+    from distcrawl.engine.link import Link
+    from distcrawl.engine.outage import Outage
+    from distcrawl.engine.outbox import Outbox
+    from distcrawl.engine.parking import Parking
+    from distcrawl.engine.polling import Polling
+    from distcrawl.engine.report import Reporter
+    from distcrawl.engine.riders import Riders
+    from distcrawl.engine.status import Status
+    from distcrawl.model.queue_entry import LeaseRef
 
 
-class BatchBuilding(SchedulerState):
-    """The part of ``Scheduler`` that decides a batch's contents (see the module docstring)."""
+class BatchBuilder:
+    """Decides a batch's contents (see the module docstring)."""
 
-    def _build_batch(self, now: float) -> Batch:
+    def __init__(
+        self,
+        config: DistcrawlConfig,
+        *,
+        link: Link,
+        status: Status,
+        leases: Leases,
+        outbox: Outbox,
+        polling: Polling,
+        outage: Outage,
+        riders: Riders,
+        report: Reporter,
+        parking: Parking,
+        idle_clock: IdleClock,
+    ) -> None:
+        self.config = config
+        self._link = link
+        self._status = status
+        self._leases = leases
+        self._outbox = outbox
+        self._polling = polling
+        self._outage = outage
+        self._riders = riders
+        self._report = report
+        self._parking = parking
+        self._idle_clock = idle_clock
+        #: the last batch built took no lease: the leases held filled DistcrawlConfig.max_held
+        self.held_back = False
+
+    def build(self, now: float) -> Batch:
         """The work due now, and what may ride with it: the reclaim of expired leases, other
         components' commands, a liveness beat. Those run in a batch of their own only once
         late (the beat never: its thread does). A parked worker (idle.py) sends no poll:
         only what its riders need, and one look for dead workers' work an interval."""
-        if self._parked and self._park_over(now):
-            self._unpark(now)
+        parking = self._parking
+        if parking.parked and parking.over(now, idle=self.idle()):
+            parking.unpark(now)
         batch = self._build_work(now)
         work = not batch.empty()
-        if self._parked:
-            if now >= self._next_idle_reap:
+        if parking.parked:
+            if parking.reap_due(now):
                 # one parked worker an interval looks for dead workers' work (batch.py)
-                self._next_idle_reap = now + IDLE_REAP_INTERVAL
                 batch.idle_reap = True
         elif self._polling.reclaim_due(now, work=work):
             batch.reclaim = True
         if self._riders.due(now, work=not batch.empty()):
             batch.riders = self._riders.take()
-        if not batch.empty() and self._liveness is not None and self._liveness.due():
+        liveness = self._link.liveness
+        if not batch.empty() and liveness is not None and liveness.due():
             batch.beat = True
         return batch
-
-    def _park_over(self, now: float) -> bool:
-        """Whether a parked worker goes back to polling: something here needs Redis (a
-        request to push, a pause, a close), or the lease reply's next due time came."""
-        return not self._idle() or now >= self._park_until
 
     def _build_work(self, now: float) -> Batch:
         batch = Batch()
@@ -58,50 +97,50 @@ class BatchBuilding(SchedulerState):
         return batch
 
     def _work(self, now: float, batch: Batch) -> None:
+        status = self._status
         if self._polling.renew_due(now):
             batch.renew = self._held_refs()
-        if self._drain_wanted:
+        if self._idle_clock.drain_wanted:
             batch.drain = True
-            self._drain_wanted = False
+            self._idle_clock.drain_wanted = False
         commit = self._commit(now, batch)
         if commit is not None and self._outage.writes_refused:
             # Redis takes no write (full, read-only...): what this worker would lease or
             # claim now could not be stored either; the commit alone finds when it does
             return
-        if self._paused:
-            if self._claims_waiting():
+        if status.paused:
+            if self._parking.claims_waiting():
                 # a BLMOVE may still move an entry into the claim list: ended first
-                assert self._idle_waits is not None
-                self._idle_waits.end_claims()
-            elif self._start_pending == 0 and not self._unclaimed:
+                self._parking.end_claims()
+            elif status.start_pending == 0 and not status.unclaimed:
                 # every start entry read is stored: what is still claimed goes back
-                batch.unclaim = self._unclaimed = True
+                batch.unclaim = status.unclaimed = True
             batch.release = self._leases.release_waiting()
             return
         prefetch = self.config.prefetch
         lease = self._leases.ready <= prefetch // 2 and self._polling.lease_due(now)
         room = self._lease_room()
         if lease and room <= 0:
-            if not self._held_back:
-                self._inc("distcrawl/leases/held_back")
-            self._held_back, lease = True, False
+            if not self.held_back:
+                self._report.inc("distcrawl/leases/held_back")
+            self.held_back, lease = True, False
         else:
-            self._held_back = False
+            self.held_back = False
         batch.release, held = self._leases.release_idle_reserves(lease)
-        self._inc("distcrawl/places/reserves_returned", len(batch.release))
-        if self._parked:
+        self._report.inc("distcrawl/places/reserves_returned", len(batch.release))
+        if self._parking.parked:
             return  # the blocking reads wait for work (idle.py): no poll, no claim
         if lease:
-            batch.woken, self._woken = self._woken, False
+            batch.woken = self._parking.take_woken()
             batch.want = min(room, max(0, prefetch - self._leases.waiting))
             batch.held = held
             batch.reserve = prefetch // 2
             batch.reserved = self._leases.reserved()
         if (
-            self._start_pending == 0
+            status.start_pending == 0
             and self._polling.peek_due(now)
-            and not self._full()
-            and not self._claims_waiting()
+            and not status.full()
+            and not self._parking.claims_waiting()
         ):
             batch.peek = self.config.start_urls_batch
 
@@ -116,10 +155,10 @@ class BatchBuilding(SchedulerState):
         if outbox.commit is None and not (
             not batch.empty()
             or outbox.overdue(now)
-            or self._paused
-            or self._closing
-            or self._held_back
-            or (outbox.entries and self._remote_queue == 0)
+            or self._status.paused
+            or self._status.closing
+            or self.held_back
+            or (outbox.entries and self._status.remote_queue == 0)
         ):
             return None
         commit = outbox.current()
@@ -127,22 +166,17 @@ class BatchBuilding(SchedulerState):
             batch.commits = [commit]
         return commit
 
-    def _claims_waiting(self) -> bool:
-        """Whether a parked worker's BLMOVE may still move a start URL into this worker's
-        claim list (idle.py): claim.lua, which hands out what the list holds, and the give
-        back of the list wait until it returned, or the entry would be handed out twice."""
-        return self._idle_waits is not None and self._idle_waits.claiming
-
-    def _idle(self) -> bool:
+    def idle(self) -> bool:
         """Nothing here would need Redis soon: no request ready or downloading, nothing
         to store or acknowledge, no start entry being stored, not pausing or closing. Only
         then may a batch block the Redis thread in a wait for work."""
+        status = self._status
         return not (
             self._leases.busy()
             or self._outbox.pending()
-            or self._start_pending
-            or self._paused
-            or self._closing
+            or status.start_pending
+            or status.paused
+            or status.closing
         )
 
     def _lease_room(self) -> int:
@@ -158,7 +192,3 @@ class BatchBuilding(SchedulerState):
         """Every lease this worker holds: waiting, in progress, and done but not yet
         acknowledged (kept while a commit is being retried, so that they stay ours)."""
         return self._leases.held_refs() + self._outbox.acked_refs()
-
-    def _full(self) -> bool:
-        cap = self.config.max_pending
-        return cap is not None and self._remote_queue >= cap

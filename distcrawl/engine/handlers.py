@@ -1,23 +1,38 @@
-"""The scheduler's handlers of the engine's signals.
+"""The scheduler's handlers of the engine's signals, and the idle clock they close by.
 
 The engine tells the scheduler what happens to requests after it handed them out (reached
 the downloader, answered, left it) and when the spider has nothing to do; each of these can
 make a batch worth sending now, and the idle one decides whether the worker may close: only
-once the whole shared frontier, not just this worker, is out of work.
+once the whole shared frontier, not just this worker, is out of work. How long this worker has
+had none, and what the last look at the whole frontier saw, is the idle clock's (``IdleClock``):
+Scrapy's calls and the pump tell it of work, the idle handler reads it.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from scrapy import Request, Spider
+from scrapy import Request, Spider, signals
 from scrapy.exceptions import DontCloseSpider
 
 from distcrawl.engine import _engine
 from distcrawl.engine.idle import IDLE_REAP_INTERVAL
-from distcrawl.engine.state import SchedulerState
+
+if TYPE_CHECKING:
+    from scrapy.crawler import Crawler
+
+    from distcrawl.config import DistcrawlConfig
+    from distcrawl.engine.leases import Leases
+    from distcrawl.engine.outage import Outage
+    from distcrawl.engine.outbox import Outbox
+    from distcrawl.engine.parking import Parking
+    from distcrawl.engine.polling import Polling
+    from distcrawl.engine.pump import Pump
+    from distcrawl.engine.report import Reporter
+    from distcrawl.engine.status import Status
+    from distcrawl.model.replies import Drained
 
 #: the scheduler's logger: these are its messages, filtered and configured as such
 logger = logging.getLogger("distcrawl.scheduler")
@@ -26,38 +41,103 @@ logger = logging.getLogger("distcrawl.scheduler")
 DRAIN_CHECK_MAX_AGE = 0.5
 
 
-class SignalHandlers(SchedulerState):
-    """The part of ``Scheduler`` that the engine's signals call (see the module docstring);
-    ``Scheduler.open`` connects them."""
+class IdleClock:
+    """When this worker last had work, and the last look at the whole frontier: what the
+    spider_idle handler closes the worker by (DISTCRAWL_IDLE_TIMEOUT)."""
 
-    def _on_idle(self, spider: Spider) -> None:
+    def __init__(self) -> None:
+        self.last_work = time.monotonic()
+        #: whether the crawl has had work since this worker joined it (or, read from Redis,
+        #: before): the idle clock (DISTCRAWL_IDLE_TIMEOUT) runs only from then on
+        self.had_work = False
+        #: the "No work yet" line was logged
+        self.noted_no_work = False
+        #: the last look at the whole frontier (monotonic time, what it saw), for idle close
+        self.drained: tuple[float, Drained] | None = None
+        #: the next batch looks at the whole frontier (Batch.drain)
+        self.drain_wanted = False
+
+    def worked(self) -> None:
+        """This worker had work just now (a request pushed, handed out, leased or read from
+        start_urls): the idle clock starts again."""
+        self.last_work = time.monotonic()
+        self.had_work = True
+
+
+class SignalHandlers:
+    """The handlers of the engine's signals (see the module docstring); ``connect`` connects
+    them when the scheduler opens."""
+
+    def __init__(
+        self,
+        crawler: Crawler,
+        config: DistcrawlConfig,
+        *,
+        start_urls: str,
+        status: Status,
+        pump: Pump,
+        parking: Parking,
+        idle_clock: IdleClock,
+        leases: Leases,
+        outbox: Outbox,
+        polling: Polling,
+        outage: Outage,
+        report: Reporter,
+    ) -> None:
+        self.crawler = crawler
+        self.config = config
+        #: the crawl's start_urls key, named in the "No work yet" line
+        self._start_urls = start_urls
+        self._status = status
+        self._pump = pump
+        self._parking = parking
+        self._clock = idle_clock
+        self._leases = leases
+        self._outbox = outbox
+        self._polling = polling
+        self._outage = outage
+        self._report = report
+
+    def connect(self) -> None:
+        """Have the engine's signals call these handlers (the signal manager holds them
+        weakly: the scheduler keeps this object)."""
+        connect = self.crawler.signals.connect
+        connect(self.on_idle, signal=signals.spider_idle)
+        connect(self.on_downloading, signal=signals.request_reached_downloader)
+        # response_downloaded, not response_received: a 429 that the retry middleware turns
+        # into a retry never reaches the engine as a response, and it is the one to report
+        connect(self.on_response, signal=signals.response_downloaded)
+        connect(self.on_left, signal=signals.request_left_downloader)
+
+    def on_idle(self, spider: Spider) -> None:
         timeout = self.config.idle_timeout
         if (
             timeout is None
-            or self._busy
+            or self._pump.busy
             or self._outage.failing  # cannot tell whether the shared queue is empty
-            or self._paused
-            or self.has_pending_requests()
+            or self._status.paused
+            or self._status.pending()
             or self._leases.active
         ):
             raise DontCloseSpider
+        clock = self._clock
         now = time.monotonic()
-        if not self._had_work and not self._crawl_had_work(now, spider):
+        if not clock.had_work and not self._crawl_had_work(now, spider):
             raise DontCloseSpider
-        idle_for = now - self._last_work
+        idle_for = now - clock.last_work
         if idle_for < timeout:
             raise DontCloseSpider
         # the whole crawl must be out of work, not only this worker: a start URL pushed a
         # moment ago, a retry coming due, another worker's lease that may still produce
         # requests or be given back
-        look = self._drained
-        if look is None or now - look[0] > DRAIN_CHECK_MAX_AGE or look[0] < self._last_work:
-            self._drain_wanted = True
-            self._kick()
+        look = clock.drained
+        if look is None or now - look[0] > DRAIN_CHECK_MAX_AGE or look[0] < clock.last_work:
+            clock.drain_wanted = True
+            self._pump.kick()
             raise DontCloseSpider
         if not look[1].idle(int(timeout * 1000)):
-            self._drained = None
-            self._last_work = now  # there is work somewhere: wait a whole timeout again
+            clock.drained = None
+            clock.last_work = now  # there is work somewhere: wait a whole timeout again
             raise DontCloseSpider
         logger.info(
             "No work for %.1fs (DISTCRAWL_IDLE_TIMEOUT=%s) and the shared frontier is empty: "
@@ -74,32 +154,32 @@ class SignalHandlers(SchedulerState):
         the crawl without workers. A crawl that had work before this worker came (its
         frontier numbered a request or holds dead letters) starts the clock at the worker's
         start, so a worker joining a finished crawl closes as before."""
-        look = self._drained
+        clock = self._clock
+        look = clock.drained
         if look is not None and look[1].worked:
-            self._had_work = True
+            clock.had_work = True
             return True
         # parked (idle.py), work wakes it: a look at the whole frontier only now and then
-        max_age = IDLE_REAP_INTERVAL if self._parked else DRAIN_CHECK_MAX_AGE
+        max_age = IDLE_REAP_INTERVAL if self._parking.parked else DRAIN_CHECK_MAX_AGE
         if look is None or now - look[0] > max_age:
-            self._drain_wanted = True  # read at most once per idle signal (about 5 s)
-            self._kick()
-        if look is not None and not self._noted_no_work:
-            self._noted_no_work = True
-            assert self.keys is not None
+            clock.drain_wanted = True  # read at most once per idle signal (about 5 s)
+            self._pump.kick()
+        if look is not None and not clock.noted_no_work:
+            clock.noted_no_work = True
             logger.info(
                 "No work yet: waiting for the first start URL in %s; the "
                 "DISTCRAWL_IDLE_TIMEOUT=%s clock starts once the crawl has had work",
-                self.keys.start_urls,
+                self._start_urls,
                 self.config.idle_timeout,
                 extra={"spider": spider},
             )
         return False
 
-    def _on_downloading(self, request: Request, spider: Spider) -> None:
+    def on_downloading(self, request: Request, spider: Spider) -> None:
         if self._leases.downloading(request):
-            self._kick()  # before the slot's next turn, which this lag pushes back
+            self._pump.kick()  # before the slot's next turn, which this lag pushes back
 
-    def _on_left(self, request: Request, spider: Spider) -> None:
+    def on_left(self, request: Request, spider: Spider) -> None:
         swapped = self._leases.left(request)
         if swapped is None:
             return
@@ -111,11 +191,11 @@ class SignalHandlers(SchedulerState):
         # worker may take it in the same batch, not after the back-off of a lease that found
         # the slot full
         self._polling.place_freed()
-        self._kick()
+        self._pump.kick()
 
-    def _on_response(self, response: Any, request: Request, spider: Spider) -> None:
+    def on_response(self, response: Any, request: Request, spider: Spider) -> None:
         if self._outbox.feedback(request, response):
-            self._inc("distcrawl/politeness/throttled")
-            self._inc(f"distcrawl/politeness/throttled/{response.status}")
+            self._report.inc("distcrawl/politeness/throttled")
+            self._report.inc(f"distcrawl/politeness/throttled/{response.status}")
             # every worker must hold back from now on, not from this worker's next batch
-            self._kick()
+            self._pump.kick()

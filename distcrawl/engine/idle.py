@@ -1,7 +1,7 @@
 """An idle worker's waits for work: blocking reads on connections of their own, not polls.
 
 A worker whose lease poll found the shared queue empty and that holds nothing is *parked*
-(pump.py): it sends no lease poll and no claim, and waits in Redis instead, on two blocking
+(parking.py): it sends no lease poll and no claim, and waits in Redis instead, on two blocking
 commands that return the moment work arrives:
 
 - ``BLMOVE <ns>:start_urls <ns>:claims:<tag> RIGHT LEFT`` takes a pushed start URL straight

@@ -56,7 +56,7 @@ class Reporter:
     def refused_scheme(self, request: Request, why: str) -> None:
         """Count the refusal; warn once a minute per scheme, as a crawled page can hold
         any number of such links."""
-        self._inc("distcrawl/refused/scheme")
+        self.inc("distcrawl/refused/scheme")
         scheme = request.url.partition(":")[0].lower()[:20]
         now = time.monotonic()
         last = self._warned_schemes.get(scheme)
@@ -75,16 +75,16 @@ class Reporter:
     def commit(self, c: CommitResult, commit: Commit | None) -> None:
         """Count and tell what a commit did; log at most every WARN_EVERY seconds what
         the operator should act on."""
-        self._inc("distcrawl/pushed", c.enqueued)
-        self._inc("distcrawl/duplicates", c.duplicates)
-        self._inc("distcrawl/dead_letters", c.dead)
-        self._inc("distcrawl/commit/replayed", c.replayed)
-        self._inc("distcrawl/ack/late", c.late)
-        self._inc("distcrawl/ack/stale", c.stale)
-        self._inc("distcrawl/ack/missing", c.missing)
+        self.inc("distcrawl/pushed", c.enqueued)
+        self.inc("distcrawl/duplicates", c.duplicates)
+        self.inc("distcrawl/dead_letters", c.dead)
+        self.inc("distcrawl/commit/replayed", c.replayed)
+        self.inc("distcrawl/ack/late", c.late)
+        self.inc("distcrawl/ack/stale", c.stale)
+        self.inc("distcrawl/ack/missing", c.missing)
         # start entries no longer in this worker's claim list: it was taken for dead and
         # they went back to start_urls, for another worker; not stored here
-        self._inc("distcrawl/start_urls/taken_over", c.skipped)
+        self.inc("distcrawl/start_urls/taken_over", c.skipped)
         if c.replayed:
             logger.warning(
                 "A commit whose reply was lost had already been stored; not stored again",
@@ -104,7 +104,7 @@ class Reporter:
         elif c.duplicates and self.df is not None:
             self.df.count(c.duplicates)
         if c.slot_dropped:
-            self._inc("distcrawl/backpressure/slot_dropped", c.slot_dropped)
+            self.inc("distcrawl/backpressure/slot_dropped", c.slot_dropped)
             self._warn_now_and_then(
                 "slot_full",
                 "%d new requests dropped: their slots have DISTCRAWL_MAX_PENDING_PER_SLOT=%d "
@@ -113,8 +113,8 @@ class Reporter:
                 self.config.max_pending_per_slot,
             )
         if c.dropped or c.held:
-            self._inc("distcrawl/backpressure/dropped", c.dropped)
-            self._inc("distcrawl/backpressure/start_urls_held", c.held)
+            self.inc("distcrawl/backpressure/dropped", c.dropped)
+            self.inc("distcrawl/backpressure/start_urls_held", c.held)
             self._warn_now_and_then(
                 "full",
                 "The shared queue is at DISTCRAWL_MAX_PENDING=%d: %d new requests dropped "
@@ -143,16 +143,16 @@ class Reporter:
     def shards(self, res: BatchResult) -> None:
         """What only a sharded frontier does: dead letters moved from the shards'
         quarantines, and first phases that did not reach DISTCRAWL_WAIT_REPLICAS replicas."""
-        self._inc("distcrawl/dead/moved", res.dead_moved)
+        self.inc("distcrawl/dead/moved", res.dead_moved)
         for change in res.replica_changes:
             self._replicas_changed(change)
         wanted = self.config.wait_replicas
         if res.replicas >= wanted:
             return
-        self._inc("distcrawl/commit/unreplicated")
+        self.inc("distcrawl/commit/unreplicated")
         if res.wait_skipped:
             # said once, when the node lost its replicas (_replicas_changed)
-            self._inc("distcrawl/commit/wait_skipped")
+            self.inc("distcrawl/commit/wait_skipped")
             return
         self._warn_now_and_then(
             "replicas",
@@ -192,13 +192,13 @@ class Reporter:
     def requeue(self, res: BatchResult) -> None:
         """Tell what the reclaim of expired leases and of dead workers' found."""
         if res.swept is not None:
-            self._inc("distcrawl/slots/forgotten", res.swept.forgotten)
+            self.inc("distcrawl/slots/forgotten", res.swept.forgotten)
         r = res.requeue
         if r is None:
             return
         expired = r.requeued - r.released
         self._tell(logging.INFO, expired, "Requeued %d requests whose leases expired")
-        self._inc("distcrawl/lease_expired", expired)
+        self.inc("distcrawl/lease_expired", expired)
         if r.dead_workers:
             logger.warning(
                 "%d workers stopped sending liveness beats for %.0fs: %d of their leases "
@@ -208,24 +208,24 @@ class Reporter:
                 r.released,
                 extra={"spider": self.spider},
             )
-            self._inc("distcrawl/dead_workers", r.dead_workers)
-            self._inc("distcrawl/dead_worker_released", r.released)
+            self.inc("distcrawl/dead_workers", r.dead_workers)
+            self.inc("distcrawl/dead_worker_released", r.released)
         self._tell(
             logging.WARNING,
             r.unclaimed,
             "%d start URLs claimed by workers no longer alive given back to start_urls",
         )
-        self._inc("distcrawl/start_urls/reclaimed", r.unclaimed)
+        self.inc("distcrawl/start_urls/reclaimed", r.unclaimed)
         self._tell(
             logging.WARNING,
             r.orphans,
             "%d leases had no request record (Redis lost data, or it was edited): removed",
         )
-        self._inc("distcrawl/orphan_leases", r.orphans)
+        self.inc("distcrawl/orphan_leases", r.orphans)
 
     def lease(self, lease: LeaseResult) -> None:
         """Tell what a lease found besides requests: due retries, and what is wrong."""
-        self._inc("distcrawl/retry/due", lease.released)
+        self.inc("distcrawl/retry/due", lease.released)
         self._tell(
             logging.ERROR, lease.quarantined, "%d malformed queue entries moved to the dead letters"
         )
@@ -234,7 +234,7 @@ class Reporter:
             lease.missing_retries,
             "%d retries were due but their records were gone (Redis lost data?)",
         )
-        self._inc("distcrawl/retry/missing", lease.missing_retries)
+        self.inc("distcrawl/retry/missing", lease.missing_retries)
         self._tell(
             logging.WARNING,
             lease.rearmed,
@@ -255,6 +255,7 @@ class Reporter:
         if count:
             logger.log(level, message, count, extra={"spider": self.spider}, stacklevel=2)
 
-    def _inc(self, key: str, count: int = 1) -> None:
+    def inc(self, key: str, count: int = 1) -> None:
+        """Add ``count`` to a stat of the crawl's: every part of the scheduler counts here."""
         if count and self.stats is not None:
             self.stats.inc_value(key, count)
