@@ -33,6 +33,8 @@ made once Redis answers: the runner, the liveness beat, the idle waits), ``parki
 worker waiting in blocking reads), ``building`` (what goes in the next batch), ``pump``
 (running batches, taking in their results), ``handlers`` (the engine's signals, and the idle
 clock the worker closes by) and ``opening`` (what a worker settles before joining a crawl).
+The builder, the pump and the handlers work with many of the others: they are handed them as
+one bundle (``parts``), made once here.
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ from distcrawl.engine.opening import (
 from distcrawl.engine.outage import Outage
 from distcrawl.engine.outbox import Outbox
 from distcrawl.engine.parking import Parking
+from distcrawl.engine.parts import Parts
 from distcrawl.engine.polling import Polling
 from distcrawl.engine.pump import Pump
 from distcrawl.engine.report import Reporter
@@ -153,7 +156,7 @@ class Scheduler(BaseScheduler):
         self._liveness_started = False
         self._idle_clock = IdleClock()
         self._parking = Parking(config, self._link, self._status, self._polling, self._report)
-        self._builder = BatchBuilder(
+        self._parts = Parts(
             config,
             link=self._link,
             status=self._status,
@@ -166,22 +169,13 @@ class Scheduler(BaseScheduler):
             parking=self._parking,
             idle_clock=self._idle_clock,
         )
+        self._builder = BatchBuilder(self._parts)
         self._pump = Pump(
             crawler,
-            config,
             self.df,
             io,
-            link=self._link,
-            status=self._status,
+            self._parts,
             builder=self._builder,
-            parking=self._parking,
-            idle_clock=self._idle_clock,
-            leases=self._leases,
-            outbox=self._outbox,
-            polling=self._polling,
-            outage=self._outage,
-            riders=self._riders,
-            report=self._report,
             clock=self.clock,
             reconnect=self._reconnect,
         )
@@ -214,18 +208,10 @@ class Scheduler(BaseScheduler):
         # thread: whether REDIS_URL is a cluster (and so the key names) is learnt by I/O
         self._handlers = SignalHandlers(
             self.crawler,
-            self.config,
+            self._parts,
             # named alike on a cluster: the keys _connect makes keep it
             start_urls=self.keys.start_urls,
-            status=self._status,
             pump=self._pump,
-            parking=self._parking,
-            idle_clock=self._idle_clock,
-            leases=self._leases,
-            outbox=self._outbox,
-            polling=self._polling,
-            outage=self._outage,
-            report=self._report,
         )
         self._handlers.connect()
         _engine.local_delays_off(self.crawler)

@@ -286,6 +286,7 @@ def builder_parts(config: DistcrawlConfig | None = None):
     from distcrawl.engine.link import Link
     from distcrawl.engine.outage import Outage
     from distcrawl.engine.parking import Parking
+    from distcrawl.engine.parts import Parts
     from distcrawl.engine.report import Reporter
     from distcrawl.engine.riders import Riders
     from distcrawl.engine.status import Status
@@ -296,7 +297,7 @@ def builder_parts(config: DistcrawlConfig | None = None):
     status = Status(config, leases, outbox)
     link = Link(idle_waits=FakeWaits())  # type: ignore[arg-type]
     parking = Parking(config, link, status, polling, report)
-    builder = BatchBuilder(
+    parts = Parts(
         config,
         link=link,
         status=status,
@@ -309,6 +310,7 @@ def builder_parts(config: DistcrawlConfig | None = None):
         parking=parking,
         idle_clock=IdleClock(),
     )
+    builder = BatchBuilder(parts)
     return SimpleNamespace(
         builder=builder, parking=parking, status=status, outbox=outbox, link=link
     )

@@ -14,17 +14,7 @@ from typing import TYPE_CHECKING
 from distcrawl.engine._batch_types import Batch, Commit
 
 if TYPE_CHECKING:
-    from distcrawl.config import DistcrawlConfig
-    from distcrawl.engine.handlers import IdleClock
-    from distcrawl.engine.leases import Leases
-    from distcrawl.engine.link import Link
-    from distcrawl.engine.outage import Outage
-    from distcrawl.engine.outbox import Outbox
-    from distcrawl.engine.parking import Parking
-    from distcrawl.engine.polling import Polling
-    from distcrawl.engine.report import Reporter
-    from distcrawl.engine.riders import Riders
-    from distcrawl.engine.status import Status
+    from distcrawl.engine.parts import Parts
     from distcrawl.model.queue_entry import LeaseRef
 
 
@@ -33,30 +23,10 @@ class BatchBuilder:
 
     def __init__(
         self,
-        config: DistcrawlConfig,
-        *,
-        link: Link,
-        status: Status,
-        leases: Leases,
-        outbox: Outbox,
-        polling: Polling,
-        outage: Outage,
-        riders: Riders,
-        report: Reporter,
-        parking: Parking,
-        idle_clock: IdleClock,
+        parts: Parts,
     ) -> None:
-        self.config = config
-        self._link = link
-        self._status = status
-        self._leases = leases
-        self._outbox = outbox
-        self._polling = polling
-        self._outage = outage
-        self._riders = riders
-        self._report = report
-        self._parking = parking
-        self._idle_clock = idle_clock
+        self.config = parts.config
+        self._p = parts
         #: the last batch built took no lease: the leases held filled DistcrawlConfig.max_held
         self.held_back = False
 
@@ -65,7 +35,7 @@ class BatchBuilder:
         components' commands, a liveness beat. Those run in a batch of their own only once
         late (the beat never: its thread does). A parked worker (idle.py) sends no poll:
         only what its riders need, and one look for dead workers' work an interval."""
-        parking = self._parking
+        parking = self._p.parking
         if parking.parked and parking.over(now, idle=self.idle()):
             parking.unpark(now)
         batch = self._build_work(now)
@@ -74,73 +44,73 @@ class BatchBuilder:
             if parking.reap_due(now):
                 # one parked worker an interval looks for dead workers' work (batch.py)
                 batch.idle_reap = True
-        elif self._polling.reclaim_due(now, work=work):
+        elif self._p.polling.reclaim_due(now, work=work):
             batch.reclaim = True
-        if self._riders.due(now, work=not batch.empty()):
-            batch.riders = self._riders.take()
-        liveness = self._link.liveness
+        if self._p.riders.due(now, work=not batch.empty()):
+            batch.riders = self._p.riders.take()
+        liveness = self._p.link.liveness
         if not batch.empty() and liveness is not None and liveness.due():
             batch.beat = True
         return batch
 
     def _build_work(self, now: float) -> Batch:
         batch = Batch()
-        if self._leases.report_due(now, self.config.flush_interval):
-            self._leases.report(batch)
+        if self._p.leases.report_due(now, self.config.flush_interval):
+            self._p.leases.report(batch)
         self._work(now, batch)
         if not batch.commits:
             self._commit(now, batch)  # rides with the lease, the claim or the reports
         if not batch.empty():
             # a reserve's swap, which may wait, goes with what is sent (and before the
             # acknowledgement of the request that left, which a commit may carry)
-            self._leases.report(batch)
+            self._p.leases.report(batch)
         return batch
 
     def _work(self, now: float, batch: Batch) -> None:
-        status = self._status
-        if self._polling.renew_due(now):
+        status = self._p.status
+        if self._p.polling.renew_due(now):
             batch.renew = self._held_refs()
-        if self._idle_clock.drain_wanted:
+        if self._p.idle_clock.drain_wanted:
             batch.drain = True
-            self._idle_clock.drain_wanted = False
+            self._p.idle_clock.drain_wanted = False
         commit = self._commit(now, batch)
-        if commit is not None and self._outage.writes_refused:
+        if commit is not None and self._p.outage.writes_refused:
             # Redis takes no write (full, read-only...): what this worker would lease or
             # claim now could not be stored either; the commit alone finds when it does
             return
         if status.paused:
-            if self._parking.claims_waiting():
+            if self._p.parking.claims_waiting():
                 # a BLMOVE may still move an entry into the claim list: ended first
-                self._parking.end_claims()
+                self._p.parking.end_claims()
             elif status.start_pending == 0 and not status.unclaimed:
                 # every start entry read is stored: what is still claimed goes back
                 batch.unclaim = status.unclaimed = True
-            batch.release = self._leases.release_waiting()
+            batch.release = self._p.leases.release_waiting()
             return
         prefetch = self.config.prefetch
-        lease = self._leases.ready <= prefetch // 2 and self._polling.lease_due(now)
+        lease = self._p.leases.ready <= prefetch // 2 and self._p.polling.lease_due(now)
         room = self._lease_room()
         if lease and room <= 0:
             if not self.held_back:
-                self._report.inc("distcrawl/leases/held_back")
+                self._p.report.inc("distcrawl/leases/held_back")
             self.held_back, lease = True, False
         else:
             self.held_back = False
-        batch.release, held = self._leases.release_idle_reserves(lease)
-        self._report.inc("distcrawl/places/reserves_returned", len(batch.release))
-        if self._parking.parked:
+        batch.release, held = self._p.leases.release_idle_reserves(lease)
+        self._p.report.inc("distcrawl/places/reserves_returned", len(batch.release))
+        if self._p.parking.parked:
             return  # the blocking reads wait for work (idle.py): no poll, no claim
         if lease:
-            batch.woken = self._parking.take_woken()
-            batch.want = min(room, max(0, prefetch - self._leases.waiting))
+            batch.woken = self._p.parking.take_woken()
+            batch.want = min(room, max(0, prefetch - self._p.leases.waiting))
             batch.held = held
             batch.reserve = prefetch // 2
-            batch.reserved = self._leases.reserved()
+            batch.reserved = self._p.leases.reserved()
         if (
             status.start_pending == 0
-            and self._polling.peek_due(now)
+            and self._p.polling.peek_due(now)
             and not status.full()
-            and not self._parking.claims_waiting()
+            and not self._p.parking.claims_waiting()
         ):
             batch.peek = self.config.start_urls_batch
 
@@ -151,14 +121,14 @@ class BatchBuilder:
         shared queue that is empty: every worker may be waiting for them). Otherwise they
         wait for the next batch, at most DISTCRAWL_FLUSH_INTERVAL: a page's commit sent
         alone is a round trip of its own."""
-        outbox = self._outbox
+        outbox = self._p.outbox
         if outbox.commit is None and not (
             not batch.empty()
             or outbox.overdue(now)
-            or self._status.paused
-            or self._status.closing
+            or self._p.status.paused
+            or self._p.status.closing
             or self.held_back
-            or (outbox.entries and self._status.remote_queue == 0)
+            or (outbox.entries and self._p.status.remote_queue == 0)
         ):
             return None
         commit = outbox.current()
@@ -170,10 +140,10 @@ class BatchBuilder:
         """Nothing here would need Redis soon: no request ready or downloading, nothing
         to store or acknowledge, no start entry being stored, not pausing or closing. Only
         then may a batch block the Redis thread in a wait for work."""
-        status = self._status
+        status = self._p.status
         return not (
-            self._leases.busy()
-            or self._outbox.pending()
+            self._p.leases.busy()
+            or self._p.outbox.pending()
             or status.start_pending
             or status.paused
             or status.closing
@@ -186,9 +156,9 @@ class BatchBuilder:
         the backlog fills the room and leasing stops, rather than piling up leases that
         another worker would crawl again if this one died. Acknowledgements not yet
         committed count: Redis still has them leased."""
-        return self.config.max_held - self._leases.held - self._outbox.counts()[1]
+        return self.config.max_held - self._p.leases.held - self._p.outbox.counts()[1]
 
     def _held_refs(self) -> list[LeaseRef]:
         """Every lease this worker holds: waiting, in progress, and done but not yet
         acknowledged (kept while a commit is being retried, so that they stay ours)."""
-        return self._leases.held_refs() + self._outbox.acked_refs()
+        return self._p.leases.held_refs() + self._p.outbox.acked_refs()

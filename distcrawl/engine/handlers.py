@@ -23,15 +23,8 @@ from distcrawl.engine.idle import IDLE_REAP_INTERVAL
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
-    from distcrawl.config import DistcrawlConfig
-    from distcrawl.engine.leases import Leases
-    from distcrawl.engine.outage import Outage
-    from distcrawl.engine.outbox import Outbox
-    from distcrawl.engine.parking import Parking
-    from distcrawl.engine.polling import Polling
+    from distcrawl.engine.parts import Parts
     from distcrawl.engine.pump import Pump
-    from distcrawl.engine.report import Reporter
-    from distcrawl.engine.status import Status
     from distcrawl.model.replies import Drained
 
 #: the scheduler's logger: these are its messages, filtered and configured as such
@@ -71,32 +64,17 @@ class SignalHandlers:
     def __init__(
         self,
         crawler: Crawler,
-        config: DistcrawlConfig,
+        parts: Parts,
         *,
         start_urls: str,
-        status: Status,
         pump: Pump,
-        parking: Parking,
-        idle_clock: IdleClock,
-        leases: Leases,
-        outbox: Outbox,
-        polling: Polling,
-        outage: Outage,
-        report: Reporter,
     ) -> None:
         self.crawler = crawler
-        self.config = config
+        self.config = parts.config
         #: the crawl's start_urls key, named in the "No work yet" line
         self._start_urls = start_urls
-        self._status = status
+        self._p = parts
         self._pump = pump
-        self._parking = parking
-        self._clock = idle_clock
-        self._leases = leases
-        self._outbox = outbox
-        self._polling = polling
-        self._outage = outage
-        self._report = report
 
     def connect(self) -> None:
         """Have the engine's signals call these handlers (the signal manager holds them
@@ -114,13 +92,13 @@ class SignalHandlers:
         if (
             timeout is None
             or self._pump.busy
-            or self._outage.failing  # cannot tell whether the shared queue is empty
-            or self._status.paused
-            or self._status.pending()
-            or self._leases.active
+            or self._p.outage.failing  # cannot tell whether the shared queue is empty
+            or self._p.status.paused
+            or self._p.status.pending()
+            or self._p.leases.active
         ):
             raise DontCloseSpider
-        clock = self._clock
+        clock = self._p.idle_clock
         now = time.monotonic()
         if not clock.had_work and not self._crawl_had_work(now, spider):
             raise DontCloseSpider
@@ -154,13 +132,13 @@ class SignalHandlers:
         the crawl without workers. A crawl that had work before this worker came (its
         frontier numbered a request or holds dead letters) starts the clock at the worker's
         start, so a worker joining a finished crawl closes as before."""
-        clock = self._clock
+        clock = self._p.idle_clock
         look = clock.drained
         if look is not None and look[1].worked:
             clock.had_work = True
             return True
         # parked (idle.py), work wakes it: a look at the whole frontier only now and then
-        max_age = IDLE_REAP_INTERVAL if self._parking.parked else DRAIN_CHECK_MAX_AGE
+        max_age = IDLE_REAP_INTERVAL if self._p.parking.parked else DRAIN_CHECK_MAX_AGE
         if look is None or now - look[0] > max_age:
             clock.drain_wanted = True  # read at most once per idle signal (about 5 s)
             self._pump.kick()
@@ -176,11 +154,11 @@ class SignalHandlers:
         return False
 
     def on_downloading(self, request: Request, spider: Spider) -> None:
-        if self._leases.downloading(request):
+        if self._p.leases.downloading(request):
             self._pump.kick()  # before the slot's next turn, which this lag pushes back
 
     def on_left(self, request: Request, spider: Spider) -> None:
-        swapped = self._leases.left(request)
+        swapped = self._p.leases.left(request)
         if swapped is None:
             return
         if swapped:
@@ -190,12 +168,12 @@ class SignalHandlers:
         # now, while its lease waits for what the page yields to be stored (the ack); and this
         # worker may take it in the same batch, not after the back-off of a lease that found
         # the slot full
-        self._polling.place_freed()
+        self._p.polling.place_freed()
         self._pump.kick()
 
     def on_response(self, response: Any, request: Request, spider: Spider) -> None:
-        if self._outbox.feedback(request, response):
-            self._report.inc("distcrawl/politeness/throttled")
-            self._report.inc(f"distcrawl/politeness/throttled/{response.status}")
+        if self._p.outbox.feedback(request, response):
+            self._p.report.inc("distcrawl/politeness/throttled")
+            self._p.report.inc(f"distcrawl/politeness/throttled/{response.status}")
             # every worker must hold back from now on, not from this worker's next batch
             self._pump.kick()

@@ -34,20 +34,10 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
     from distcrawl.codec.politeness import ServerClock
-    from distcrawl.config import DistcrawlConfig
     from distcrawl.dupefilter import RedisDupeFilter
     from distcrawl.engine.building import BatchBuilder
-    from distcrawl.engine.handlers import IdleClock
     from distcrawl.engine.intake import Intake
-    from distcrawl.engine.leases import Leases
-    from distcrawl.engine.link import Link
-    from distcrawl.engine.outage import Outage
-    from distcrawl.engine.outbox import Outbox
-    from distcrawl.engine.parking import Parking
-    from distcrawl.engine.polling import Polling
-    from distcrawl.engine.report import Reporter
-    from distcrawl.engine.riders import Riders
-    from distcrawl.engine.status import Status
+    from distcrawl.engine.parts import Parts
     from distcrawl.model.connection import RedisIO
 
 #: the scheduler's logger: these are its messages, filtered and configured as such
@@ -60,39 +50,20 @@ class Pump:
     def __init__(
         self,
         crawler: Crawler,
-        config: DistcrawlConfig,
         df: RedisDupeFilter | None,
         io: RedisIO,
+        parts: Parts,
         *,
-        link: Link,
-        status: Status,
         builder: BatchBuilder,
-        parking: Parking,
-        idle_clock: IdleClock,
-        leases: Leases,
-        outbox: Outbox,
-        polling: Polling,
-        outage: Outage,
-        riders: Riders,
-        report: Reporter,
         clock: ServerClock,
         reconnect: Callable[[], None],
     ) -> None:
         self.crawler = crawler
-        self.config = config
+        self.config = parts.config
         self.df = df
         self.io = io
-        self._link = link
-        self._status = status
+        self._p = parts
         self._builder = builder
-        self._parking = parking
-        self._idle_clock = idle_clock
-        self._leases = leases
-        self._outbox = outbox
-        self._polling = polling
-        self._outage = outage
-        self._riders = riders
-        self._report = report
         self._clock = clock
         #: the scheduler's retry of its open, while Redis could not be reached at open
         self._reconnect = reconnect
@@ -127,7 +98,7 @@ class Pump:
             self._loop.stop()
 
     def kick(self) -> None:
-        if self._kick_pending or self._status.closing or self._loop is None:
+        if self._kick_pending or self._p.status.closing or self._loop is None:
             return
         from twisted.internet import reactor
 
@@ -141,12 +112,12 @@ class Pump:
     def turn(self) -> None:
         if self.df is not None:
             self.df.flush_stats_if_due()
-        if self.busy or self._status.closing:
+        if self.busy or self._p.status.closing:
             return
         now = time.monotonic()
-        if not self._outage.due(now):
+        if not self._p.outage.due(now):
             return
-        runner = self._link.runner
+        runner = self._p.link.runner
         if runner is None:
             self._reconnect()
             return
@@ -165,7 +136,7 @@ class Pump:
         if res.rejoined is not None:
             # before what the batch leased or claimed: that is the new crawl's work
             self._rejoined(res.rejoined)
-            if self._link.runner is None:
+            if self._p.link.runner is None:
                 return
         self.apply_commits(res, batch.commits)
         errors = [e for e in (res.commit_error, res.error) if e is not None]
@@ -173,66 +144,68 @@ class Pump:
             # one lost pipeline, the commit's and the other steps' failure: counted once
             del errors[1]
         for error in errors:
-            self._outage.error(error, *self._outbox.counts(), memory=res.memory)
+            self._p.outage.error(error, *self._p.outbox.counts(), memory=res.memory)
         if res.commit_error is None and res.error is None:
-            self._outage.answered()
-        self._report.inc("distcrawl/released", res.released)
-        self._report.inc("distcrawl/start_urls/given_back", res.unclaimed)
-        self._report.inc("distcrawl/places/freed", res.freed)
-        self._report.inc("distcrawl/places/taken", res.taken)
+            self._p.outage.answered()
+        self._p.report.inc("distcrawl/released", res.released)
+        self._p.report.inc("distcrawl/start_urls/given_back", res.unclaimed)
+        self._p.report.inc("distcrawl/places/freed", res.freed)
+        self._p.report.inc("distcrawl/places/taken", res.taken)
         if res.error is not None and (batch.freed or batch.taken):
             # the report is idempotent: sent again with the next batch rather than lost
-            self._leases.report_again(batch)
+            self._p.leases.report_again(batch)
         lease_now = bool(res.committed and res.committed.queue_size and not batch.want)
         if lease_now:
             # work just arrived (e.g. from a start URL): ask for it now, not at the next
             # idle poll
-            self._polling.lease_now(now)
+            self._p.polling.lease_now(now)
         if batch.renew and res.error is None and res.renewed < len(batch.renew):
             logger.debug(
                 "%d of %d leases had expired or been taken over before renewal",
                 len(batch.renew) - res.renewed,
                 len(batch.renew),
             )
-        self._report.requeue(res)
-        self._report.shards(res)
+        self._p.report.requeue(res)
+        self._p.report.shards(res)
         got = self._handle_leased(res)
         park: float | None = None
         if batch.want and res.lease is not None:
             if got:
-                self._polling.lease_now(now)
+                self._p.polling.lease_now(now)
             else:
-                park = self._polling.back_off(now, res.lease, idle=self._builder.idle())
-        self._riders.deliver(batch.riders, res.riders)
-        parking = self._parking
+                park = self._p.polling.back_off(now, res.lease, idle=self._builder.idle())
+        self._p.riders.deliver(batch.riders, res.riders)
+        parking = self._p.parking
         if batch.peek and res.error is None:
             self._handle_peeked(res.peeked)
-            busy = bool(self._leases.ready or self._leases.active)
-            self._polling.peeked(now, len(res.peeked), batch.peek, busy=busy)
+            busy = bool(self._p.leases.ready or self._p.leases.active)
+            self._p.polling.peeked(now, len(res.peeked), batch.peek, busy=busy)
             # claim.lua hands out the claim list first: nothing means it and start_urls
             # were both empty
             parking.claims_empty = not res.peeked
             if len(res.peeked) >= batch.peek:
                 park = None  # more start URLs wait: claimed next
         if park is not None:
-            ready = self._builder.idle() and res.error is None and self._link.idle_waits is not None
+            ready = (
+                self._builder.idle() and res.error is None and self._p.link.idle_waits is not None
+            )
             if ready and parking.claims_empty:
                 parking.park(now, park)
             else:
                 # its claim list may hold entries (held back at the pending cap): the BLMOVE
                 # of a park waits on start_urls only, so a claim comes first
-                self._polling.peek_now(now)
+                self._p.polling.peek_now(now)
                 later = parking.claims_waiting() or not ready
-                self._polling.lease_in(
+                self._p.polling.lease_in(
                     now, self.config.idle_poll_max if later else self.config.flush_interval
                 )
         if res.drained is not None:
-            self._idle_clock.drained = (now, res.drained)
+            self._p.idle_clock.drained = (now, res.drained)
             _engine.wake(self.crawler)  # the engine asks spider_idle again, which reads it
-        low = self._leases.ready <= self.config.prefetch // 2
+        low = self._p.leases.ready <= self.config.prefetch // 2
         # acknowledgements just stored made room for the lease they held back
         freed = self._builder.held_back and res.commits_done > 0
-        if self._outbox.due or self._leases.unreported or ((got or lease_now or freed) and low):
+        if self._p.outbox.due or self._p.leases.unreported or ((got or lease_now or freed) and low):
             # the next batch now, not one reactor turn later: a turn can be a page's parsing
             self.turn()
 
@@ -240,16 +213,16 @@ class Pump:
         """A parked worker's wait returned (on the reactor, from idle.py's threads): a start
         URL it moved into this worker's claim list, a wake-up token, or an error
         (``Parking.woke``); a batch goes at once."""
-        if self._status.closing:
+        if self._p.status.closing:
             return  # a claimed entry is in the claim list: the close gives it back
-        self._parking.woke(kind, value, time.monotonic())
+        self._p.parking.woke(kind, value, time.monotonic())
         self.kick()
 
     def _rejoined(self, rejoined: Rejoined) -> None:
         """The frontier this worker joined was reset, and it joined the crawl there now
         (layout.py): what it remembers of the old crawl would spoil the new one (its seen
         cache alone drops every link already pushed once), so it is forgotten."""
-        runner = self._link.runner
+        runner = self._p.link.runner
         assert runner is not None
         namespace = runner.frontier.keys.namespace
         if rejoined.differences:
@@ -260,8 +233,8 @@ class Pump:
                 LayoutMismatch(namespace, rejoined.differences),
                 extra={"spider": self.spider},
             )
-            self._link.runner = None  # nothing of this worker's goes to that crawl
-            self._status.closing = True
+            self._p.link.runner = None  # nothing of this worker's goes to that crawl
+            self._p.status.closing = True
             deferred_from_coro(
                 self.crawler.engine.close_spider_async(reason="frontier_layout_mismatch")
             )
@@ -274,20 +247,22 @@ class Pump:
             "reset or emptied" if rejoined.gone else "set up anew by another worker",
             extra={"spider": self.spider},
         )
-        self._report.inc("distcrawl/frontier/rejoined")
+        self._p.report.inc("distcrawl/frontier/rejoined")
         if self.df is not None:
             self.df.forget()
-        self._outbox.forget_feedback()
-        self._status.remote_queue = 0
-        self._idle_clock.drained = None
-        self._idle_clock.had_work = False  # the next crawl's idle clock starts with its first work
-        self._polling.resume()
+        self._p.outbox.forget_feedback()
+        self._p.status.remote_queue = 0
+        self._p.idle_clock.drained = None
+        self._p.idle_clock.had_work = (
+            False  # the next crawl's idle clock starts with its first work
+        )
+        self._p.polling.resume()
         self.crawler.signals.send_catch_log(signal=distcrawl_signals.frontier_reset)
 
     def apply_commits(self, res: BatchResult, commits: list[Commit]) -> None:
         """Forget the commits Redis confirmed; keep the first that failed, to send again."""
         for commit in commits[: res.commits_done]:
-            self._status.start_pending -= commit.start_entries
+            self._p.status.start_pending -= commit.start_entries
         if res.commits_done < len(commits):
             failed = commits[res.commits_done]
             failed.failures += 1
@@ -306,21 +281,21 @@ class Pump:
                     extra={"spider": self.spider},
                 )
                 failed.split = True
-            self._outbox.commit = failed
+            self._p.outbox.commit = failed
         elif commits:
-            self._outbox.commit = None
+            self._p.outbox.commit = None
         if res.committed is not None:
             self._apply_commit(res.committed, commits[0] if len(commits) == 1 else None)
         if res.split_dead:
-            self._report.inc("distcrawl/dead/refused", res.split_dead)
+            self._p.report.inc("distcrawl/dead/refused", res.split_dead)
 
     def _apply_commit(self, c: CommitResult, commit: Commit | None) -> None:
-        self._status.remote_queue = c.queue_size
+        self._p.status.remote_queue = c.queue_size
         if c.held:
-            self._parking.claims_empty = False  # start entries left in the claim list at the cap
-        self._report.commit(c, commit)
+            self._p.parking.claims_empty = False  # start entries left in the claim list at the cap
+        self._p.report.commit(c, commit)
         if c.dropped or c.held:
-            self._polling.queue_full()
+            self._p.polling.queue_full()
 
     def _handle_leased(self, res: BatchResult) -> int:
         lease = res.lease
@@ -336,18 +311,18 @@ class Pump:
                     extra={"spider": self.spider},
                 )
                 record = dead_letter(item.error, raw=item.payload, source="queue")
-                self._outbox.push(Entry(EntryKind.DEAD_LETTER, b"", 0, record))
-                self._outbox.ack(item.ref)
-                self._report.inc("distcrawl/quarantined")
+                self._p.outbox.push(Entry(EntryKind.DEAD_LETTER, b"", 0, record))
+                self._p.outbox.ack(item.ref)
+                self._p.report.inc("distcrawl/quarantined")
                 continue
-            self._leases.add(item, lease.leased_at)
+            self._p.leases.add(item, lease.leased_at)
             got += 1
-        self._status.remote_queue = lease.queue_size
+        self._p.status.remote_queue = lease.queue_size
         self._clock.learn(lease.leased_at)
-        self._report.lease(lease)
+        self._p.report.lease(lease)
         if got:
-            self._report.inc("distcrawl/leased", got)
-            self._idle_clock.worked()
+            self._p.report.inc("distcrawl/leased", got)
+            self._p.idle_clock.worked()
             _engine.wake(self.crawler)
         return got
 
@@ -356,17 +331,17 @@ class Pump:
         request or a dead letter, whose commit takes it out of the claim list."""
         assert self._intake is not None
         for raw in raws:
-            self._outbox.push(self._intake.start_entry(raw))
-            self._status.start_pending += 1
+            self._p.outbox.push(self._intake.start_entry(raw))
+            self._p.status.start_pending += 1
         if raws:
-            self._idle_clock.worked()
-            self._report.inc("distcrawl/start_urls/read", len(raws))
+            self._p.idle_clock.worked()
+            self._p.report.inc("distcrawl/start_urls/read", len(raws))
             self.kick()
 
     def _crashed(self, failure: Any, batch: Batch) -> None:
         """A bug, not an outage: keep the work and log it loudly."""
         self.busy = False
-        self._riders.drop(batch.riders)
+        self._p.riders.drop(batch.riders)
         logger.error(
             "distcrawl scheduler error",
             exc_info=redacted_exc_info(
@@ -374,12 +349,12 @@ class Pump:
             ),
             extra={"spider": self.spider},
         )
-        self._outage.crashed()
+        self._p.outage.crashed()
 
     def collect_finished(self) -> None:
         """Acknowledge the leases of the requests that left the engine."""
-        if not self._leases.active:
+        if not self._p.leases.active:
             return
-        for ref in self._leases.finished(_engine.in_progress(self.crawler)):
+        for ref in self._p.leases.finished(_engine.in_progress(self.crawler)):
             # everything it produced is pushed by now: acknowledged once that is stored
-            self._outbox.ack(ref)
+            self._p.outbox.ack(ref)
