@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import subprocess
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -36,6 +37,22 @@ def page_fetches(site: DemoSite, *, ok_only: bool = True) -> Counter[str]:
 
 
 _WORKER_TAG = re.compile(r"\(worker ([0-9a-f]{8}),")
+
+
+def push_to_first_fetch(port: int, key: str, site: DemoSite, path: str = "/") -> float:
+    """LPUSH ``site``'s ``path`` to ``key`` with redis-cli (as an operator would, from a
+    process of its own), then wait for the site to serve it: seconds from the push to
+    that first fetch (inf when it never came within 10 s)."""
+    pushed_at = time.time()
+    subprocess.run(
+        ["redis-cli", "-p", str(port), "lpush", key, site.url + path],
+        check=True,
+        capture_output=True,
+        timeout=10,
+    )
+    if not wait_until(lambda: path in page_fetches(site), timeout=10):
+        return float("inf")
+    return min(line.time for line in site.read_log() if line.path == path) - pushed_at
 
 
 def leases_held_by(client: Any, keys: Any, log: str) -> int:
