@@ -57,18 +57,24 @@ def run(capsys: Any, *argv: str) -> tuple[int, str, str]:
     return code, out, err
 
 
+#: a key of the crawl with less time than this to live is one a comparison leaves out
+SHORT_LIVED_MS = 60_000
+
+
 def contents(client: redis.Redis, keys: FrontierKeys) -> dict[str, Any]:
     """Every key of the crawl on ``client`` by its suffix (the name without the prefix), with
-    its whole value read by type: what must be the same on both sides of a move. Wake-up
-    tokens are left out: they expire within a second (a migration copies them if they are
-    still there, and a copy made after the listing would find them gone)."""
+    its whole value read by type: what must be the same on both sides of a move. Keys that
+    live less than a minute are left out: wake-up tokens (a second) and the reaper's election
+    lock (``DISTCRAWL_RECLAIM_INTERVAL``) may expire between this listing and the migration's
+    copy, which then rightly skips them."""
     names = [k.decode() for k in client.keys("*")] if not isinstance(client, RedisCluster) else []
     if isinstance(client, RedisCluster):
         names = [k.decode() for k in client.scan_iter(count=1000)]
-    wake = keys.wake.removeprefix(keys.prefix)
-    names = [n for n in names if n.removeprefix(keys.prefix).partition(":")[0] != wake]
     out: dict[str, Any] = {}
     for name in names:
+        ttl = client.pttl(name)
+        if ttl == -2 or 0 <= ttl < SHORT_LIVED_MS:  # gone since listed, or soon to go
+            continue
         kind = client.type(name).decode()
         value = migrate._content(migrate.Side(client, keys, ""), name, kind)
         if kind == "set":
