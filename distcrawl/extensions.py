@@ -228,7 +228,9 @@ class WorkerMonitor:
         if parked and now - self._last_sent < PARKED_BEAT_INTERVAL and not self._changed():
             return  # an idle worker's beat: rare, unless it has counts still to send
         self._last_sent = now
-        state = "paused" if scheduler is not None and scheduler.paused else "running"
+        state = "running"
+        if scheduler is not None and scheduler.paused:
+            state = "draining" if scheduler.draining else "paused"
         snapshot = self._snapshot(state)
         self._busy = True
         memory = not parked and now >= self._next_memory_check

@@ -56,6 +56,7 @@ from distcrawl.dupefilter import RedisDupeFilter
 from distcrawl.engine import _engine
 from distcrawl.engine._batch_types import Batch, BatchResult, Rider
 from distcrawl.engine.building import BatchBuilder
+from distcrawl.engine.drain import Drain
 from distcrawl.engine.handlers import IdleClock, SignalHandlers
 from distcrawl.engine.idle import IdleWaits, claim_wait_for
 from distcrawl.engine.intake import Intake
@@ -183,6 +184,7 @@ class Scheduler(BaseScheduler):
         self._intake: Intake | None = None
         #: made at open, with the keys: connected to the engine's signals then
         self._handlers: SignalHandlers | None = None
+        self._drain = Drain(crawler, self, config.drain_timeout)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Scheduler:
@@ -447,8 +449,28 @@ class Scheduler(BaseScheduler):
         status.paused = True
         self._pump.kick()
 
+    def drain(self) -> int:
+        """Stop for good (a SIGTERM, distcrawl/engine/drain.py): paused, never resumed, so
+        the next batch gives every request not yet in the engine, and the claimed start
+        URLs, back to the other workers at once. Returns how many requests go back."""
+        status = self._status
+        given = self._leases.waiting
+        status.paused = status.draining = True
+        self._pump.kick()
+        return given
+
+    def stop_waiting(self) -> int:
+        """The drain ends before the engine's requests did (DISTCRAWL_DRAIN_TIMEOUT, a
+        second SIGTERM): their leases go back with the close, unacknowledged, and the
+        engine closes now. Returns how many requests were still in progress."""
+        abandoned = self._leases.abandon()
+        _engine.stop_waiting(self.crawler)
+        return abandoned
+
     def resume(self) -> None:
         status = self._status
+        if status.draining:
+            return
         if status.paused:
             logger.info("Crawl resumed", extra={"spider": self.spider})
         status.paused = status.unclaimed = False
@@ -458,6 +480,10 @@ class Scheduler(BaseScheduler):
     @property
     def paused(self) -> bool:
         return self._status.paused
+
+    @property
+    def draining(self) -> bool:
+        return self._status.draining
 
     @property
     def parked(self) -> bool:
@@ -517,7 +543,7 @@ class Scheduler(BaseScheduler):
         release = self._leases.release_all()
         commits = self._outbox.take_all()
         # after the commits: what is still claimed was never stored, another worker takes it
-        batch = Batch(commits=commits, release=release, unclaim=True)
+        batch = Batch(commits=commits, release=release, hand_over=True, unclaim=True)
         acks = sum(len(c.acks) for c in commits)
         pushes = sum(len(c.entries) for c in commits)
         try:

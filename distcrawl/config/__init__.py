@@ -207,6 +207,8 @@ class DistcrawlConfig:
     push_batch_size: int = 500
     idle_poll_max: float = 1.0
     idle_timeout: float | None = None
+    #: seconds a worker stopping on SIGTERM lets its requests in progress finish
+    drain_timeout: float = 20.0
     flush_on_start: bool = False
     start_urls_batch: int = 100
     start_url_max_bytes: int = 8192
@@ -299,6 +301,9 @@ class DistcrawlConfig:
                 settings, "DISTCRAWL_IDLE_POLL_MAX", cls.idle_poll_max, _positive(float)
             ),
             idle_timeout=_optional_float(settings, "DISTCRAWL_IDLE_TIMEOUT"),
+            drain_timeout=_get(
+                settings, "DISTCRAWL_DRAIN_TIMEOUT", cls.drain_timeout, _at_least(0.0, float)
+            ),
             flush_on_start=_get(settings, "DISTCRAWL_FLUSH_ON_START", cls.flush_on_start, _bool),
             start_urls_batch=_get(
                 settings, "DISTCRAWL_START_URLS_BATCH", cls.start_urls_batch, _positive(int)

@@ -104,6 +104,9 @@ class Batch:
     #: start_urls entries to claim (Frontier.claim_start_urls)
     peek: int = 0
     release: list[LeaseRef] = field(default_factory=list)
+    #: the leases of ``release`` are for other workers now (this one drains or closes):
+    #: parked workers are woken for them; a reserve returned in passing wakes nobody
+    hand_over: bool = False
     #: give this worker's claimed start_urls entries back (close, pause), after the commits
     unclaim: bool = False
     drain: bool = False

@@ -66,6 +66,26 @@ def in_progress(crawler: Crawler) -> Collection[Request]:
     return slot.inprogress if slot is not None else ()
 
 
+def stop_waiting(crawler: Crawler) -> bool:
+    """Make a closing engine stop waiting for the requests it has in progress (a drain that
+    ended early, distcrawl/engine/drain.py): its close goes on now. Downloads still running
+    end later, or never: the engine's bookkeeping then finds nothing to remove, where a
+    plain set would raise. False when the engine is gone or not closing."""
+    slot = _slot(crawler)
+    if slot is None or getattr(slot, "closing", None) is None:
+        return False
+    slot.inprogress = _Abandoned()
+    slot._maybe_fire_closing()
+    return True
+
+
+class _Abandoned(set):  # type: ignore[type-arg]
+    """An engine's set of requests in progress once a drain stopped waiting for them."""
+
+    def remove(self, element: Any) -> None:
+        self.discard(element)
+
+
 def wake(crawler: Crawler) -> None:
     slot = _slot(crawler)
     if slot is not None:

@@ -151,7 +151,12 @@ class Runner:
         #: dead letters waiting in each shard's quarantine (read with the reclaim)
         waiting: list[int] = []
         if batch.release:
-            fan = sh.refs_fan(batch.release, Frontier.release_op, sum_ints)
+            wake = batch.hand_over
+
+            def release(f: Frontier, refs: list[LeaseRef]) -> Op[int]:
+                return f.release_op(refs, wake=wake)
+
+            fan = sh.refs_fan(batch.release, release, sum_ints)
             after += fanned(fan, setter(res, "released"))
         if batch.unclaim:
             # after the commits, which take from the claim list what they store
@@ -207,12 +212,13 @@ class Runner:
         for fan, values, done in fans:
             if all(v is not _MISSING for v in values):
                 done(fan.merge(values))
-        if res.requeue is not None and res.requeue.requeued and not down:
+        requeued = res.requeue.requeued if res.requeue is not None else 0
+        if batch.hand_over and sh.sharded:
+            requeued += res.released  # the shards' scripts woke their own lists: nobody's
+        if requeued and not down:
             # parked workers wait for wake-up tokens, not for a poll: leases given back are
             # work for them as much as a commit's requests
-            down = self._send(
-                [Step(op, ignore) for op in crawl.wake_ops(res.requeue.requeued)], res
-            )
+            down = self._send([Step(op, ignore) for op in crawl.wake_ops(requeued)], res)
         if res.requeue is not None and res.requeue.orphan_claims and not down:
             # rare: workers found dead held start_urls claims; unclaim.lua checks again
             try:

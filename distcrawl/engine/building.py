@@ -86,6 +86,7 @@ class BatchBuilder:
                 # every start entry read is stored: what is still claimed goes back
                 batch.unclaim = status.unclaimed = True
             batch.release = self._p.leases.release_waiting()
+            batch.hand_over = True
             return
         prefetch = self.config.prefetch
         lease = self._p.leases.ready <= prefetch // 2 and self._p.polling.lease_due(now)

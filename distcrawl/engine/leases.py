@@ -48,6 +48,9 @@ class Leases:
         #: slot -> reserves: leased requests holding no place, sent only in the place of a
         #: request of their slot that left the downloader (lease.lua)
         self._reserves: dict[str, deque[tuple[LeaseRef, Request]]] = {}
+        #: leases of requests the engine stopped waiting for (a drain ended early): never
+        #: acknowledged, given back with the close
+        self._abandoned: list[LeaseRef] = []
 
     # -- what the scheduler asks -----------------------------------------------------
 
@@ -222,9 +225,20 @@ class Leases:
         self._ready.clear()
         return release
 
+    def abandon(self) -> int:
+        """The engine stops waiting for the requests it has (a drain that ended early):
+        their leases are never acknowledged, whatever the engine says of them from now on,
+        and go back with the close. Returns how many."""
+        self._abandoned += self._active
+        self._active.clear()
+        self._fetching.clear()
+        return len(self._abandoned)
+
     def release_all(self) -> list[LeaseRef]:
         """Give back every lease held, the engine's included (closing)."""
         release = [ref for ref, _ in self._ready] + list(self._active) + self._take_reserves()
+        release += self._abandoned
+        self._abandoned = []
         self._active.clear()
         self._fetching.clear()
         self._freed, self._swapped = [], []

@@ -31,6 +31,8 @@ class Status:
         self.closing = False
         #: no request handed out; unstarted leased ones go back to the shared queue
         self.paused = False
+        #: paused for good: the worker is stopping on a signal (drain.py); no resume
+        self.draining = False
         #: this pause's give-back of claimed start_urls entries is in a batch already
         self.unclaimed = False
         #: the shared queue's size at this worker's last look (a lease, a commit, the open)

@@ -92,7 +92,7 @@ def _workers(
         tag = info.get("tag")
         last = beats.get(tag) if isinstance(tag, str) else None
         age = None if last is None else max(0.0, now - last)
-        closed = info.get("state") not in ("running", "paused")
+        closed = info.get("state") not in ("running", "paused", "draining")
         fresh = age is not None and age <= stale_after
         info.update(
             id=wid.decode(),

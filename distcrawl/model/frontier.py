@@ -289,16 +289,17 @@ class Frontier:
         args = ["expired", limit, worker_timeout_ms]
         return Op("requeue", self._requeue_keys(), args, parse_requeue)
 
-    def release(self, refs: Iterable[LeaseRef]) -> int:
+    def release(self, refs: Iterable[LeaseRef], *, wake: bool = False) -> int:
         """Give leases back (pause, close): requeued at once, if still held under these
-        tokens; returns how many were."""
+        tokens; returns how many were. ``wake``: they are for the other workers now, and
+        parked ones are woken to take them."""
         refs = list(refs)
         if not refs:
             return 0
-        return self.run(self.release_op(refs))
+        return self.run(self.release_op(refs, wake=wake))
 
-    def release_op(self, refs: Iterable[LeaseRef]) -> Op[int]:
-        args = ["ids", 0, 0, *_pairs(refs)]
+    def release_op(self, refs: Iterable[LeaseRef], *, wake: bool = False) -> Op[int]:
+        args = ["ids", int(wake), 0, *_pairs(refs)]
         return Op("requeue", self._requeue_keys(), args, first_int)
 
     def wake_ops(self, queued: int) -> list[Op[Any]]:

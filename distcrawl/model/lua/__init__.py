@@ -93,7 +93,7 @@ KEYS: dict[str, tuple[str, ...]] = {
     "renew": ("leases", "requests"),
     "requeue": (
         *("leases", "queue", "requests", "ready", "slots", "inflight", "robots", "alive"),
-        *("commits", "placeless", "claimants"),
+        *("commits", "placeless", "claimants", "wake"),
     ),
     "robots": ("robots", "slots", "ready", "limits", "throttle"),
     "robots_store": ("robots_txt", "robots_lock"),

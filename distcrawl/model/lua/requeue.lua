@@ -16,10 +16,13 @@
 -- KEYS[10] placeless SET   ids of leased requests whose response gave their place back
 --                         already (places.lua)
 -- KEYS[11] claimants SET   worker tags whose claim list may hold start_urls entries
+-- KEYS[12] wake     LIST  wake-up tokens for idle workers (lib.lua's wake_idle)
 --
 -- ARGV[1]     'expired': leases whose deadline has passed, then those of dead workers;
 --             'ids': the leases given as pairs that follow, if their tokens match
--- ARGV[2]     at most this many leases (for 'expired')
+-- ARGV[2]     at most this many leases (for 'expired'); for 'ids', 1 to wake parked
+--             workers for what is requeued (a worker draining or closing gives its leases
+--             to the others at once), 0 not to (a reserve returned in passing)
 -- ARGV[3]     a worker is dead when its last beat is older than this (ms; for 'expired')
 -- ARGV[4 ..]  pairs: request id, token (for 'ids')
 --
@@ -101,5 +104,6 @@ else
       requeue(id, record, false)
     end
   end
+  if ARGV[2] == '1' then wake_idle(KEYS[12], out[1]) end
 end
 return out
