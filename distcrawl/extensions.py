@@ -324,7 +324,7 @@ class WorkerMonitor:
             replies, tail = replies[:-count], replies[-count:]
         paused = replies[-CRAWL_REPLIES - 1]
         crawl = crawl_sizes(replies[-CRAWL_REPLIES:])
-        sizes: dict[str, Any] = {"dead": crawl.dead}
+        sizes: dict[str, Any] = {"dead": crawl.dead, "runnable": crawl.runnable}
         if tail:
             sizes.update(self._part_gauges(tail, crawl))
         return bool(paused), sizes

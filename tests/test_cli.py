@@ -98,6 +98,7 @@ def fill(client, keys):
     client.hset(keys.sweep, keys.slots, b"0")
     client.hset(keys.settings, b"max_pending", 10)
     client.lpush(keys.wake, b"1")
+    client.rpush(keys.runnable, b"1", b"1")
     client.zadd(keys.import_queue, {b"a scrapy-redis request": 0})
     client.sadd(keys.imported, b"digest")
     client.hset(keys.migration, b"id", b"m1")

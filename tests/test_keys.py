@@ -33,6 +33,7 @@ def test_key_names_are_pinned():
     assert k.stats == "site:stats"
     assert k.domains == "site:domains"
     assert k.paused == "site:paused"
+    assert k.runnable == "site:runnable"
     assert k.ready == "site:ready"
     assert k.slots == "site:slots"
     assert k.inflight == "site:inflight"
@@ -82,6 +83,7 @@ def test_key_names_are_pinned():
         "site:reaper",
         "site:reaper:idle",
         "site:wake",
+        "site:runnable",
         "site:ready",
         "site:slots",
         "site:inflight",

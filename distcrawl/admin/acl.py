@@ -82,6 +82,7 @@ LUA_COMMANDS = (
     "lset",
     "ltrim",
     "pexpire",
+    "rpush",
     "sadd",
     "set",
     "setbit",
@@ -225,6 +226,7 @@ def producer_size_keys(keys: FrontierKeys) -> tuple[str, ...]:
         keys.seen,
         keys.dead,
         keys.paused,
+        keys.runnable,
     )
 
 
@@ -252,6 +254,7 @@ PRODUCER_SHARD_SIZES = (
     "revisit_queue",
     "seen",
     "dead",
+    "runnable",
 )
 #: ... and the records of no request
 PRODUCER_SHARD_RECORDS = ("bloom", "stats")

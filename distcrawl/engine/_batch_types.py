@@ -23,7 +23,14 @@ from distcrawl.model.layout import Rejoined
 from distcrawl.model.ops import Op
 from distcrawl.model.queue_entry import LeaseRef
 from distcrawl.model.records import START_KINDS, Entry, Feedback
-from distcrawl.model.replies import CommitResult, Drained, LeaseResult, RequeueResult, SweepResult
+from distcrawl.model.replies import (
+    CommitResult,
+    Drained,
+    LeaseResult,
+    RequeueResult,
+    Runnable,
+    SweepResult,
+)
 
 
 class Ack(NamedTuple):
@@ -173,6 +180,8 @@ class BatchResult:
     unclaimed: int = 0
     #: finished slots whose state the reclaim's sweep forgot (sweep.lua)
     swept: SweepResult | None = None
+    #: the autoscaling signal the reaper counted (runnable.lua)
+    runnable: Runnable | None = None
     #: dead letters moved from the shards' quarantines to the crawl's (Shards.move_dead)
     dead_moved: int = 0
     #: the fewest replicas a WAIT behind a commit's first phase counted (DISTCRAWL_WAIT_REPLICAS;

@@ -53,7 +53,7 @@ from distcrawl.model.ops import Op
 from distcrawl.model.queue_entry import Leased, LeaseRef
 from distcrawl.model.records import START_KINDS, Entry, EntryKind
 from distcrawl.model.refusals import outage_code
-from distcrawl.model.replies import CommitResult, LeaseResult, Places
+from distcrawl.model.replies import CommitResult, LeaseResult, Places, sum_runnable
 from distcrawl.model.shards import Fan, Shards
 
 if TYPE_CHECKING:
@@ -212,6 +212,11 @@ class Runner:
         for fan, values, done in fans:
             if all(v is not _MISSING for v in values):
                 done(fan.merge(values))
+        if sh.sharded and res.runnable is not None and not down:
+            # the shards counted (reaped above): the crawl's keys add its start URLs and
+            # mirror the sum where KEDA reads it
+            crawl_op = crawl.runnable_op(others=res.runnable.requests)
+            down = self._send([Step(crawl_op, setter(res, "runnable"))], res)
         requeued = res.requeue.requeued if res.requeue is not None else 0
         if batch.hand_over and sh.sharded:
             requeued += res.released  # the shards' scripts woke their own lists: nobody's
@@ -307,6 +312,10 @@ class Runner:
         requeue = sh.every_fan(lambda f: f.requeue_op(worker_timeout_ms=timeout), sum_requeue)
         steps = fanned(requeue, setter(res, "requeue"))
         steps += fanned(Fan([f.sweep_op() for f in sh.parts], sum_sweeps), setter(res, "swept"))
+        # the autoscaling signal: one shard counts and mirrors; shards count and the crawl's
+        # own keys (its start URLs) add them up and mirror, once they are read (run())
+        runnable = Fan([f.runnable_op(mirror=not sh.sharded) for f in sh.parts], sum_runnable)
+        steps += fanned(runnable, setter(res, "runnable"))
         if sh.sharded:
             steps += fanned(self._dead_lengths(), waiting.extend)
         return steps

@@ -22,10 +22,11 @@ from distcrawl.model.ops import Op
 from distcrawl.model.revisits_admin import GAUGE_REPLIES
 from distcrawl.model.sizes import FrontierSizes, size_commands, size_replies, sizes_from
 
-#: the sizes the monitor publishes (distcrawl_queue, _leased, _delayed, _dead)
-MONITOR_SIZES = ("queue", "leased", "delayed", "dead")
+#: the sizes the monitor publishes (distcrawl_queue, _leased, _delayed, _dead, _runnable)
+MONITOR_SIZES = ("queue", "leased", "delayed", "dead", "runnable")
 #: the sizes read in the crawl's own keys: its dead letters (crawl-wide, every shard's too)
-CRAWL_SIZES = ("dead",)
+#: and the autoscaling signal (the reaper mirrors the whole crawl's there)
+CRAWL_SIZES = ("dead", "runnable")
 #: replies of :func:`crawl_ops`
 CRAWL_REPLIES = size_replies(CRAWL_SIZES)
 
@@ -34,7 +35,7 @@ def part_sizes(parts: int) -> tuple[str, ...]:
     """The sizes read in each of ``parts`` parts: the requests queued, leased and waiting
     for a retry; with shards also each shard's dead-letter quarantine (the one part of a
     crawl of one shard is the crawl's own keys, whose dead letters ``CRAWL_SIZES`` reads)."""
-    return ("queue", "leased", "delayed") if parts == 1 else MONITOR_SIZES
+    return ("queue", "leased", "delayed") if parts == 1 else ("queue", "leased", "delayed", "dead")
 
 
 def crawl_ops(keys: FrontierKeys) -> list[Op[Any]]:

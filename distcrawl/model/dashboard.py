@@ -64,6 +64,7 @@ def snapshot(frontier: Frontier, stale_after: float = STALE_AFTER) -> dict[str, 
         "paused": bool(paused),
         "totals": {key.decode(): int(value) for key, value in totals.items()},
         "quarantined": sizes.quarantined,
+        "runnable": sizes.runnable,
         "workers": _workers(workers, _beats(alive), now, stale_after),
         "domains": [[d.decode(), int(n)] for d, n in domains],
     }
@@ -116,6 +117,8 @@ def render_status(snap: dict[str, Any]) -> str:
         "dead-lettered; see distcrawl doctor)",
         f"  seen        {snap['seen']:>10}",
         f"  start_urls  {snap['start_urls']:>10}",
+        f"  runnable    {snap.get('runnable', 0):>10}   (requests it could run now within its "
+        "politeness: the autoscaling signal)",
     ]
     totals = snap["totals"]
     lines.append("  totals      " + ", ".join(f"{k} {v}" for k, v in sorted(totals.items())))

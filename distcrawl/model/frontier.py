@@ -43,17 +43,24 @@ from distcrawl.model.replies import (
     Places,
     RequeueResult,
     RobotsTxt,
+    Runnable,
     SweepResult,
     first_int,
     parse_commit,
     parse_lease,
     parse_places,
     parse_requeue,
+    parse_runnable,
     parse_sweep,
 )
 from distcrawl.model.seen import DEFAULT_CAPACITY, DEFAULT_ERROR_RATE, BloomFilter
 
 T = TypeVar("T")
+
+#: due slots runnable.lua looks at in one call (bounded work; past it the count is a lower
+#: bound), and the cap of the count and of the ``<ns>:runnable`` LIST mirroring it
+RUNNABLE_SLOTS = 1000
+RUNNABLE_MAX = 10_000
 
 #: as commit.lua: wake-up tokens waiting at most, and how long each waits (ms)
 WAKE_MAX, WAKE_TTL_MS = 16, 1000
@@ -412,6 +419,15 @@ class Frontier:
 
     def sweep_op(self, grace_ms: int = 60_000, count: int = 100) -> Op[SweepResult]:
         return Op("sweep", self.keys.script_keys("sweep"), [count, grace_ms], parse_sweep)
+
+    def runnable_op(self, *, mirror: bool = True, others: int = 0) -> Op[Runnable]:
+        """How many requests the crawl could run now within its politeness (runnable.lua):
+        with ``mirror``, written as the length of ``<ns>:runnable`` (with ``others``, the
+        other shards' counts, added); a shard of a sharded crawl counts only."""
+        p = self.politeness
+        args = [p.concurrency, p.overrides, RUNNABLE_SLOTS, RUNNABLE_MAX]
+        args += ["set" if mirror else "", others]
+        return Op("runnable", self.keys.script_keys("runnable"), args, parse_runnable)
 
     def publish_settings(self, *, max_pending: int | None) -> None:
         """Values producers need (``distcrawl push`` refuses work past the pending cap)."""

@@ -375,6 +375,13 @@ class FrontierKeys:
         """STRING present while the crawl is paused (``distcrawl pause``).""",
     )
 
+    runnable = _Key(
+        "runnable",
+        """LIST of one-byte elements, as many as the requests the crawl could run now within
+        its politeness (lua/runnable.lua, written by the reaper every reclaim interval): the
+        autoscaling signal, a LIST because KEDA's stock Redis scaler reads a list's length.""",
+    )
+
     import_queue = _Key(
         "import:queue",
         """ZSET or LIST: a scrapy-redis queue that ``distcrawl import scrapy-redis --move`` is
@@ -451,6 +458,7 @@ class FrontierKeys:
             self.reaper_idle,
             self.paused,
             self.wake,
+            self.runnable,
             self.import_queue,
             self.imported,
             self.migration,

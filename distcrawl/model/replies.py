@@ -76,6 +76,16 @@ class SweepResult(NamedTuple):
     wrapped: bool
 
 
+class Runnable(NamedTuple):
+    """runnable.lua's reply: the autoscaling signal (docs/operations.md, "Autoscaling")."""
+
+    #: requests the crawl could run now within its politeness (capped)
+    requests: int
+    #: due slots looked at, and in all (more than looked at: ``requests`` is a lower bound)
+    looked: int
+    due: int
+
+
 class RequeueResult(NamedTuple):
     """requeue.lua's reply, in the order of its header's "Returns", then what unclaim.lua
     gave back of the claims it names (``unclaimed``)."""
@@ -199,6 +209,14 @@ def parse_places(res: Any) -> Places:
 
 def parse_sweep(res: Any) -> SweepResult:
     return SweepResult(int(res[0]), int(res[1]), bool(res[2]))
+
+
+def parse_runnable(res: Any) -> Runnable:
+    return Runnable(int(res[0]), int(res[1]), int(res[2]))
+
+
+def sum_runnable(parts: list[Runnable]) -> Runnable:
+    return Runnable(*(sum(values) for values in zip(*parts, strict=True)))
 
 
 def parse_requeue(res: Any) -> RequeueResult:

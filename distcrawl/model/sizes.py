@@ -40,6 +40,7 @@ ALL_SIZES = (
     "dead",
     "queue_slots",
     "quarantined",
+    "runnable",
 )
 
 
@@ -65,6 +66,9 @@ class FrontierSizes:
     queue_slots: int = 0
     #: unparsable queue entries the workers moved to the dead letters
     quarantined: int = 0
+    #: requests the crawl could run now within its politeness, as the reaper last counted
+    #: them (lua/runnable.lua): the autoscaling signal; the crawl's own, never a shard's
+    runnable: int = 0
     #: each shard's own sizes, by shard number, for a sharded crawl (empty with one shard)
     shards: tuple[FrontierSizes, ...] = ()
 
@@ -109,6 +113,7 @@ def _commands(k: FrontierKeys) -> dict[str, list[Op[Any]]]:
         "dead": [Op("", [], ["LLEN", k.dead], _same)],
         "queue_slots": [Op("", [], ["ZCARD", k.ready], _same)],
         "quarantined": [Op("", [], ["HGET", k.stats, "quarantined"], _same)],
+        "runnable": [Op("", [], ["LLEN", k.runnable], _same)],
     }
 
 

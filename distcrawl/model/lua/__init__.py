@@ -53,6 +53,7 @@ NAMES = (
     "claimed",
     "sweep",
     "alive",
+    "runnable",
 )
 SEEN_MODES = ("set", "bloom")
 
@@ -96,6 +97,10 @@ KEYS: dict[str, tuple[str, ...]] = {
         *("commits", "placeless", "claimants", "wake"),
     ),
     "robots": ("robots", "slots", "ready", "limits", "throttle"),
+    "runnable": (
+        *("ready", "queue", "revisit_queue", "inflight", "limits", "throttle_state", "paused"),
+        *("start_urls", "runnable"),
+    ),
     "robots_store": ("robots_txt", "robots_lock"),
     "seen": (),
     "sent": ("slots", "ready"),
@@ -361,6 +366,7 @@ class Scripts:
     claimed: LuaScript
     sweep: LuaScript
     alive: LuaScript
+    runnable: LuaScript
     mode: ScriptMode
 
     @classmethod
