@@ -327,6 +327,9 @@ class WorkerMonitor:
         sizes: dict[str, Any] = {"dead": crawl.dead, "runnable": crawl.runnable}
         if tail:
             sizes.update(self._part_gauges(tail, crawl))
+        # the lifecycle (finished) as status tells it: work seen since outranks it
+        waiting = any(sizes.get(n) for n in ("queue", "leased", "delayed"))
+        sizes["finished"] = int(bool(crawl.finished) and not paused and not waiting)
         return bool(paused), sizes
 
     def _part_gauges(self, replies: list[Any], crawl: FrontierSizes) -> dict[str, Any]:

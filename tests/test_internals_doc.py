@@ -16,7 +16,7 @@ from distcrawl.model.keys import FrontierKeys, _Key
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "internals.md"
 ROW = re.compile(r"^\| `(<ns>:[^`]+)` \| ([A-Z][A-Za-z ]*[A-Z]) \|", re.MULTILINE)
-TYPES = ("STRING", "LIST", "SET", "ZSET", "HASH")
+TYPES = ("STRING", "LIST", "SET", "ZSET", "HASH", "STREAM")
 #: keys.py's docstrings call the id counter a counter: a STRING INCR counts in
 WORDS = {"Counter": "STRING"}
 

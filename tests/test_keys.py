@@ -34,6 +34,9 @@ def test_key_names_are_pinned():
     assert k.domains == "site:domains"
     assert k.paused == "site:paused"
     assert k.runnable == "site:runnable"
+    assert k.lifecycle == "site:lifecycle"
+    assert k.webhook_lock == "site:lifecycle:webhook"
+    assert k.events == "site:events"
     assert k.ready == "site:ready"
     assert k.slots == "site:slots"
     assert k.inflight == "site:inflight"
@@ -84,6 +87,9 @@ def test_key_names_are_pinned():
         "site:reaper:idle",
         "site:wake",
         "site:runnable",
+        "site:lifecycle",
+        "site:lifecycle:webhook",
+        "site:events",
         "site:ready",
         "site:slots",
         "site:inflight",

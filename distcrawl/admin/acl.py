@@ -91,6 +91,7 @@ LUA_COMMANDS = (
     "smismember",
     "srem",
     "time",
+    "xadd",
     "zadd",
     "zcard",
     "zcount",
@@ -143,6 +144,8 @@ PYTHON_COMMANDS = (
     "smembers",
     "time",
     "unlink",
+    "watch",
+    "xrange",
     "zadd",
     "zcard",
     "zcount",
@@ -241,6 +244,7 @@ def producer_record_keys(keys: FrontierKeys) -> tuple[str, ...]:
         keys.workers,
         keys.domains,
         keys.alive,
+        keys.lifecycle,
     )
 
 
@@ -257,7 +261,7 @@ PRODUCER_SHARD_SIZES = (
     "runnable",
 )
 #: ... and the records of no request
-PRODUCER_SHARD_RECORDS = ("bloom", "stats")
+PRODUCER_SHARD_RECORDS = ("bloom", "stats", "lifecycle")
 
 
 def shard_pattern(keys: FrontierKeys, suffix: str = "*") -> str:

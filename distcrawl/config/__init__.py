@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from scrapy.settings import BaseSettings
 
@@ -31,6 +32,7 @@ from distcrawl.config.backoff import RetrySettings, retry_settings
 from distcrawl.config.recrawl import RecrawlSettings, recrawl_settings
 from distcrawl.model.lua import SEEN_MODES
 from distcrawl.model.names import MAX_SHARDS, NamespaceError, check_namespace
+from distcrawl.model.redact import redact_url
 from distcrawl.model.seen import DEFAULT_CAPACITY, DEFAULT_ERROR_RATE
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -58,6 +60,17 @@ def _port_range(raw: Any) -> tuple[int, int]:
     if len(values) != 2 or not 0 <= values[0] <= values[1] <= 65535:
         raise ValueError("expected a port or a range [first, last] of ports 0-65535")
     return values[0], values[1]
+
+
+def webhook_url(settings: BaseSettings) -> str | None:
+    """DISTCRAWL_FINISH_WEBHOOK: an http(s) URL, or None. Shown redacted in the error."""
+    raw = settings.get("DISTCRAWL_FINISH_WEBHOOK")
+    if raw is None or raw == "":
+        return None
+    if not isinstance(raw, str) or urlsplit(raw).scheme not in ("http", "https"):
+        shown = redact_url(raw) if isinstance(raw, str) else repr(raw)
+        raise ConfigError(f"DISTCRAWL_FINISH_WEBHOOK={shown}: expected an http(s) URL")
+    return raw
 
 
 def allowed_schemes(settings: BaseSettings) -> tuple[str, ...]:
@@ -209,6 +222,8 @@ class DistcrawlConfig:
     idle_timeout: float | None = None
     #: seconds a worker stopping on SIGTERM lets its requests in progress finish
     drain_timeout: float = 20.0
+    #: DISTCRAWL_FINISH_WEBHOOK: where the crawl's completion event is POSTed (None: nowhere)
+    finish_webhook: str | None = None
     flush_on_start: bool = False
     start_urls_batch: int = 100
     start_url_max_bytes: int = 8192
@@ -304,6 +319,7 @@ class DistcrawlConfig:
             drain_timeout=_get(
                 settings, "DISTCRAWL_DRAIN_TIMEOUT", cls.drain_timeout, _at_least(0.0, float)
             ),
+            finish_webhook=webhook_url(settings),
             flush_on_start=_get(settings, "DISTCRAWL_FLUSH_ON_START", cls.flush_on_start, _bool),
             start_urls_batch=_get(
                 settings, "DISTCRAWL_START_URLS_BATCH", cls.start_urls_batch, _positive(int)

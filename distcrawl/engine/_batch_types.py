@@ -26,6 +26,7 @@ from distcrawl.model.records import START_KINDS, Entry, Feedback
 from distcrawl.model.replies import (
     CommitResult,
     Drained,
+    Finished,
     LeaseResult,
     RequeueResult,
     Runnable,
@@ -182,6 +183,10 @@ class BatchResult:
     swept: SweepResult | None = None
     #: the autoscaling signal the reaper counted (runnable.lua)
     runnable: Runnable | None = None
+    #: this batch's look found the crawl out of work and finished it: its completion event
+    finished: Finished | None = None
+    #: the reaper found a completion event whose webhook is not delivered yet (its id)
+    webhook_pending: str | None = None
     #: dead letters moved from the shards' quarantines to the crawl's (Shards.move_dead)
     dead_moved: int = 0
     #: the fewest replicas a WAIT behind a commit's first phase counted (DISTCRAWL_WAIT_REPLICAS;

@@ -53,7 +53,14 @@ from distcrawl.model.ops import Op
 from distcrawl.model.queue_entry import Leased, LeaseRef
 from distcrawl.model.records import START_KINDS, Entry, EntryKind
 from distcrawl.model.refusals import outage_code
-from distcrawl.model.replies import CommitResult, LeaseResult, Places, sum_runnable
+from distcrawl.model.replies import (
+    CommitResult,
+    Drained,
+    Finished,
+    LeaseResult,
+    Places,
+    sum_runnable,
+)
 from distcrawl.model.shards import Fan, Shards
 
 if TYPE_CHECKING:
@@ -63,6 +70,16 @@ if TYPE_CHECKING:
 SPLIT_AFTER = 2
 
 _MISSING = object()
+
+
+def _text(reply: Any) -> str | None:
+    return reply.decode() if isinstance(reply, bytes) else reply
+
+
+def _out_of_work(drained: Drained) -> bool:
+    """Nothing waits anywhere in the crawl, not even a retry or a revisit for later, and it
+    had work: finish.lua may decide it is finished."""
+    return drained.worked and drained.next_retry_ms is None and drained.idle(0)
 
 
 @dataclass(eq=False)
@@ -94,6 +111,8 @@ class Runner:
     #: IDLE_REAP_INTERVAL for parked ones
     reclaim_ms: int = 2000
     idle_reap_ms: int = 30_000
+    #: DISTCRAWL_FINISH_WEBHOOK is set: a completion event's delivery is tracked in Redis
+    webhook: bool = False
     leases: ShardLeases = field(init=False)
     commits: Commits = field(init=False)
 
@@ -237,12 +256,36 @@ class Runner:
             down = self._rejoin(res)
         if batch.drain and not down:
             # a transaction of its own (its reads must agree), and only when closing idle
+            # or out of work
             try:
                 res.drained = sh.drained()
+                if _out_of_work(res.drained):
+                    res.finished = self._finish(res.drained)
             except redis.RedisError as exc:
                 failed(res, exc)
         self._read_memory(res)
         return res
+
+    def _finish(self, drained: Drained) -> Finished | None:
+        """The whole crawl looked out of work: finish.lua decides, atomically with its own
+        reads, and records the run's one completion event (None: not finished, or another
+        worker's call did it first)."""
+        sh, crawl = self.sh, self.frontier
+        elsewhere = drained.claimants
+        if not sh.sharded:
+            return crawl.run(crawl.finish_op(elsewhere=elsewhere, webhook=self.webhook))
+        # the shards number their requests: the run's signature is their counters summed
+        pipe = crawl.client.pipeline(transaction=False)
+        for f in sh.parts:
+            pipe.get(f.keys.seq)
+        signature = sum(int(n or 0) for n in pipe.execute())
+        op = crawl.finish_op(
+            elsewhere=elsewhere + drained.queued + drained.leased,
+            signature=signature,
+            worked=drained.worked,
+            webhook=self.webhook,
+        )
+        return crawl.run(op)
 
     def _read_memory(self, res: BatchResult) -> None:
         """When Redis refused the batch for being full, how full: the scheduler's one line
@@ -316,6 +359,11 @@ class Runner:
         # own keys (its start URLs) add them up and mirror, once they are read (run())
         runnable = Fan([f.runnable_op(mirror=not sh.sharded) for f in sh.parts], sum_runnable)
         steps += fanned(runnable, setter(res, "runnable"))
+        if self.webhook:
+            # a completion event whose webhook its worker did not deliver (killed, or the
+            # endpoint down through every retry): this worker tries (engine/webhook.py)
+            pending = Op("", [], ["HGET", self.frontier.keys.lifecycle, "webhook"], _text)
+            steps.append(Step(pending, setter(res, "webhook_pending")))
         if sh.sharded:
             steps += fanned(self._dead_lengths(), waiting.extend)
         return steps

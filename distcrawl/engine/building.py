@@ -74,6 +74,10 @@ class BatchBuilder:
             batch.drain = True
             self._p.idle_clock.drain_wanted = False
         commit = self._commit(now, batch)
+        if commit is not None and self._ran_dry(commit):
+            # the last of this worker's work: after its commit, a look at the whole crawl,
+            # which finishes it if nothing waits anywhere (finish.lua)
+            batch.drain = True
         if commit is not None and self._p.outage.writes_refused:
             # Redis takes no write (full, read-only...): what this worker would lease or
             # claim now could not be stored either; the commit alone finds when it does
@@ -136,6 +140,19 @@ class BatchBuilder:
         if commit is not None:
             batch.commits = [commit]
         return commit
+
+    def _ran_dry(self, commit: Commit) -> bool:
+        """This commit acknowledges the last requests this worker holds and queues none,
+        the shared queue was empty at the last look, and no start URL is on its way."""
+        status = self._p.status
+        return bool(
+            commit.acks
+            and not commit.entries
+            and self._p.leases.held == 0
+            and status.remote_queue == 0
+            and status.start_pending == 0
+            and not status.paused
+        )
 
     def idle(self) -> bool:
         """Nothing here would need Redis soon: no request ready or downloading, nothing

@@ -283,6 +283,7 @@ def connect(
         "liveness": liveness,
         "reclaim_ms": int(config.lease.reclaim_interval * 1000),
         "idle_reap_ms": int(IDLE_REAP_INTERVAL * 1000),
+        "webhook": config.finish_webhook is not None,
     }
     if config.wait_replicas and not shards.sharded:
         logger.warning(

@@ -16,18 +16,20 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from scrapy.utils.defer import deferred_from_coro
-from twisted.internet import task
+from twisted.internet import task, threads
+from twisted.python.failure import Failure
 
 from distcrawl import signals as distcrawl_signals
 from distcrawl.engine import _engine
 from distcrawl.engine._batch_types import Batch, BatchResult, Commit
 from distcrawl.engine.batch import SPLIT_AFTER
+from distcrawl.engine.webhook import FinishWebhook
 from distcrawl.model.deadrecord import dead_letter
 from distcrawl.model.layout import LayoutMismatch, Rejoined
 from distcrawl.model.records import Entry, EntryKind
 from distcrawl.model.redact import redact_error, redacted_exc_info
 from distcrawl.model.refusals import refused
-from distcrawl.model.replies import CommitResult
+from distcrawl.model.replies import CommitResult, Finished
 
 if TYPE_CHECKING:
     from scrapy import Spider
@@ -74,6 +76,8 @@ class Pump:
         self.busy = False
         self._kick_pending = False
         self._loop: task.LoopingCall | None = None
+        #: made at the first completion event to deliver (DISTCRAWL_FINISH_WEBHOOK)
+        self._webhook: FinishWebhook | None = None
 
     def open(self, spider: Spider, intake: Intake) -> None:
         """The spider its log records name, and the intake that makes entries of the start
@@ -147,6 +151,10 @@ class Pump:
             self._p.outage.error(error, *self._p.outbox.counts(), memory=res.memory)
         if res.commit_error is None and res.error is None:
             self._p.outage.answered()
+        if res.finished is not None:
+            self._finished(res.finished)
+        if res.webhook_pending is not None and self.config.finish_webhook is not None:
+            self._deliver(res.webhook_pending)
         self._p.report.inc("distcrawl/released", res.released)
         self._p.report.inc("distcrawl/start_urls/given_back", res.unclaimed)
         self._p.report.inc("distcrawl/places/freed", res.freed)
@@ -258,6 +266,49 @@ class Pump:
         )
         self._p.polling.resume()
         self.crawler.signals.send_catch_log(signal=distcrawl_signals.frontier_reset)
+
+    def _finished(self, finished: Finished) -> None:
+        """This worker's look found the whole crawl out of work, and finish.lua recorded
+        the run's one completion event."""
+        runner = self._p.link.runner
+        where = runner.frontier.keys.events if runner is not None else "events"
+        logger.info(
+            "Crawl finished: nothing queued, leased or waiting in the whole crawl (run %d, "
+            "event %s in %s)",
+            finished.run,
+            finished.event,
+            where,
+            extra={"spider": self.spider},
+        )
+        self._p.report.inc("distcrawl/finished")
+        if self.config.finish_webhook is not None:
+            self._deliver(finished.event)
+
+    def _deliver(self, event_id: str) -> None:
+        """POST the completion event (DISTCRAWL_FINISH_WEBHOOK) in a thread of the
+        reactor's pool: at most one delivery at a time in this worker."""
+        runner = self._p.link.runner
+        url = self.config.finish_webhook
+        if runner is None or url is None:
+            return
+        if self._webhook is None:
+            frontier = runner.frontier
+            self._webhook = FinishWebhook(url, self.io.client, frontier.keys, frontier.tag)
+        hook = self._webhook
+        if hook.busy:
+            return
+        hook.busy = True
+
+        def done(result: Any) -> None:
+            hook.busy = False
+            if isinstance(result, Failure) and result.value is not None:
+                logger.error(
+                    "Completion webhook failed: %s",
+                    redact_error(result.value, self.io.url),
+                    extra={"spider": self.spider},
+                )
+
+        threads.deferToThread(hook.deliver, event_id).addBoth(done)
 
     def apply_commits(self, res: BatchResult, commits: list[Commit]) -> None:
         """Forget the commits Redis confirmed; keep the first that failed, to send again."""

@@ -23,10 +23,10 @@ from distcrawl.model.revisits_admin import GAUGE_REPLIES
 from distcrawl.model.sizes import FrontierSizes, size_commands, size_replies, sizes_from
 
 #: the sizes the monitor publishes (distcrawl_queue, _leased, _delayed, _dead, _runnable)
-MONITOR_SIZES = ("queue", "leased", "delayed", "dead", "runnable")
+MONITOR_SIZES = ("queue", "leased", "delayed", "dead", "runnable", "finished")
 #: the sizes read in the crawl's own keys: its dead letters (crawl-wide, every shard's too)
-#: and the autoscaling signal (the reaper mirrors the whole crawl's there)
-CRAWL_SIZES = ("dead", "runnable")
+#: the autoscaling signal (the reaper mirrors the whole crawl's there) and the lifecycle
+CRAWL_SIZES = ("dead", "runnable", "finished")
 #: replies of :func:`crawl_ops`
 CRAWL_REPLIES = size_replies(CRAWL_SIZES)
 

@@ -65,6 +65,7 @@ def snapshot(frontier: Frontier, stale_after: float = STALE_AFTER) -> dict[str, 
         "totals": {key.decode(): int(value) for key, value in totals.items()},
         "quarantined": sizes.quarantined,
         "runnable": sizes.runnable,
+        "state": sizes.state(bool(paused)),
         "workers": _workers(workers, _beats(alive), now, stale_after),
         "domains": [[d.decode(), int(n)] for d, n in domains],
     }
@@ -106,7 +107,9 @@ def _workers(
 
 def render_status(snap: dict[str, Any]) -> str:
     lines = [
-        f"crawl {snap['namespace']!r}" + ("  (PAUSED)" if snap["paused"] else ""),
+        f"crawl {snap['namespace']!r}"
+        + ("  (PAUSED)" if snap["paused"] else "")
+        + ("  (FINISHED)" if snap.get("state") == "finished" else ""),
         f"  pending     {snap['queue']:>10}   (in {snap['queue_slots']} domains or slots; "
         "see distcrawl domains)",
         f"  in flight   {snap['leased']:>10}",

@@ -39,6 +39,7 @@ from distcrawl.model.records import (
 from distcrawl.model.replies import (
     CommitResult,
     Drained,
+    Finished,
     LeaseResult,
     Places,
     RequeueResult,
@@ -47,6 +48,7 @@ from distcrawl.model.replies import (
     SweepResult,
     first_int,
     parse_commit,
+    parse_finish,
     parse_lease,
     parse_places,
     parse_requeue,
@@ -61,6 +63,8 @@ T = TypeVar("T")
 #: bound), and the cap of the count and of the ``<ns>:runnable`` LIST mirroring it
 RUNNABLE_SLOTS = 1000
 RUNNABLE_MAX = 10_000
+#: the events stream's approximate length cap (XADD MAXLEN ~)
+EVENTS_MAX = 1000
 
 #: as commit.lua: wake-up tokens waiting at most, and how long each waits (ms)
 WAKE_MAX, WAKE_TTL_MS = 16, 1000
@@ -419,6 +423,22 @@ class Frontier:
 
     def sweep_op(self, grace_ms: int = 60_000, count: int = 100) -> Op[SweepResult]:
         return Op("sweep", self.keys.script_keys("sweep"), [count, grace_ms], parse_sweep)
+
+    def finish_op(
+        self,
+        *,
+        elsewhere: int = 0,
+        signature: int | None = None,
+        worked: bool = False,
+        webhook: bool = False,
+    ) -> Op[Finished | None]:
+        """Finish the crawl if it is out of work (finish.lua): its completion event, once
+        per run, or None. ``elsewhere``: work the caller saw in other shards or claims;
+        ``signature`` and ``worked``: a sharded crawl's (its shards' seq summed, and whether
+        any had work); ``webhook``: the event's delivery is tracked in ``lifecycle``."""
+        sig = "" if signature is None else str(signature)
+        args = [elsewhere, sig, "1" if worked else "", self.tag, int(webhook), EVENTS_MAX]
+        return Op("finish", self.keys.script_keys("finish"), args, parse_finish)
 
     def runnable_op(self, *, mirror: bool = True, others: int = 0) -> Op[Runnable]:
         """How many requests the crawl could run now within its politeness (runnable.lua):

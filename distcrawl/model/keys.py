@@ -375,6 +375,26 @@ class FrontierKeys:
         """STRING present while the crawl is paused (``distcrawl pause``).""",
     )
 
+    lifecycle = _Key(
+        "lifecycle",
+        """HASH the crawl's lifecycle (lua/finish.lua): ``state`` ('running' or 'finished'),
+        ``since`` (ms), ``seq`` (the finished run's signature), ``runs`` (runs finished),
+        ``event`` (the last completion event's id in ``events``) and ``webhook`` (that id
+        while its webhook is not delivered).""",
+    )
+
+    webhook_lock = _Key(
+        "lifecycle:webhook",
+        """STRING the tag of the worker posting the pending completion event's webhook
+        (``SET NX PX``, distcrawl/engine/webhook.py): one worker at a time.""",
+    )
+
+    events = _Key(
+        "events",
+        """STREAM of the crawl's events: one ``finished`` entry per run, added atomically with
+        the decision (lua/finish.lua), capped at about 1,000 entries.""",
+    )
+
     runnable = _Key(
         "runnable",
         """LIST of one-byte elements, as many as the requests the crawl could run now within
@@ -459,6 +479,9 @@ class FrontierKeys:
             self.paused,
             self.wake,
             self.runnable,
+            self.lifecycle,
+            self.webhook_lock,
+            self.events,
             self.import_queue,
             self.imported,
             self.migration,

@@ -211,6 +211,20 @@ def parse_sweep(res: Any) -> SweepResult:
     return SweepResult(int(res[0]), int(res[1]), bool(res[2]))
 
 
+class Finished(NamedTuple):
+    """finish.lua's reply when the call finished the crawl: its completion event."""
+
+    event: str
+    run: int
+
+
+def parse_finish(res: Any) -> Finished | None:
+    if int(res[0]) != 1:
+        return None
+    event = res[1].decode() if isinstance(res[1], bytes) else str(res[1])
+    return Finished(event, int(res[2]))
+
+
 def parse_runnable(res: Any) -> Runnable:
     return Runnable(int(res[0]), int(res[1]), int(res[2]))
 

@@ -41,6 +41,7 @@ ALL_SIZES = (
     "queue_slots",
     "quarantined",
     "runnable",
+    "finished",
 )
 
 
@@ -69,6 +70,9 @@ class FrontierSizes:
     #: requests the crawl could run now within its politeness, as the reaper last counted
     #: them (lua/runnable.lua): the autoscaling signal; the crawl's own, never a shard's
     runnable: int = 0
+    #: 1 while the crawl's lifecycle says finished (lua/finish.lua); work seen since (a
+    #: push, a commit) outranks it: see :meth:`state`
+    finished: int = 0
     #: each shard's own sizes, by shard number, for a sharded crawl (empty with one shard)
     shards: tuple[FrontierSizes, ...] = ()
 
@@ -83,6 +87,14 @@ class FrontierSizes:
             "start_urls": self.start_urls,
             "dead": self.dead,
         }
+
+    def state(self, paused: bool) -> str:
+        """The crawl's lifecycle state: 'paused', 'finished' (decided by finish.lua, and
+        nothing waiting since), or 'running'."""
+        if paused:
+            return "paused"
+        waiting = self.queue or self.leased or self.delayed or self.start_urls
+        return "finished" if self.finished and not waiting else "running"
 
     def with_shards(self, shards: Sequence[FrontierSizes]) -> FrontierSizes:
         """The crawl's total: its own keys' sizes plus its shards', which it keeps."""
@@ -114,6 +126,7 @@ def _commands(k: FrontierKeys) -> dict[str, list[Op[Any]]]:
         "queue_slots": [Op("", [], ["ZCARD", k.ready], _same)],
         "quarantined": [Op("", [], ["HGET", k.stats, "quarantined"], _same)],
         "runnable": [Op("", [], ["LLEN", k.runnable], _same)],
+        "finished": [Op("", [], ["HGET", k.lifecycle, "state"], _same)],
     }
 
 
@@ -161,6 +174,9 @@ def sizes_from(
         elif name == "seen":
             values[name] = int(replies[at]) + _bloom_count(replies[at + 1])
             at += 2
+        elif name == "finished":
+            values[name] = int(replies[at] in (b"finished", "finished"))
+            at += 1
         else:
             values[name] = int(replies[at] or 0)
             at += 1

@@ -54,6 +54,7 @@ NAMES = (
     "sweep",
     "alive",
     "runnable",
+    "finish",
 )
 SEEN_MODES = ("set", "bloom")
 
@@ -88,6 +89,10 @@ KEYS: dict[str, tuple[str, ...]] = {
         *("queue", "requests", "leases", "delayed", "ready", "slots", "inflight", "throttle"),
         *("limits", "robots", "hungry", "seq", "dead", "stats", "throttle_state", "alive"),
         *("placeless", "revisits", "revisit_queue"),
+    ),
+    "finish": (
+        *("queue", "revisit_queue", "leases", "delayed", "revisits", "start_urls", "seq"),
+        *("dead", "paused", "stats", "lifecycle", "events"),
     ),
     "places": ("requests", "leases", "inflight", "robots", "ready", "slots", "placeless"),
     "redrive": ("dead", "queue", "seq", "start_urls", "ready", "slots", "wake"),
@@ -367,6 +372,7 @@ class Scripts:
     sweep: LuaScript
     alive: LuaScript
     runnable: LuaScript
+    finish: LuaScript
     mode: ScriptMode
 
     @classmethod
