@@ -321,7 +321,11 @@ class Scheduler(BaseScheduler):
         liveness.beat()
         self.frontier.publish_settings(max_pending=self.config.max_pending)
         assert self.shards is not None
-        return self.shards.sizes()
+        sizes = self.shards.sizes()
+        # a paused crawl stays paused for a worker that joins it: read before its first
+        # lease, not at its first monitor beat (it would have fetched a prefetch by then)
+        sizes["paused"] = int(self.io.client.exists(self.frontier.keys.paused))
+        return sizes
 
     def _opened(self, sizes: dict[str, int]) -> None:
         self._status.remote_queue = sizes["queue"]
@@ -331,6 +335,8 @@ class Scheduler(BaseScheduler):
             sizes,
             extra={"spider": self.spider},
         )
+        if sizes.get("paused"):
+            self.pause()
         self._start_loop()
 
     def _open_failed(self, failure: Any) -> Any:

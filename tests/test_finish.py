@@ -229,3 +229,47 @@ def test_a_worker_killed_at_finish_time_leaves_one_event_and_the_webhook_is_post
 
 def finisher_tag(log: str) -> str:
     return log.split("(worker ", 1)[1][:8]
+
+
+def test_a_pause_outlives_worker_and_redis_restarts(demo_site, tmp_path, capsys):
+    """Paused, then Redis (append-only file) and the worker restarted: still paused, nothing
+    fetched; resumed, the crawl finishes with its event."""
+    from distcrawl.testing.redis_server import RedisServer
+    from distcrawl.testing.workers import Worker
+
+    site = demo_site(pages=80, delay=0.1)
+    with RedisServer(directory=tmp_path / "aof", appendonly=True) as server:
+        client = server.client()
+        client.lpush("site:start_urls", site.url + "/")
+
+        def worker(i: int) -> Worker:
+            settings = {"DISTCRAWL_DOMAIN_CONCURRENCY": 2, "DISTCRAWL_IDLE_TIMEOUT": 3}
+            return Worker(
+                i, redis_url=server.url, log_path=tmp_path / f"w{i}.log", settings=settings
+            ).start()
+
+        first = worker(1)
+        try:
+            assert wait_until(lambda: len(page_fetches(site)) >= 5, timeout=60)
+            assert main(["--redis-url", server.url, "pause", "site"]) == 0
+            assert wait_until(lambda: client.zcard(SITE.leases) == 0, timeout=30)
+        finally:
+            first.stop()
+        server.restart()
+        client = server.client()
+        second = worker(2)
+        try:
+            assert second.wait_for_log("(worker ", timeout=60), second.log()[-2000:]
+            before = len(site.read_log())
+            time.sleep(3)
+            assert len(site.read_log()) == before, "a paused crawl fetched after the restarts"
+            capsys.readouterr()
+            assert main(["--redis-url", server.url, "--json", "status", "site"]) == 0
+            assert json.loads(capsys.readouterr().out)["state"] == "paused"
+            assert second.alive()  # paused: it does not close for idleness
+            assert main(["--redis-url", server.url, "resume", "site"]) == 0
+            assert second.wait(120) == 0, second.log()[-3000:]
+        finally:
+            second.stop()
+        assert set(page_fetches(site)) == site.expected_pages()
+        assert len(client.xrange(SITE.events)) == 1
