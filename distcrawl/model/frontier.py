@@ -447,7 +447,9 @@ class Frontier:
         p = self.politeness
         args = [p.concurrency, p.overrides, RUNNABLE_SLOTS, RUNNABLE_MAX]
         args += ["set" if mirror else "", others]
-        return Op("runnable", self.keys.script_keys("runnable"), args, parse_runnable)
+        keys = self.keys.script_keys("runnable")
+        # a shard's call counts in its own slot state only (runnable.lua's header)
+        return Op("runnable", keys if mirror else keys[:6], args, parse_runnable)
 
     def publish_settings(self, *, max_pending: int | None) -> None:
         """Values producers need (``distcrawl push`` refuses work past the pending cap)."""

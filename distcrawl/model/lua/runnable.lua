@@ -19,6 +19,9 @@
 -- KEYS[7] paused          STRING exists while the crawl is paused
 -- KEYS[8] start_urls      LIST   raw entries pushed by producers
 -- KEYS[9] runnable        LIST   the mirror: one element per request runnable now
+-- The last three are the crawl's own keys, passed only with 'set' (one shard, or the crawl's
+-- call of a sharded crawl): a shard's call passes the first six, its slot state, and counts
+-- only (on a cluster the crawl's keys are in another hash slot than the shard's)
 --
 -- ARGV[1] default concurrency of a slot
 -- ARGV[2] per-slot defaults from the settings, JSON {slot: [delay ms, concurrency]} (-1 for
@@ -35,10 +38,12 @@
 local default_conc = tonumber(ARGV[1])
 local overrides = {}
 if ARGV[2] ~= '' then overrides = cjson.decode(ARGV[2]) end
-local scan, cap = tonumber(ARGV[3]), tonumber(ARGV[4])
+local scan, cap, mirror = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5] == 'set'
 local total, looked, due = tonumber(ARGV[6]) or 0, 0, 0
 
-if redis.call('EXISTS', KEYS[7]) == 0 then
+if mirror and redis.call('EXISTS', KEYS[7]) == 1 then
+  total = 0  -- paused: nothing runs, whatever the shards counted
+else
   local now = now_ms()
   due = redis.call('ZCOUNT', KEYS[1], '-inf', now)
   local slots = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, scan)
@@ -68,11 +73,11 @@ if redis.call('EXISTS', KEYS[7]) == 0 then
       if room > 0 then total = total + room end
     end
   end
-  total = total + redis.call('LLEN', KEYS[8])
+  if mirror then total = total + redis.call('LLEN', KEYS[8]) end
 end
 total = math.min(total, cap)
 
-if ARGV[5] == 'set' then
+if mirror then
   local have = redis.call('LLEN', KEYS[9])
   if total > have then
     local add = {}
