@@ -70,10 +70,11 @@ def lifecycle(snap: dict[str, Any]) -> str:
     return "running" if alive else "idle"
 
 
-def overview(client: redis.Redis, keys: FrontierKeys, rates: Rates) -> dict[str, Any]:
+def overview(frontier: Frontier, rates: Rates) -> dict[str, Any]:
     """The crawl page's data: the status snapshot (sizes, workers, totals, busiest domains),
-    its lifecycle and the rates; what ``/api/<ns>/status`` returns and the page shows."""
-    snap = snapshot(Frontier(client, keys))
+    its lifecycle and the rates; what ``/api/<ns>/status`` returns and the page shows.
+    ``frontier`` is made once per crawl by the console: making one loads its scripts."""
+    snap = snapshot(frontier)
     snap["state"] = lifecycle(snap)
     snap["rates"] = rates.add(snap["time"], snap["totals"])
     for worker in snap["workers"]:
