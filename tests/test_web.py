@@ -191,8 +191,8 @@ def test_history_writer_deletes_what_left_the_window():
     assert len(hdel[2:]) == 3 * hour.buckets * len(SERIES)
     assert field(bucket - hour.buckets, "pages") in hdel[2:]
     assert field(bucket - hour.buckets + 1, "pages") not in hdel[2:]
-    assert ["EXPIRE", "site:history:1m", 2 * hour.window] in args
+    assert ["PEXPIRE", "site:history:1m", 2 * hour.window * 1000] in args
     later = writer.ops(KEYS, now + 120, {}, {})
     (hdel,) = [op.args for op in later if op.args[:2] == ["HDEL", "site:history:1m"]]
     assert hdel[2:] == [field(b, s) for b in (bucket - 59, bucket - 58) for s in SERIES]
-    assert not any(op.args[0] == "EXPIRE" for op in later)  # nothing written
+    assert not any(op.args[0] == "PEXPIRE" for op in later)  # nothing written

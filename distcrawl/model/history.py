@@ -113,7 +113,7 @@ class HistoryWriter:
                 ops.append(Op("", [], ["HDEL", key, *old], _same))
             self._kept_from[res.name] = first
             if counted or shown:
-                ops.append(Op("", [], ["EXPIRE", key, 2 * res.window], _same))
+                ops.append(Op("", [], ["PEXPIRE", key, 2 * res.window * 1000], _same))
         return ops
 
 
