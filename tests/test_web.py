@@ -132,6 +132,11 @@ def test_actions_round_trip_into_redis(redis_server, redis_client, console):
     assert not any("s3cret" in page for page in pages)
     assert "s3cret" not in web.log() and "redis://:***@" in web.log()
     client.close()
+    # Redis gone: a 503 that says so, nothing secret in it or in the log
+    redis_server.stop()
+    status, body, _ = web.request("/api/crawl/site/status")
+    assert status == 503 and body.startswith("Redis: ") and "s3cret" not in body
+    assert "s3cret" not in web.log() and "Traceback" not in web.log()
 
 
 def test_the_dead_letters_are_paged(redis_client, console):

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from urllib.parse import quote
 
 import jinja2
+import redis
 from aiohttp import web
 from scrapy.settings import BaseSettings
 
@@ -255,6 +256,22 @@ async def redrive_action(request: web.Request) -> web.StreamResponse:
     raise _done(name, message, "/dead")
 
 
+def redis_errors(console: Console) -> Any:
+    """A Redis error as a 503 page saying what is wrong, its text redacted (a message may
+    quote the URL), instead of a 500 with a traceback in the log."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except redis.RedisError as exc:
+            reason = console.ctx.scrub(str(exc)) or type(exc).__name__
+            logger.warning("Redis at %s: %s (%s)", console.ctx.shown_url, reason, request.path)
+            raise web.HTTPServiceUnavailable(text=f"Redis: {reason}") from None
+
+    return middleware
+
+
 @web.middleware
 async def server_timing(request: web.Request, handler: Handler) -> web.StreamResponse:
     """``Server-Timing: app;dur=<ms>``: the time the handler took (its Redis reads and the
@@ -270,7 +287,9 @@ async def server_timing(request: web.Request, handler: Handler) -> web.StreamRes
 
 
 def make_app(console: Console) -> web.Application:
-    app = web.Application(middlewares=[console.guard.middleware, server_timing])
+    app = web.Application(
+        middlewares=[console.guard.middleware, redis_errors(console), server_timing]
+    )
     app[CONSOLE] = console
     app.router.add_get("/", index)
     app.router.add_get("/crawl/{name}", crawl_page)
