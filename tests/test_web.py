@@ -15,6 +15,7 @@ import redis
 
 from distcrawl.model.dashboard import snapshot
 from distcrawl.model.frontier import Frontier
+from distcrawl.model.frontier_admin import FrontierAdmin
 from distcrawl.model.history import RESOLUTIONS, SERIES, HistoryWriter, field
 from distcrawl.model.keys import FrontierKeys
 from distcrawl.web.security import Guard, is_loopback
@@ -148,6 +149,21 @@ def test_the_dead_letters_are_paged(redis_client, console):
     assert "http://d.test/50<" not in first and 'id="next"' in first
     assert "http://d.test/100<" in last and "http://d.test/119<" in last
     assert 'id="next"' not in last and "page 3 of 3" in last
+
+
+def test_the_domains_page_shows_each_domains_politeness(redis_client, console):
+    """A page of the busiest domains with what the frontier holds of each: a `distcrawl
+    limit` override, a robots.txt Crawl-delay; 50 a page."""
+    redis_client.zadd("site:domains", {f"d{i}.test": 1000 - i for i in range(120)})
+    FrontierAdmin(redis_client, KEYS).set_limit("d1.test", 2.0, 3)
+    redis_client.hset("site:robots", "d2.test", 4500)
+    web = console()
+    first = web.get("/crawl/site/domains")
+    row = next(r for r in first.split("<tr>") if "<td>d1.test</td>" in r)
+    assert "<td>2.0s</td><td>3</td>" in row
+    assert "<td>4.5s</td>" in next(r for r in first.split("<tr>") if "<td>d2.test</td>" in r)
+    assert "d49.test" in first and "d50.test" not in first
+    assert "d119.test" in web.get("/crawl/site/domains?page=2")
 
 
 def test_a_token_is_needed_when_given_and_off_loopback(redis_url, console):

@@ -97,7 +97,12 @@ def domains(client: redis.Redis, keys: FrontierKeys, page: int) -> dict[str, Any
     rows = []
     for name, pages in ranked:
         slot = name.decode(errors="backslashreplace")
-        rows.append({"domain": slot, "pages": int(pages), **states.get(slot, {})})
+        row: dict[str, Any] = {"domain": slot, "pages": int(pages), **states.get(slot, {})}
+        # a `distcrawl limit` override is "<delay ms>:<concurrency>", either part empty
+        delay, _, concurrency = (row.get("override") or ":").partition(":")
+        row["limit_delay"] = int(delay) / 1000 if delay.isdigit() else None
+        row["limit_concurrency"] = int(concurrency) if concurrency.isdigit() else None
+        rows.append(row)
     return {"rows": rows, "page": page, "total": int(total), "page_size": PAGE_SIZE}
 
 
