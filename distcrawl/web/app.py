@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 from urllib.parse import quote
 
 import jinja2
@@ -25,10 +25,10 @@ import redis
 from aiohttp import web
 from scrapy.settings import BaseSettings
 
-from distcrawl.cli._common import Context
 from distcrawl.model.frontier import Frontier
+from distcrawl.model.frontier_admin import FrontierAdmin
 from distcrawl.model.keys import FrontierKeys
-from distcrawl.producer import Outcome
+from distcrawl.producer import Outcome, Producer
 from distcrawl.web import reads
 from distcrawl.web.security import Guard, Handler
 
@@ -40,6 +40,29 @@ T = TypeVar("T")
 SOURCES = ("retry", "callback", "download", "enqueue", "start_urls", "queue", "commit", "doctor")
 
 CONSOLE: web.AppKey[Console] = web.AppKey("console")
+
+
+class Connection(Protocol):
+    """What the console takes from the command line's connection context
+    (``distcrawl.cli._common.Context``): its one Redis client, keys named as on that Redis,
+    the commands' admin and producer, and the URL's secrets hidden. A protocol, so that the
+    console does not import the command line that starts it (no import cycle)."""
+
+    @property
+    def client(self) -> redis.Redis: ...
+
+    @property
+    def shown_url(self) -> str: ...
+
+    def keys(self, keys: FrontierKeys) -> FrontierKeys: ...
+
+    def admin(self, keys: FrontierKeys) -> FrontierAdmin: ...
+
+    def producer(
+        self, keys: FrontierKeys, settings: BaseSettings | None = None, **kwargs: Any
+    ) -> Producer: ...
+
+    def scrub(self, text: str) -> str: ...
 
 
 def _iso(value: Any) -> str:
@@ -55,7 +78,7 @@ class Console:
 
     def __init__(
         self,
-        ctx: Context,
+        ctx: Connection,
         crawls: Sequence[str],
         guard: Guard,
         *,
