@@ -52,6 +52,7 @@ from distcrawl.model.connection import (
 )
 from distcrawl.model.deadrecord import worker_id
 from distcrawl.model.frontier import Frontier
+from distcrawl.model.history import HistoryWriter
 from distcrawl.model.keys import FrontierKeys
 from distcrawl.model.ops import Op
 from distcrawl.model.redact import redact_error, redact_text, url_secrets
@@ -139,6 +140,8 @@ class WorkerMonitor:
         self.sent: Counter[str] = Counter()
         self.domains: Counter[str] = Counter()
         self.history: deque[tuple[float, int]] = deque(maxlen=120)
+        #: the console's history rollups this worker writes with its beats
+        self.rollups = HistoryWriter()
         self.sizes: dict[str, Any] = {}
         #: the Redis server's time at the last beat (ms) and the monotonic time it came, so
         #: that the next beat counts the revisits due by the server's clock (None: not yet
@@ -279,11 +282,23 @@ class WorkerMonitor:
         ops += [Op("", [], ["ZINCRBY", k.domains, c, d], _same) for d, c in beat.domains.items()]
         if beat.domains:
             ops.append(Op("", [], ["ZREMRANGEBYRANK", k.domains, 0, -DOMAINS_KEPT - 1], _same))
+        ops += self._history_ops(beat)
         ops.append(Op("", [], ["EXISTS", k.paused], _same))
         ops += crawl_ops(k)
         if parts:
             ops += self._part_ops()
         return ops
+
+    def _history_ops(self, beat: Beat) -> list[Op[Any]]:
+        """The history rollups' writes (distcrawl/model/history.py): the counters' growth
+        and the queue's length as the last full beat read it, in buckets of the server's
+        time as the last beat's TIME tells it (this host's clock until one came), so that
+        workers on hosts whose clocks differ fill the same buckets."""
+        assert self.keys is not None
+        bound = self._due_bound()
+        now_s = time.time() if bound is None else bound / 1000
+        gauges = {"queue": int(self.sizes["queue"])} if "queue" in self.sizes else {}
+        return self.rollups.ops(self.keys, now_s, beat.deltas, gauges)
 
     def _parts(self) -> list[FrontierKeys]:
         """The keys holding requests and revisits: every shard's (DISTCRAWL_SHARDS), or the

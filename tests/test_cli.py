@@ -79,6 +79,8 @@ def fill(client, keys):
     client.hset(keys.commits, b"0a0b0c0d", b"c1")
     client.hset(keys.stats, b"pages", 1)
     client.zadd(keys.domains, {b"example.com": 1})
+    client.hset(keys.history_minutes, b"29000000:pages", 1)
+    client.hset(keys.history_ten_minutes, b"2900000:pages", 1)
     client.set(keys.paused, b"1")
     client.set(keys.reaper, b"0a0b0c0d", px=60_000)
     client.set(keys.reaper_idle, b"0a0b0c0d", px=60_000)

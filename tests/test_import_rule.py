@@ -25,8 +25,8 @@ ALLOWED = {
     "apps": {"model", "config", "codec", "engine", "producer", "admin", "top"},
 }
 PACKAGES = ("model", "config", "codec", "engine", "producer", "admin")
-#: the commands: distcrawl, python -m distcrawl.demo, distcrawl scrapyd
-APPS = ("cli", "demo", "scrapyd")
+#: the commands: distcrawl, python -m distcrawl.demo, distcrawl scrapyd, distcrawl web
+APPS = ("cli", "demo", "scrapyd", "web")
 #: what the data model never imports
 FOREIGN = ("scrapy", "twisted")
 

@@ -32,6 +32,8 @@ def test_key_names_are_pinned():
     assert k.commits == "site:commits"
     assert k.stats == "site:stats"
     assert k.domains == "site:domains"
+    assert k.history_minutes == "site:history:1m"
+    assert k.history_ten_minutes == "site:history:10m"
     assert k.paused == "site:paused"
     assert k.runnable == "site:runnable"
     assert k.lifecycle == "site:lifecycle"
@@ -80,6 +82,8 @@ def test_key_names_are_pinned():
         "site:commits",
         "site:stats",
         "site:domains",
+        "site:history:1m",
+        "site:history:10m",
         "site:paused",
         "site:meta",
         "site:sweep",

@@ -121,6 +121,13 @@ def test_wheel_holds_the_package_data_and_the_entry_points(dist: Dist) -> None:
     assert len(lua) > 10, lua
     assert lua <= names, sorted(lua - names)
     assert "distcrawl/py.typed" in names
+    # the web console's pages, script and styles (distcrawl web serves them from the package)
+    console = {
+        path.relative_to(ROOT).as_posix()
+        for pattern in ("web/templates/*.html", "web/static/*")
+        for path in PACKAGE.glob(pattern)
+    }
+    assert len(console) >= 6 and console <= names, sorted(console - names)
     sources = {path.relative_to(ROOT).as_posix() for path in PACKAGE.rglob("*.py")}
     assert sources <= names, sorted(sources - names)  # the demo and the spiders too
     assert not {name for name in names if name.startswith("tests/") or "__pycache__" in name}
@@ -144,6 +151,7 @@ def test_wheel_holds_the_package_data_and_the_entry_points(dist: Dist) -> None:
         members = {name.split("/", 1)[1] for name in sdist.getnames() if "/" in name}
     assert {"pyproject.toml", "README.md", "LICENSE", "distcrawl/py.typed"} <= members
     assert lua <= members, sorted(lua - members)
+    assert console <= members, sorted(console - members)
 
 
 # ---------------------------------------------------------------- a stranger's project

@@ -73,12 +73,13 @@ def build_parser() -> argparse.ArgumentParser:
     _dead.add_parsers(commands, common)
     _admin.add_parsers(commands, common)
     from distcrawl import scrapyd
-    from distcrawl.cli import _import, _migrate, _recrawl
+    from distcrawl.cli import _import, _migrate, _recrawl, _web
 
     scrapyd.add_parser(commands, common, _admin.cmd_scrapyd)
     _import.add_parser(commands, common)
     _migrate.add_parser(commands, common)
     _recrawl.add_parsers(commands, common)
+    _web.add_parser(commands, common)
     return parser
 
 

@@ -199,10 +199,7 @@ def cmd_watch(args: argparse.Namespace, ctx: Context) -> int:
 def _set_paused(args: argparse.Namespace, ctx: Context, paused: bool) -> int:
     ctx.warn_if_unknown(args.spider)
     keys = ctx.keys(args.spider)
-    if paused:
-        ctx.client.set(keys.paused, b"1")
-    else:
-        ctx.client.delete(keys.paused)
+    ctx.admin(keys).set_paused(paused)
     word = "paused" if paused else "resumed"
     if ctx.as_json:
         _emit_json({"paused": paused})

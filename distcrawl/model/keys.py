@@ -257,6 +257,21 @@ class FrontierKeys:
         """ZSET domain -> pages fetched, for the busiest domains.""",
     )
 
+    history_minutes = _Key(
+        "history:1m",
+        """HASH ``<minute>:<series>`` -> count: the crawl's pages, items and errors per
+        minute, and the queue's length at its last beat in the minute, written by every
+        worker's heartbeat for the web console's charts; kept for the last hour, older
+        fields deleted by the beats and the key expiring when no worker writes
+        (distcrawl/model/history.py).""",
+    )
+
+    history_ten_minutes = _Key(
+        "history:10m",
+        """HASH ``<ten-minute bucket>:<series>`` -> count: as ``history:1m`` per ten
+        minutes, kept for the last day (distcrawl/model/history.py).""",
+    )
+
     ready = _Key(
         "ready",
         """ZSET politeness slot -> when its next request may be leased (server ms); holds
@@ -460,6 +475,8 @@ class FrontierKeys:
             self.commits,
             self.stats,
             self.domains,
+            self.history_minutes,
+            self.history_ten_minutes,
             self.ready,
             self.slots,
             self.inflight,
