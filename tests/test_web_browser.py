@@ -64,7 +64,9 @@ def test_the_console_in_a_browser_during_a_two_worker_crawl(
     from selenium.webdriver.common.by import By
 
     keys = FrontierKeys("site")
-    site = demo_site(pages=500, delay=0.05)
+    # slow enough (about 16 s for two workers) that the crawl is still running when the
+    # browser first looks; it finishes (finish.lua) only after the resume
+    site = demo_site(pages=500, delay=1.0)
     redis_client.lpush("site:start_urls", site.url + "/")
     # a dead letter to re-drive: a start URL some operator pushed wrong, later fixed
     # (a URL the crawl does not find otherwise: its fetch is the re-drive's)
@@ -81,7 +83,9 @@ def test_the_console_in_a_browser_during_a_two_worker_crawl(
         first = _text(browser, "totals")
         assert wait_until(lambda: int(crawl.get_attribute("data-polls") or 0) >= 2, timeout=15)
         assert wait_until(lambda: _text(browser, "totals") != first, timeout=15)
-        assert wait_until(lambda: _text(browser, "state") == "running", timeout=10)
+        assert wait_until(lambda: _text(browser, "state") == "running", timeout=10), _text(
+            browser, "state"
+        )
         rows = browser.find_elements(By.CSS_SELECTOR, "#workers tbody tr")
         assert len(rows) == 2 and all("alive" in r.text for r in rows)
         # the charts: this minute's pages and queue, drawn (at most 10 s for a redraw)
@@ -126,7 +130,9 @@ def test_the_console_in_a_browser_during_a_two_worker_crawl(
             assert w.wait(120) == 0, w.log()[-2000:]
         assert set(page_fetches(site)) == site.expected_pages()
         assert redriven in {line.path for line in site.read_log()}
-        assert wait_until(lambda: _text(browser, "state") == "idle", timeout=30)
+        # finished (finish.lua decided it once, one completion event), not merely idle
+        assert wait_until(lambda: _text(browser, "state") == "finished", timeout=30)
+        assert redis_client.xrange("site:events")
         assert "Traceback" not in web.log()
     finally:
         web.stop()
