@@ -142,14 +142,13 @@ class BatchBuilder:
         return commit
 
     def _ran_dry(self, commit: Commit) -> bool:
-        """This commit acknowledges the last requests this worker holds and queues none,
-        the shared queue was empty at the last look, and no start URL is on its way."""
+        """This commit acknowledges the last requests this worker holds (what it queues may
+        all be duplicates: Redis decides) and no start URL is on its way: a look at the whole
+        crawl follows it, which finds whether another worker still has work."""
         status = self._p.status
         return bool(
             commit.acks
-            and not commit.entries
             and self._p.leases.held == 0
-            and status.remote_queue == 0
             and status.start_pending == 0
             and not status.paused
         )

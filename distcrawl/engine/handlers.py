@@ -89,6 +89,7 @@ class SignalHandlers:
 
     def on_idle(self, spider: Spider) -> None:
         timeout = self.config.idle_timeout
+        self._look_for_the_finish()
         if (
             timeout is None
             or self._pump.busy
@@ -124,6 +125,20 @@ class SignalHandlers:
             timeout,
             extra={"spider": spider},
         )
+
+    def _look_for_the_finish(self) -> None:
+        """Once per idle spell, after this worker's last work: a look at the whole crawl,
+        which finishes it (finish.lua) if nothing waits anywhere. The look after a worker's
+        last commit (BatchBuilder._ran_dry) usually did it already; this one catches a last
+        commit that left something held, whatever DISTCRAWL_IDLE_TIMEOUT is."""
+        p = self._p
+        if self._pump.busy or p.status.paused or p.status.pending() or p.leases.active:
+            return
+        clock = p.idle_clock
+        look = clock.drained
+        if look is None or look[0] < clock.last_work:
+            clock.drain_wanted = True
+            self._pump.kick()
 
     def _crawl_had_work(self, now: float, spider: Spider) -> bool:
         """Whether the crawl has had work, for a worker that had none yet: the idle clock
