@@ -218,20 +218,22 @@ def _done(name: str, message: str, where: str = "") -> web.HTTPSeeOther:
     return web.HTTPSeeOther(f"/crawl/{quote(name)}{where}?msg={quote(message)}")
 
 
-async def pause_action(request: web.Request) -> web.StreamResponse:
+async def _set_paused(request: web.Request, paused: bool) -> web.StreamResponse:
+    """Pause or resume, as ``distcrawl pause``/``resume`` do (FrontierAdmin.set_paused)."""
     console, name, _form = await _checked_form(request)
     keys = await console.run(console.keys, name)
-    await console.run(lambda: console.ctx.admin(keys).set_paused(True))
-    logger.info("Paused %r from the web console", name)
-    raise _done(name, "paused: workers see it within one heartbeat")
+    await console.run(lambda: console.ctx.admin(keys).set_paused(paused))
+    word = "Paused" if paused else "Resumed"
+    logger.info("%s %r from the web console", word, name)
+    raise _done(name, "paused: workers see it within one heartbeat" if paused else "resumed")
+
+
+async def pause_action(request: web.Request) -> web.StreamResponse:
+    return await _set_paused(request, True)
 
 
 async def resume_action(request: web.Request) -> web.StreamResponse:
-    console, name, _form = await _checked_form(request)
-    keys = await console.run(console.keys, name)
-    await console.run(lambda: console.ctx.admin(keys).set_paused(False))
-    logger.info("Resumed %r from the web console", name)
-    raise _done(name, "resumed")
+    return await _set_paused(request, False)
 
 
 async def push_action(request: web.Request) -> web.StreamResponse:
