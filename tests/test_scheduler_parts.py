@@ -342,6 +342,24 @@ def test_a_parked_worker_sends_no_poll_and_looks_for_dead_workers_work_once_an_i
     assert not parking.parked and batch.commits and batch.want and batch.peek
 
 
+def test_a_last_acknowledgement_riding_with_a_lease_poll_still_looks_for_the_finish():
+    """A last page without links has only its acknowledgement to commit: it waits for the
+    next batch (a lease poll) and rides with it. That batch must still look at the whole
+    crawl (finish.lua), or the finish waits for Scrapy's next idle signal, 5 s later."""
+    parts = builder_parts()
+    parts.outbox.ack(LeaseRef("id1", b"t"))
+    batch = parts.builder.build(time.monotonic())
+    assert batch.commits and batch.commits[0].acks and batch.want
+    assert batch.drain
+    # a worker still holding work does not look: another page's commit will
+    parts = builder_parts()
+    lease, _, _ = leased(2)
+    parts.builder._p.leases.add(lease, 0)
+    parts.outbox.ack(LeaseRef("id1", b"t"))
+    batch = parts.builder.build(time.monotonic())
+    assert batch.commits and not batch.drain
+
+
 def test_a_wait_that_woke_a_parked_worker_has_its_next_lease_ask_every_shard_once():
     parts = builder_parts()
     builder, parking = parts.builder, parts.parking

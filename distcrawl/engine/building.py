@@ -74,10 +74,6 @@ class BatchBuilder:
             batch.drain = True
             self._p.idle_clock.drain_wanted = False
         commit = self._commit(now, batch)
-        if commit is not None and self._ran_dry(commit):
-            # the last of this worker's work: after its commit, a look at the whole crawl,
-            # which finishes it if nothing waits anywhere (finish.lua)
-            batch.drain = True
         if commit is not None and self._p.outage.writes_refused:
             # Redis takes no write (full, read-only...): what this worker would lease or
             # claim now could not be stored either; the commit alone finds when it does
@@ -139,6 +135,12 @@ class BatchBuilder:
         commit = outbox.current()
         if commit is not None:
             batch.commits = [commit]
+            if self._ran_dry(commit):
+                # the last of this worker's work: after its commit, a look at the whole
+                # crawl, which finishes it if nothing waits anywhere (finish.lua). Whether
+                # the commit goes at once or rides with a lease poll: a last page without
+                # links waits for the next batch, and that one must look too
+                batch.drain = True
         return commit
 
     def _ran_dry(self, commit: Commit) -> bool:
