@@ -12,7 +12,7 @@ from distcrawl.config import DistcrawlConfig
 from distcrawl.engine._batch_types import Batch, LeasedRequest
 from distcrawl.engine.leases import Leases
 from distcrawl.engine.outbox import Outbox
-from distcrawl.engine.polling import CONTENDED_POLL_MAX, Polling
+from distcrawl.engine.polling import CONTENDED_POLL_MAX, SHORT_LEASE_WAIT, Polling
 from distcrawl.model.queue_entry import LeaseRef
 from distcrawl.model.records import Entry, EntryKind
 from distcrawl.model.replies import LeaseResult
@@ -226,16 +226,53 @@ def test_closing_takes_every_commit_left():
 
 
 def test_an_empty_lease_poll_backs_off_doubling_up_to_the_cap():
-    config = DistcrawlConfig(idle_poll_max=0.4)
+    """Up to DISTCRAWL_IDLE_POLL_MAX, and at most CONTENDED_POLL_MAX while this worker's
+    own pages are in progress (not idle): they, or another worker's, may queue requests."""
+    config = DistcrawlConfig(idle_poll_max=0.2)
     polling = Polling(config)
     now = time.monotonic()
     waits = []
-    for _ in range(5):
+    for _ in range(4):
         polling.back_off(now, LeaseResult([], queue_size=0, delayed=0, released=0), idle=False)
         waits.append(round(polling._next_lease - now, 3))
-    assert waits == [0.05, 0.1, 0.2, 0.4, 0.4]
+    assert waits == [0.05, 0.1, 0.2, 0.2]
+    polling = Polling(DistcrawlConfig(idle_poll_max=1.0))
+    for _ in range(6):
+        polling.back_off(now, LeaseResult([], queue_size=0, delayed=0, released=0), idle=False)
+    assert polling._next_lease - now == CONTENDED_POLL_MAX
     polling.lease_now(now)
     assert polling.lease_due(now)
+
+
+def test_a_short_lease_waits_for_a_freed_place_and_nothing_queued_ignores_one():
+    """A lease that brought fewer requests than asked found the slots full (or out of
+    requests): asking again at once finds nothing, so the next poll waits for a place this
+    worker frees, the reply's next turn, or at most SHORT_LEASE_WAIT. With nothing queued
+    anywhere a freed place brings no poll either: only a commit that queued requests does."""
+    config = DistcrawlConfig(flush_interval=0.01)
+    polling = Polling(config)
+    now = time.monotonic()
+    full = LeaseResult([], queue_size=40, delayed=0, released=0)
+    polling.leased(now, full, got=16, asked=16)
+    assert polling.lease_due(now)  # all it asked for: more may come at once
+    polling.leased(now, full, got=3, asked=16)
+    assert not polling.lease_due(now + SHORT_LEASE_WAIT / 2)
+    assert polling.lease_due(now + SHORT_LEASE_WAIT)
+    polling.place_freed()
+    assert polling.lease_due(time.monotonic())  # a place of this worker's is free in Redis
+    turn = LeaseResult([], queue_size=40, delayed=0, released=0, wait=0.03)
+    polling.leased(now, turn, got=1, asked=16)  # a delayed slot's one request of its turn
+    assert not polling.lease_due(now + 0.01) and polling.lease_due(now + 0.03)
+
+    drained = LeaseResult([], queue_size=0, delayed=0, released=0)
+    polling.leased(now, drained, got=2, asked=16)
+    polling.place_freed()
+    assert not polling.lease_due(now + 0.01)  # a free place, but no request to take
+    polling.lease_now(now)  # a commit queued requests
+    assert polling.lease_due(now)
+    polling.back_off(now, drained, idle=False)
+    polling.place_freed()
+    assert not polling.lease_due(now + 0.01)
 
 
 def test_requests_waiting_in_full_slots_cap_the_back_off_lower():

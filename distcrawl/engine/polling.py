@@ -4,8 +4,11 @@ lease renewals and the reclaim of expired leases.
 An idle worker must cost Redis little and a busy one must never wait for work it could
 have: a lease poll that finds nothing backs off (doubling up to DISTCRAWL_IDLE_POLL_MAX, or
 CONTENDED_POLL_MAX while requests wait in slots other workers fill), and anything that
-means work is there (a request left the downloader, a commit queued requests, start URLs
-were claimed) brings the next poll forward to now. A poll that finds nothing queued anywhere,
+means work is there (a request left the downloader while requests are queued, a commit
+queued requests, start URLs were claimed) brings the next poll forward to now. A poll that
+brought fewer requests than asked is not repeated at once: the slots gave all they had room
+for, and a poll before one of those events finds nothing (half the lease calls of two
+workers at 100 ms a page did, each a Redis script call). A poll that finds nothing queued anywhere,
 by a worker that holds nothing, polls no more: the worker parks (idle.py) until a blocking
 read brings work or the lease reply's next due time (a retry, a revisit) comes. Kept apart
 from what goes in a batch, so the timing can change without touching the batch's contents.
@@ -25,6 +28,8 @@ BUSY_PEEK_INTERVAL = 1.0
 #: longest lease back-off while the shared queue holds requests this worker could not take
 #: (their slots are full): DISTCRAWL_IDLE_POLL_MAX is for an empty queue
 CONTENDED_POLL_MAX = 0.25
+#: longest wait after a lease that brought fewer requests than asked (see Polling.leased)
+SHORT_LEASE_WAIT = 0.05
 
 
 class Polling:
@@ -36,6 +41,9 @@ class Polling:
         self._next_lease = self._next_peek = self._next_reclaim = now
         self._next_renew = now + config.lease.timeout / 3
         self._idle_delay = 0.0
+        #: the last lease reply found nothing queued anywhere: a place freed here is no
+        #: work, only a commit (this worker's, or another's found by the next poll) is
+        self._nothing_queued = False
 
     # -- what is due -------------------------------------------------------------------
 
@@ -68,7 +76,25 @@ class Polling:
     def lease_now(self, now: float) -> None:
         """Work is there: the next lease poll is due now, without back-off."""
         self._idle_delay = 0.0
+        self._nothing_queued = False
         self._next_lease = now
+
+    def leased(self, now: float, lease: LeaseResult, *, got: int, asked: int) -> None:
+        """A lease poll brought ``got`` of the ``asked`` requests. All of them: the next
+        poll may bring more at once. Fewer: the slots gave all they had room for (full,
+        a delay's one request a turn, or the queue ran out), and a poll before a place
+        frees here (place_freed), a commit queues requests or the reply's next turn comes
+        would find nothing: it waits for the first of those, at most SHORT_LEASE_WAIT (the
+        reserves a worker uses up meanwhile are refilled by then)."""
+        if got >= asked:
+            self.lease_now(now)
+            return
+        self._idle_delay = 0.0
+        self._nothing_queued = not lease.queue_size
+        wait = SHORT_LEASE_WAIT
+        if lease.wait is not None:
+            wait = min(wait, max(lease.wait, self.config.flush_interval))
+        self._next_lease = now + wait
 
     def back_off(self, now: float, lease: LeaseResult, *, idle: bool) -> float | None:
         """A lease poll found nothing this worker could take. Returns, when the worker
@@ -81,9 +107,11 @@ class Polling:
             self._idle_delay = 0.0
             self._next_lease = math.inf
             return math.inf if lease.wait is None else lease.wait
+        self._nothing_queued = not lease.queue_size
         cap = self.config.idle_poll_max
-        if lease.queue_size:
-            # requests wait in slots other workers fill: a place may free any moment
+        if lease.queue_size or not idle:
+            # requests wait in slots other workers fill: a place may free any moment; or
+            # this worker's own pages may queue requests, and other workers' likewise
             cap = min(cap, CONTENDED_POLL_MAX)
         self._idle_delay = min(max(self._idle_delay * 2, 0.05), cap)
         wait = self._idle_delay
@@ -121,7 +149,10 @@ class Polling:
     def place_freed(self) -> None:
         """A request left the downloader: its place in the slot is free for the next
         request now, and this worker may take it in the next batch, not after the back-off
-        of a lease that found the slot full."""
+        of a lease that found the slot full. Not while the last reply found nothing
+        queued: a free place is no request (the poll's back-off, or a commit, finds them)."""
+        if self._nothing_queued:
+            return
         self._idle_delay = 0.0
         self._next_lease = min(self._next_lease, time.monotonic())
 

@@ -179,7 +179,7 @@ class Pump:
         park: float | None = None
         if batch.want and res.lease is not None:
             if got:
-                self._p.polling.lease_now(now)
+                self._p.polling.leased(now, res.lease, got=len(res.leased), asked=batch.want)
             else:
                 park = self._p.polling.back_off(now, res.lease, idle=self._builder.idle())
         self._p.riders.deliver(batch.riders, res.riders)
