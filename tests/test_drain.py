@@ -150,6 +150,10 @@ def test_a_second_sigterm_ends_the_drain_at_once(demo_site, workers, redis_clien
     a = workers(1, CONCURRENT_REQUESTS=4, DISTCRAWL_DRAIN_TIMEOUT=600, DISTCRAWL_IDLE_TIMEOUT=60)
     redis_client.lpush("site:start_urls", site.url + "/")
     assert wait_until(lambda: len(held_ids(redis_client, a.log())) >= 4, timeout=60)
+    # the downloads are under way (leased is not yet downloading: on a loaded machine a
+    # SIGTERM that came first gave them back and the worker had nothing to wait for; the
+    # site logs a request only once answered, 8 s later)
+    time.sleep(0.5)
     a.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
     assert a.wait_for_log("SIGTERM: draining", timeout=10), a.log()[-3000:]
     assert a.wait(1) is None  # draining: waiting for the downloads
