@@ -2,8 +2,8 @@
 lease renewals and the reclaim of expired leases.
 
 An idle worker must cost Redis little and a busy one must never wait for work it could
-have: a lease poll that finds nothing backs off (doubling up to DISTCRAWL_IDLE_POLL_MAX, or
-CONTENDED_POLL_MAX while requests wait in slots other workers fill), and anything that
+have: a lease poll that finds nothing backs off (doubling from 50 ms up to CONTENDED_POLL_MAX,
+or DISTCRAWL_IDLE_POLL_MAX if lower), and anything that
 means work is there (a request left the downloader while requests are queued, a commit
 queued requests, start URLs were claimed) brings the next poll forward to now. A poll that
 brought fewer requests than asked is not repeated at once: the slots gave all they had room
@@ -25,8 +25,9 @@ from distcrawl.model.replies import LeaseResult
 
 #: seconds between two claims of start URLs while this worker has requests in hand
 BUSY_PEEK_INTERVAL = 1.0
-#: longest lease back-off while the shared queue holds requests this worker could not take
-#: (their slots are full): DISTCRAWL_IDLE_POLL_MAX is for an empty queue
+#: longest lease back-off of a worker that is not parked: requests wait in slots other
+#: workers fill, or its own pages (and others') may queue some; an idle worker with nothing
+#: queued anywhere parks instead (idle.py)
 CONTENDED_POLL_MAX = 0.25
 #: longest wait after a lease that brought fewer requests than asked (see Polling.leased)
 SHORT_LEASE_WAIT = 0.05
