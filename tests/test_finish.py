@@ -41,12 +41,16 @@ def test_finished_once_per_run_with_one_event(redis_client):
     assert finish(redis_client) is None  # never had work: not finished
     redis_client.set(KEYS.seq, 5)
     redis_client.hset(KEYS.stats, mapping={"pages": 5, "items": 4})
+    redis_client.rpush(KEYS.runnable, *[b"1"] * 8)  # the reaper's last count, mid-crawl
     done = finish(redis_client)
     assert done is not None and done.run == 1
     (entry,) = events(redis_client)
     assert entry[0].decode() == done.event
     assert entry[1][b"event"] == b"finished" and entry[1][b"stats.pages"] == b"5"
     assert redis_client.hget(KEYS.lifecycle, "state") == b"finished"
+    # the autoscaling mirror, refreshed by the reaper while workers run, says 0 from the
+    # finish on: a finished crawl's last count would have KEDA start workers for nothing
+    assert not redis_client.exists(KEYS.runnable)
     # called again (another worker, or a reply lost and the call sent again): no new event
     assert finish(redis_client) is None
     assert len(events(redis_client)) == 1

@@ -92,7 +92,7 @@ KEYS: dict[str, tuple[str, ...]] = {
     ),
     "finish": (
         *("queue", "revisit_queue", "leases", "delayed", "revisits", "start_urls", "seq"),
-        *("dead", "paused", "stats", "lifecycle", "events"),
+        *("dead", "paused", "stats", "lifecycle", "events", "runnable"),
     ),
     "places": ("requests", "leases", "inflight", "robots", "ready", "slots", "placeless"),
     "redrive": ("dead", "queue", "seq", "start_urls", "ready", "slots", "wake"),

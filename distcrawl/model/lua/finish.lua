@@ -23,6 +23,8 @@
 --                                finished run's signature), runs, event (its stream id),
 --                                webhook (the event id while its webhook is not delivered)
 -- KEYS[12] events         STREAM the crawl's events: one 'finished' entry per run
+-- KEYS[13] runnable       LIST   the autoscaling mirror (runnable.lua): emptied on a finish,
+--                                which nothing would refresh once the workers are gone
 --
 -- ARGV[1] work the caller found elsewhere (other shards' queued, leased and waiting work,
 --         start URLs claimed and not stored yet): 0 to finish
@@ -60,6 +62,7 @@ if redis.call('HGET', KEYS[11], 'seq') == signature then
   -- work came back (a start URL already seen, say) and went without numbering a request:
   -- the same run, finished again without a second event
   redis.call('HSET', KEYS[11], 'state', 'finished', 'since', now)
+  redis.call('DEL', KEYS[13])
   return {0, 'finished'}
 end
 
@@ -72,5 +75,7 @@ for i = 1, #stats, 2 do
 end
 local id = redis.call('XADD', KEYS[12], 'MAXLEN', '~', tonumber(ARGV[6]), '*', unpack(fields))
 redis.call('HSET', KEYS[11], 'state', 'finished', 'since', now, 'seq', signature, 'event', id)
+-- nothing waits anywhere: nothing is runnable, and an autoscaler must not read the last count
+redis.call('DEL', KEYS[13])
 if ARGV[5] == '1' then redis.call('HSET', KEYS[11], 'webhook', id) end
 return {1, id, run}
