@@ -113,7 +113,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--idle-seconds",
         type=float,
         default=None,
-        help="lean suite: measuring window of each idle run (default 20, --quick 10)",
+        help="lean suite: measuring window of each idle run (default 60, --quick 30)",
     )
     p.add_argument(
         "--parts",

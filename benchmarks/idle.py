@@ -68,8 +68,13 @@ class CodeWorker(Worker):
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.idle", description=__doc__)
     p.add_argument("--workers", type=int, default=20)
-    p.add_argument("--seconds", type=float, default=20.0, help="measuring window")
-    p.add_argument("--settle", type=float, default=5.0, help="seconds idle before measuring")
+    p.add_argument("--seconds", type=float, default=60.0, help="measuring window")
+    p.add_argument(
+        "--settle",
+        type=float,
+        default=10.0,
+        help="seconds idle before measuring (past the idle spell's one look at the crawl)",
+    )
     p.add_argument("--pushes", type=int, default=5, help="start URLs pushed one at a time")
     p.add_argument("--code", type=Path, default=None, help="distcrawl checkout for workers")
     p.add_argument("--output", type=Path, default=None, help="JSON results")
