@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 import urllib.request
 from typing import Any
@@ -382,9 +383,11 @@ def test_two_workers_on_one_metrics_port_say_so_in_one_line(demo_site, workers, 
     assert "Traceback" not in log and "signal handler" not in log
     assert second.alive()  # the crawl goes on without the endpoint
 
-    # a range, as Scrapy's TELNETCONSOLE_PORT takes: the third worker finds the next port
-    third = workers(3, DISTCRAWL_METRICS_PORT=f"[{port}, {port + 1}]", **FAST)
+    # a range, as Scrapy's TELNETCONSOLE_PORT takes: the third worker finds a free port past
+    # the first worker's (ten of them: other tests' servers may hold the next one)
+    third = workers(3, DISTCRAWL_METRICS_PORT=f"[{port}, {port + 10}]", **FAST)
     assert third.wait_for_log("Prometheus metrics on"), third.log()
-    assert f"Prometheus metrics on http://127.0.0.1:{port + 1}/metrics" in third.log()
-    body = urllib.request.urlopen(f"http://127.0.0.1:{port + 1}/metrics", timeout=5).read()
+    found = re.search(r"Prometheus metrics on http://127\.0\.0\.1:(\d+)/metrics", third.log())
+    assert found is not None and port < int(found[1]) <= port + 10, third.log()
+    body = urllib.request.urlopen(f"http://127.0.0.1:{found[1]}/metrics", timeout=5).read()
     assert b"distcrawl_pages_total" in body
