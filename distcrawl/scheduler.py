@@ -515,8 +515,9 @@ class Scheduler(BaseScheduler):
         self._idle_clock.worked()
         self._report.inc("scheduler/dequeued")
         self._report.inc("scheduler/dequeued/redis")
-        if self._leases.ready < self.config.prefetch // 2:
-            self._pump.kick()
+        # a prefetch running low is refilled by the next turn (DISTCRAWL_FLUSH_INTERVAL):
+        # the reserves and what is still ready cover it, and a batch of its own would
+        # cost Redis a script call every few pages
         return request
 
     def close(self, reason: str) -> defer.Deferred[None]:

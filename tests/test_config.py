@@ -23,9 +23,9 @@ def test_defaults():
 def test_prefetch_follows_concurrency():
     assert config(CONCURRENT_REQUESTS=40).prefetch == 40
     assert config(CONCURRENT_REQUESTS=40, DISTCRAWL_PREFETCH=5).prefetch == 5
-    # a worker holds at most its prefetch and a full engine's worth of leases
-    assert config(CONCURRENT_REQUESTS=40).max_held == 80
-    assert config(CONCURRENT_REQUESTS=40, DISTCRAWL_PREFETCH=5).max_held == 45
+    # a worker holds at most its prefetch, a full engine and an interval of acknowledgements
+    assert config(CONCURRENT_REQUESTS=40).max_held == 120
+    assert config(CONCURRENT_REQUESTS=40, DISTCRAWL_PREFETCH=5).max_held == 50
 
 
 def test_zero_idle_timeout_is_kept_not_dropped():

@@ -10,6 +10,7 @@ from scrapy import Request
 
 from distcrawl.config import DistcrawlConfig
 from distcrawl.engine._batch_types import Batch, LeasedRequest
+from distcrawl.engine.building import reserves_per_slot
 from distcrawl.engine.leases import Leases
 from distcrawl.engine.outbox import Outbox
 from distcrawl.engine.polling import CONTENDED_POLL_MAX, SHORT_LEASE_WAIT, Polling
@@ -87,6 +88,35 @@ def test_a_freed_place_is_reported_at_once_and_a_reserves_swap_rides_with_the_ne
     paced_leases.hand_out()
     assert paced_leases.downloading(paced_request) is True
     assert paced_leases.report_due(time.monotonic(), 0.05)
+
+
+def test_a_freed_place_waits_for_the_next_batch_while_the_worker_has_requests_to_send():
+    """A place left free is reported at once only by a worker with nothing left to send (a
+    lease in that batch gives it work); one with requests ready sends its report with its
+    next batch, at most an interval later, not in a batch of its own per answer."""
+    leases = Leases()
+    items = [leased(n) for n in range(3)]
+    for item, _, _ in items:
+        leases.add(item, leased_at=0)
+    first = leases.hand_out()
+    assert first is not None
+    assert leases.left(first) is False  # no reserve: its place is free
+    assert leases.waiting == 2 and leases.unreported == 1
+    assert not leases.report_due(time.monotonic(), 0.05)  # two requests still to send
+    assert leases.report_due(time.monotonic() + 0.05, 0.05)  # but no longer than an interval
+
+    for _ in range(2):
+        request = leases.hand_out()
+        assert request is not None
+    assert leases.waiting == 0
+    assert leases.left(request) is False
+    assert leases.report_due(time.monotonic(), 0.05)  # nothing left to send: at once
+
+
+def test_a_worker_may_hold_a_whole_prefetch_of_reserves_of_a_slot():
+    assert reserves_per_slot(16) == 16
+    assert reserves_per_slot(2) == 2
+    assert reserves_per_slot(1) == 0  # DISTCRAWL_PREFETCH = 1 turns reserves off
 
 
 def test_a_request_without_a_reserve_frees_its_place_and_is_acknowledged_once_done():

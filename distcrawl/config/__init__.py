@@ -213,9 +213,11 @@ class DistcrawlConfig:
     namespace: str | None = None
     serializer: str = "msgpack"
     prefetch: int = 16
-    #: leases a worker holds at most: prefetched plus CONCURRENT_REQUESTS in its engine, so
-    #: that requests whose items cannot be stored (MongoDB down) hold leasing back
-    max_held: int = 32
+    #: leases a worker holds at most: prefetched (reserves included), CONCURRENT_REQUESTS in
+    #: its engine, and as many again done and waiting for their acknowledgement to be stored
+    #: (it goes with the next batch), so that requests whose items cannot be stored (MongoDB
+    #: down) hold leasing back
+    max_held: int = 48
     flush_interval: float = 0.05
     push_batch_size: int = 500
     idle_poll_max: float = 1.0
@@ -305,7 +307,7 @@ class DistcrawlConfig:
             namespace=namespace,
             serializer=serializer,
             prefetch=prefetch,
-            max_held=prefetch + concurrency,
+            max_held=2 * prefetch + concurrency,
             flush_interval=_get(
                 settings, "DISTCRAWL_FLUSH_INTERVAL", cls.flush_interval, _positive(float)
             ),

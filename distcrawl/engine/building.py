@@ -18,6 +18,14 @@ if TYPE_CHECKING:
     from distcrawl.model.queue_entry import LeaseRef
 
 
+def reserves_per_slot(prefetch: int) -> int:
+    """How many reserves a worker may hold of one slot (lease.lua): a whole prefetch, so
+    that a worker whose slot is full at the site (a latency of 100 ms: its places are all
+    downloading) still has a request to send for each answer until its next batch, which
+    then goes once an interval rather than on every answer; none with DISTCRAWL_PREFETCH = 1."""
+    return prefetch if prefetch > 1 else 0
+
+
 class BatchBuilder:
     """Decides a batch's contents (see the module docstring)."""
 
@@ -105,7 +113,7 @@ class BatchBuilder:
             batch.woken = self._p.parking.take_woken()
             batch.want = min(room, max(0, prefetch - self._p.leases.waiting))
             batch.held = held
-            batch.reserve = prefetch // 2
+            batch.reserve = reserves_per_slot(prefetch)
             batch.reserved = self._p.leases.reserved()
         if (
             status.start_pending == 0

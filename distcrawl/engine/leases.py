@@ -186,7 +186,11 @@ class Leases:
             # counted, for the request that left), and the report goes with the next batch,
             # before any acknowledgement of that request
             return True
-        self._note_unreported(urgent=True)
+        # a place left free: at once when this worker has nothing left to send (a lease in
+        # the same batch gives it work); else with its next batch, at most an interval later
+        # (a batch on every answer cost Redis a script call a page), which is also how soon
+        # a worker short of its share of a contended slot asks again (lease.lua)
+        self._note_unreported(urgent=not self.waiting)
         return False
 
     def _take_reserves(self) -> list[LeaseRef]:

@@ -210,11 +210,19 @@ class Pump:
         if res.drained is not None:
             self._p.idle_clock.drained = (now, res.drained)
             _engine.wake(self.crawler)  # the engine asks spider_idle again, which reads it
-        low = self._p.leases.ready <= self.config.prefetch // 2
         # acknowledgements just stored made room for the lease they held back
         freed = self._builder.held_back and res.commits_done > 0
-        if self._p.outbox.due or self._p.leases.unreported or ((got or lease_now or freed) and low):
-            # the next batch now, not one reactor turn later: a turn can be a page's parsing
+        leases = self._p.leases
+        if (
+            self._p.outbox.overdue(now)
+            or leases.report_due(now, self.config.flush_interval)
+            or ((got or lease_now or freed) and not leases.waiting)
+        ):
+            # the next batch now, not one reactor turn later (a turn can be a page's
+            # parsing): what may not wait, or a lease for a worker with nothing to send.
+            # What may wait (a commit, a reserve's swap, a refill of the prefetch) goes with
+            # the next turn, at most DISTCRAWL_FLUSH_INTERVAL later: a batch on every answer
+            # costs Redis a script call or three a page
             self.turn()
 
     def waited(self, kind: str, value: Any) -> None:
