@@ -146,7 +146,7 @@ class Scheduler(BaseScheduler):
         self.refused = False
         # the parts (see the module docstring), each handed those it works with
         self._outbox = Outbox(config, self.clock)
-        self._leases = Leases()
+        self._leases = Leases(short=max(1, config.concurrency // 2))
         self._report = Reporter(crawler, config, self.df)
         self._outage = Outage(config, crawler.stats)
         #: other components' commands waiting for a batch to ride with (ride())
@@ -510,7 +510,8 @@ class Scheduler(BaseScheduler):
             return None
         request = self._leases.hand_out()
         if request is None:
-            self._pump.kick()
+            if self._leases.starving():
+                self._pump.kick()  # a lease now: the next turn may be an interval away
             return None
         self._idle_clock.worked()
         self._report.inc("scheduler/dequeued")

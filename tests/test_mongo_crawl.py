@@ -115,8 +115,9 @@ def test_a_mongodb_outage_holds_leasing_back(
 ):
     """Items waiting for MongoDB keep their requests' leases (acknowledged once stored), and
     the pipeline's backlog counts against what a worker may lease: through the outage each
-    worker holds at most in flight plus prefetched, the bound of a dead worker's duplicates
-    (docs/internals.md), instead of leasing on while nothing is stored."""
+    worker holds at most in flight plus twice prefetched (DistcrawlConfig.max_held), the bound
+    of a dead worker's duplicates (docs/internals.md), instead of leasing on while nothing is
+    stored."""
     concurrency = 8
     site = demo_site(pages=1000)
     pages = mongo_client.distcrawl["site"]
@@ -150,7 +151,7 @@ def test_a_mongodb_outage_holds_leasing_back(
     assert {d["url"] for d in docs} == site.expected_urls()
     assert at_stop < 1001  # the crawl really was going on when MongoDB went down
     print(f"outage: {most} leases held at most, {during_outage - at_stop} pages fetched in it")
-    assert max(most) <= 2 * concurrency, most
+    assert max(most) <= 3 * concurrency, most  # DISTCRAWL_PREFETCH = CONCURRENT_REQUESTS
 
 
 def test_spill_file_when_mongodb_stays_down_past_close_then_replay(

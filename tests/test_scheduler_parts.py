@@ -53,10 +53,10 @@ def test_a_reserve_takes_the_place_of_a_request_of_its_slot_that_left_the_downlo
 
 def test_a_freed_place_is_reported_at_once_and_a_reserves_swap_rides_with_the_next_batch():
     """A swap leaves Redis' count right (the place stays counted), so its report waits for
-    the next batch sent for other work, up to an interval; a place left free (the count is
-    one too high, another worker may be waiting for it) or a paced request sent (its slot's
-    next turn) is reported at once."""
-    leases = Leases()
+    the next batch sent for other work, up to an interval; a place left free by a worker
+    short of work (the count is one too high, and a lease in the same batch gives it work) or
+    a paced request sent (its slot's next turn) is reported at once."""
+    leases = Leases(short=4)
     now = time.monotonic()
     first, first_ref, first_request = leased(1)
     reserve, reserve_ref, _ = leased(2, reserve=True)
@@ -90,27 +90,36 @@ def test_a_freed_place_is_reported_at_once_and_a_reserves_swap_rides_with_the_ne
     assert paced_leases.report_due(time.monotonic(), 0.05)
 
 
-def test_a_freed_place_waits_for_the_next_batch_while_the_worker_has_requests_to_send():
-    """A place left free is reported at once only by a worker with nothing left to send (a
-    lease in that batch gives it work); one with requests ready sends its report with its
-    next batch, at most an interval later, not in a batch of its own per answer."""
-    leases = Leases()
-    items = [leased(n) for n in range(3)]
+def test_a_freed_place_waits_for_the_next_batch_while_the_worker_has_work():
+    """A place left free is reported at once only by a worker short of work: nothing waiting
+    here and fewer than ``short`` (half of CONCURRENT_REQUESTS) of its requests in the engine.
+    One with requests ready, or a CPU-bound one whose downloader still holds many (the engine
+    pulls every ready request at once), sends its report with its next batch, at most an
+    interval later, not in a batch of its own per answer."""
+    leases = Leases(short=2)
+    items = [leased(n) for n in range(4)]
     for item, _, _ in items:
         leases.add(item, leased_at=0)
     first = leases.hand_out()
     assert first is not None
     assert leases.left(first) is False  # no reserve: its place is free
-    assert leases.waiting == 2 and leases.unreported == 1
-    assert not leases.report_due(time.monotonic(), 0.05)  # two requests still to send
+    assert leases.waiting == 3 and leases.unreported == 1
+    assert not leases.starving()
+    assert not leases.report_due(time.monotonic(), 0.05)  # three requests still to send
     assert leases.report_due(time.monotonic() + 0.05, 0.05)  # but no longer than an interval
 
-    for _ in range(2):
-        request = leases.hand_out()
-        assert request is not None
-    assert leases.waiting == 0
-    assert leases.left(request) is False
-    assert leases.report_due(time.monotonic(), 0.05)  # nothing left to send: at once
+    requests = [leases.hand_out() for _ in range(3)]
+    assert leases.waiting == 0 and None not in requests
+    assert leases.left(requests[0]) is False
+    # nothing waits, but the engine holds 4: its downloader has work until the next turn
+    assert not leases.starving()
+    assert not leases.report_due(time.monotonic(), 0.05)
+
+    # three of them done: the engine holds one, fewer than half its concurrency
+    leases.finished(in_progress={requests[2]})
+    assert leases.starving()
+    assert leases.left(requests[2]) is False
+    assert leases.report_due(time.monotonic(), 0.05)  # short of work: at once
 
 
 def test_a_worker_may_hold_a_whole_prefetch_of_reserves_of_a_slot():

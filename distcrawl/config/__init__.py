@@ -213,8 +213,10 @@ class DistcrawlConfig:
     namespace: str | None = None
     serializer: str = "msgpack"
     prefetch: int = 16
+    #: CONCURRENT_REQUESTS: how many requests the engine downloads at once
+    concurrency: int = 16
     #: leases a worker holds at most: prefetched (reserves included), CONCURRENT_REQUESTS in
-    #: its engine, and as many again done and waiting for their acknowledgement to be stored
+    #: its engine, and a prefetch more done and waiting for their acknowledgement to be stored
     #: (it goes with the next batch), so that requests whose items cannot be stored (MongoDB
     #: down) hold leasing back
     max_held: int = 48
@@ -307,6 +309,7 @@ class DistcrawlConfig:
             namespace=namespace,
             serializer=serializer,
             prefetch=prefetch,
+            concurrency=concurrency,
             max_held=2 * prefetch + concurrency,
             flush_interval=_get(
                 settings, "DISTCRAWL_FLUSH_INTERVAL", cls.flush_interval, _positive(float)

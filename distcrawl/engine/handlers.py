@@ -182,8 +182,8 @@ class SignalHandlers:
         # off the site (answered or failed): its place in the slot is free for the next request
         # now, while its lease waits for what the page yields to be stored (the ack); and this
         # worker may take it in the same batch, not after the back-off of a lease that found
-        # the slot full. At once only when this worker has nothing left to send: otherwise
-        # the report goes with the next turn (Leases.left)
+        # the slot full. At once only when this worker is short of work: otherwise the report
+        # goes with the next turn (Leases.left)
         self._p.polling.place_freed()
         if self._p.leases.report_due(time.monotonic(), self.config.flush_interval):
             self._pump.kick()

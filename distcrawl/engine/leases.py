@@ -24,7 +24,10 @@ from distcrawl.model.queue_entry import LeaseRef
 class Leases:
     """The leases this worker holds, and the place reports Redis has not had yet."""
 
-    def __init__(self) -> None:
+    def __init__(self, short: int = 1) -> None:
+        #: the engine holding fewer of this worker's requests than this (half of
+        #: CONCURRENT_REQUESTS), with none waiting here, is short of work (``starving``)
+        self._short = short
         #: lease id -> slot of every request this worker holds (for the fair share)
         self._slots: dict[str, str] = {}
         #: request -> (slot, server time of the lease) of held requests of slots with a
@@ -92,6 +95,13 @@ class Leases:
         self._report_urgent = self._report_urgent or urgent
         if self._unreported_since is None:
             self._unreported_since = time.monotonic()
+
+    def starving(self) -> bool:
+        """Nothing waits here and the engine holds fewer than ``short`` of this worker's
+        requests: a lease may not wait for the next turn. A CPU-bound worker whose downloader
+        still holds requests (the engine pulls every ready one at once) is not short: a
+        batch each time its ready ones ran out cost Redis a script call every page or two."""
+        return not self.waiting and len(self._active) < self._short
 
     def busy(self) -> bool:
         """Some lease is held, or some report is due."""
@@ -186,11 +196,11 @@ class Leases:
             # counted, for the request that left), and the report goes with the next batch,
             # before any acknowledgement of that request
             return True
-        # a place left free: at once when this worker has nothing left to send (a lease in
-        # the same batch gives it work); else with its next batch, at most an interval later
-        # (a batch on every answer cost Redis a script call a page), which is also how soon
-        # a worker short of its share of a contended slot asks again (lease.lua)
-        self._note_unreported(urgent=not self.waiting)
+        # a place left free: at once when this worker is short of work (a lease in the same
+        # batch gives it some); else with its next batch, at most an interval later (a batch
+        # on every answer cost Redis a script call a page), which is also how soon a worker
+        # short of its share of a contended slot asks again (lease.lua)
+        self._note_unreported(urgent=self.starving())
         return False
 
     def _take_reserves(self) -> list[LeaseRef]:

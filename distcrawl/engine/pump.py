@@ -216,10 +216,10 @@ class Pump:
         if (
             self._p.outbox.overdue(now)
             or leases.report_due(now, self.config.flush_interval)
-            or ((got or lease_now or freed) and not leases.waiting)
+            or ((got or lease_now or freed) and leases.starving())
         ):
             # the next batch now, not one reactor turn later (a turn can be a page's
-            # parsing): what may not wait, or a lease for a worker with nothing to send.
+            # parsing): what may not wait, or a lease for a worker short of work.
             # What may wait (a commit, a reserve's swap, a refill of the prefetch) goes with
             # the next turn, at most DISTCRAWL_FLUSH_INTERVAL later: a batch on every answer
             # costs Redis a script call or three a page
