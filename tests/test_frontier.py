@@ -632,6 +632,26 @@ def test_a_site_answering_503_to_most_requests_slows_every_worker(redis_client):
     assert len(b.lease(100, 10_000).items) == 8
 
 
+def test_fine_answers_of_a_slot_without_throttle_state_write_nothing(frontier, redis_client):
+    """The feedback of a slot whose answers are all fine, and that has no adaptive state,
+    stores nothing and deletes nothing: a commit on every batch of a healthy crawl carries
+    such feedback, and each command in a script costs Redis CPU."""
+    from distcrawl.model.records import Feedback
+
+    frontier.commit([], [], [Feedback("f.test", 4, 80, 0, 0)])  # the script loaded
+    before = redis_client.info("commandstats")
+    for _ in range(5):
+        frontier.commit([], [], [Feedback("f.test", 4, 80, 0, 0)])
+    after = redis_client.info("commandstats")
+
+    def calls(stats, command):
+        return stats.get(f"cmdstat_{command}", {}).get("calls", 0)
+
+    for command in ("hdel", "hset", "del"):
+        assert calls(after, command) - calls(before, command) == 0, command
+    assert redis_client.hget("t:throttle:state", "f.test") is None
+
+
 def test_throttle_parameters_are_checked(redis_client):
     frontier = polite(redis_client, throttle="1000:60000:0")
     with pytest.raises(redis.ResponseError, match="distcrawl: invalid commit: parameters"):

@@ -433,7 +433,9 @@ for i = 0, records - 1 do
   if conc_cap > 0 or hold > 0 or share >= 0.001 then
     text = string.format('%.3f:%.5f:%d', conc_cap, share, math.floor(hold))
   end
-  if text ~= state then
+  -- HGET gives false for a slot with no state: compared as nil, so that a slot that has
+  -- none and needs none costs no HDEL per commit
+  if text ~= (state or nil) then
     if text then
       redis.call('HSET', KEYS[16], slot, text)
     else
