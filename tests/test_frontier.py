@@ -481,6 +481,41 @@ def test_reserves_hold_no_place_until_they_take_one_freed_by_their_slot(redis_cl
     assert redis_client.smembers("t:placeless") == set()
 
 
+def test_a_swap_changes_no_count_and_costs_no_write_to_the_slot(redis_client):
+    """A reserve sent in the place of a request of its slot that left the downloader (the
+    usual report of a worker with reserves) leaves the slot's count as it was: the report
+    nets the two, and neither writes the count nor arms the slot again. A report that frees
+    more places than it takes still gives them back, and arms the slot."""
+    frontier = polite(redis_client, concurrency=3)
+    push_slot(frontier, "w.test", 10)
+    got = frontier.lease(6, 10_000, reserve=3).items
+    placed = [x for x in got if not x.reserve]
+    reserves = [x for x in got if x.reserve]
+    assert (len(placed), len(reserves)) == (3, 3)
+    before = redis_client.info("commandstats")
+    assert frontier.places([placed[0].ref, placed[1].ref], [reserves[0].ref, reserves[1].ref]) == (
+        2,
+        2,
+    )
+    after = redis_client.info("commandstats")
+
+    def calls(command):
+        key = f"cmdstat_{command}"
+        return after.get(key, {}).get("calls", 0) - before.get(key, {}).get("calls", 0)
+
+    assert (calls("hincrby"), calls("time"), calls("zadd")) == (0, 0, 0)
+    assert redis_client.hget("t:inflight", "w.test") == b"3"
+    assert redis_client.smembers("t:placeless") == {
+        placed[0].id.encode(),
+        placed[1].id.encode(),
+        reserves[2].id.encode(),
+    }
+    # two more left, one reserve went out: one place freed, the slot armed for it
+    assert frontier.places([placed[2].ref, reserves[0].ref], [reserves[2].ref]) == (2, 1)
+    assert redis_client.hget("t:inflight", "w.test") == b"2"
+    assert redis_client.zscore("t:ready", "w.test") is not None
+
+
 def test_reserves_only_for_a_worker_within_its_share_of_the_live_workers(redis_client):
     seconds, micros = redis_client.time()
     a, b = polite(redis_client, concurrency=8), polite(redis_client, concurrency=8)

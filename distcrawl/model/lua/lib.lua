@@ -176,17 +176,22 @@ local function arm_many(ready, slots, list, now, add)
   end
 end
 
--- ``count`` requests of this slot (1 when nil) are no longer in flight. If the slot was
--- waiting for its robots.txt, that request was the one meant to read it and it ended without
--- doing so (dead-lettered, given back, expired): the next lease sends another.
-local function landed(inflight, robots, slot, count)
-  if redis.call('HINCRBY', inflight, slot, -(count or 1)) <= 0 then
-    redis.call('HDEL', inflight, slot)
-  end
+-- a request of this slot left the downloader or ended: if the slot was waiting for its
+-- robots.txt, that request was the one meant to read it and it ended without doing so
+-- (dead-lettered, given back, expired), so the next lease sends another
+local function probe_ended(robots, slot)
   local crawl_delay = tonumber(redis.call('HGET', robots, slot))
   if crawl_delay and crawl_delay < 0 then
     redis.call('HDEL', robots, slot)
   end
+end
+
+-- ``count`` requests of this slot (1 when nil) are no longer in flight
+local function landed(inflight, robots, slot, count)
+  if redis.call('HINCRBY', inflight, slot, -(count or 1)) <= 0 then
+    redis.call('HDEL', inflight, slot)
+  end
+  probe_ended(robots, slot)
 end
 
 -- a leased request ends (acknowledged, requeued, given back): its place in the slot is

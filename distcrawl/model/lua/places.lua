@@ -27,7 +27,6 @@
 -- Only a lease still held under the token counts: one that expired was requeued, which
 -- settled its place already. Returns {places freed, places taken}.
 
-local now = now_ms()
 local out = {0, 0}
 local freed = tonumber(ARGV[1])
 
@@ -88,12 +87,23 @@ for _, id in ipairs(ids) do
 end
 call_many('SADD', KEYS[7], add)
 call_many('SREM', KEYS[7], remove)
--- places freed first, then the reserves' places taken, as the report is ordered
+-- per slot, the places freed less the reserves' places taken: in one script the report's
+-- order (freed first) needs no step of its own, and a swap (one of each, the usual report of
+-- a worker with reserves) changes no count and frees no place, so the slot is not armed
+-- again and the call needs no TIME: six commands instead of eleven
+local armed = {}
 for _, slot in ipairs(slots_freed) do
-  landed(KEYS[3], KEYS[4], slot, landed_in[slot])
+  local freed_here = landed_in[slot] - (taken_in[slot] or 0)
+  if freed_here > 0 then
+    landed(KEYS[3], KEYS[4], slot, freed_here)
+    armed[#armed + 1] = slot
+  else
+    if freed_here < 0 then redis.call('HINCRBY', KEYS[3], slot, -freed_here) end
+    probe_ended(KEYS[4], slot)
+  end
 end
-arm_many(KEYS[5], KEYS[6], slots_freed, now, false)
+if #armed > 0 then arm_many(KEYS[5], KEYS[6], armed, now_ms(), false) end
 for _, slot in ipairs(slots_taken) do
-  redis.call('HINCRBY', KEYS[3], slot, taken_in[slot])
+  if not landed_in[slot] then redis.call('HINCRBY', KEYS[3], slot, taken_in[slot]) end
 end
 return out
