@@ -516,6 +516,32 @@ def test_a_swap_changes_no_count_and_costs_no_write_to_the_slot(redis_client):
     assert redis_client.zscore("t:ready", "w.test") is not None
 
 
+def test_a_lease_reads_no_per_slot_limits_or_throttle_while_none_is_set(redis_client):
+    """Operator limits, adaptive delays and adaptive caps are unset in a healthy crawl: a lease
+    learns that with one EXISTS a call instead of three HGETs for each slot it visits, and
+    reads them per slot again (and obeys them) once one is set."""
+    frontier = polite(redis_client, concurrency=4)
+    push_slot(frontier, "p.test", 10)
+    frontier.lease(1, 10_000)  # the script loaded
+
+    def reads():
+        stats = redis_client.info("commandstats")
+        return tuple(stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in ("hget", "exists"))
+
+    def lease_reads(count):
+        before = reads()
+        got = frontier.lease(count, 10_000).items
+        after = reads()
+        return len(got), after[0] - before[0], after[1] - before[1]
+
+    taken, plain_hgets, exists = lease_reads(1)
+    assert (taken, exists) == (1, 1)
+    redis_client.hset("t:limits", "p.test", ":1")  # `distcrawl limit p.test --concurrency 1`
+    taken, hgets, exists = lease_reads(4)
+    assert (hgets, exists) == (plain_hgets + 3, 1)
+    assert taken == 0  # two in flight already: the limit of 1 holds
+
+
 def test_reserves_only_for_a_worker_within_its_share_of_the_live_workers(redis_client):
     seconds, micros = redis_client.time()
     a, b = polite(redis_client, concurrency=8), polite(redis_client, concurrency=8)

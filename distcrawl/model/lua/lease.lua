@@ -195,6 +195,14 @@ local function revisits_of(count, revisits, fresh)
   return math.min(#revisits, quota)
 end
 
+-- none of the operator's limits, adaptive delays or adaptive caps is set (a healthy crawl):
+-- read with one EXISTS a call, so that a visit need not read three hashes for each slot
+local adjusted = nil
+local function plain()
+  if adjusted == nil then adjusted = redis.call('EXISTS', KEYS[9], KEYS[8], KEYS[15]) > 0 end
+  return not adjusted
+end
+
 local function limits(slot)
   local delay, conc = default_delay, default_conc
   local o = overrides[slot]
@@ -202,7 +210,7 @@ local function limits(slot)
     if o[1] >= 0 then delay = o[1] end
     if o[2] >= 0 then conc = o[2] end
   end
-  local set = redis.call('HGET', KEYS[9], slot)
+  local set = not plain() and redis.call('HGET', KEYS[9], slot)
   if set then
     local d, c = string.match(set, '^(%d*):(%d*)$')
     delay, conc = tonumber(d) or delay, tonumber(c) or conc
@@ -212,7 +220,7 @@ end
 
 -- the concurrency after the adaptive cap commit.lua set on 429/503 answers, if lower
 local function capped(slot, conc)
-  local state = redis.call('HGET', KEYS[15], slot)
+  local state = not plain() and redis.call('HGET', KEYS[15], slot)
   if state then
     local conc_cap = tonumber(string.match(state, '^([%d.]+):'))
     if conc_cap and conc_cap >= 1 then conc = math.min(conc, math.floor(conc_cap)) end
@@ -265,7 +273,7 @@ local function visit(slot, room, first)
       delay = math.max(delay, math.min(crawl_delay, crawl_delay_max))
     end
   end
-  local adaptive = tonumber(redis.call('HGET', KEYS[8], slot)) or 0
+  local adaptive = not plain() and tonumber(redis.call('HGET', KEYS[8], slot)) or 0
   if adaptive > delay then delay = math.max(delay, math.floor(adaptive * jitter)) end
   conc = capped(slot, conc)
   local inflight = tonumber(redis.call('HGET', KEYS[7], slot)) or 0
