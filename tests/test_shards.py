@@ -416,7 +416,11 @@ def test_children_in_other_shards_wait_for_a_replica_before_the_ack(
 
 
 def test_without_the_replicas_the_crawl_goes_on_and_says_so(demo_site, workers, redis_client):
-    sites, args = _linked_sites(demo_site, count=2, pages=20)
+    # three sites of 40 pages, as above: with two of 20, whether any commit stored children in
+    # another shard than its acknowledgements depended on which site's pages came first (the
+    # second site's links to the first are duplicates once the first found its own pages), and
+    # since batches go once an interval, in about half the runs none did: no first phase, no WAIT
+    sites, args = _linked_sites(demo_site)
     for site in sites:
         redis_client.lpush(KEYS.start_urls, site.url + "/")
     w = workers(
