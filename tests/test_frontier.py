@@ -516,6 +516,49 @@ def test_a_swap_changes_no_count_and_costs_no_write_to_the_slot(redis_client):
     assert redis_client.zscore("t:ready", "w.test") is not None
 
 
+def test_place_reports_left_to_the_acknowledgements_leave_redis_as_the_reports_would(
+    redis_client,
+):
+    """A batch drops the place reports of the requests it acknowledges (BatchBuilder.
+    _fold_into_acks): an acknowledgement gives back the place of a request that holds one and
+    takes a reserve out of 'placeless', so the slot's count and the set end as they would with
+    every report sent first. Here: p0 left and r0 went out in its place, p1 left with no
+    reserve to take its place, p2 left and r1 went out in its place and left too; p0, p1 and
+    r1 are acknowledged, p2 and r0 later."""
+    from distcrawl.model.records import Politeness
+
+    def crawl(prefix, fold):
+        frontier = Frontier(redis_client, FrontierKeys(prefix), Politeness(concurrency=3))
+        push_slot(frontier, "f.test", 10)
+        got = frontier.lease(6, 10_000, reserve=3).items
+        p = [x.ref for x in got if not x.reserve]
+        r = [x.ref for x in got if x.reserve]
+        assert (len(p), len(r)) == (3, 3)
+        acks = [p[0], p[1], r[1]]
+        freed, taken = [p[0], p[1], p[2], r[1]], [r[0], r[1]]
+        if fold:
+            freed = [ref for ref in freed if ref not in acks]
+            taken = [ref for ref in taken if ref not in acks]
+            assert (freed, taken) == ([p[2]], [r[0]])
+        frontier.places(freed, taken)
+        frontier.commit(acks, [])
+        keys = FrontierKeys(prefix)
+        state = (
+            redis_client.hget(keys.inflight, "f.test"),
+            redis_client.smembers(keys.placeless),
+            redis_client.zrange(keys.leases, 0, -1),
+        )
+        frontier.commit([p[2], r[0]], [])
+        end = (redis_client.hget(keys.inflight, "f.test"), redis_client.scard(keys.placeless))
+        return state, end
+
+    reported, folded = crawl("t", fold=False), crawl("u", fold=True)
+    assert reported == folded
+    (inflight, placeless, leases), end = folded
+    assert inflight == b"1" and len(placeless) == 2 and len(leases) == 3  # r0 holds the place
+    assert end == (None, 1)  # all places given back; r2, a reserve never sent, holds none
+
+
 def test_a_lease_reads_no_per_slot_limits_or_throttle_while_none_is_set(redis_client):
     """Operator limits, adaptive delays and adaptive caps are unset in a healthy crawl: a lease
     learns that with one EXISTS a call instead of three HGETs for each slot it visits, and
@@ -534,12 +577,48 @@ def test_a_lease_reads_no_per_slot_limits_or_throttle_while_none_is_set(redis_cl
         after = reads()
         return len(got), after[0] - before[0], after[1] - before[1]
 
+    # two EXISTS a call: this one, and the retries' and revisits' (the next test)
     taken, plain_hgets, exists = lease_reads(1)
-    assert (taken, exists) == (1, 1)
+    assert (taken, exists) == (1, 2)
     redis_client.hset("t:limits", "p.test", ":1")  # `distcrawl limit p.test --concurrency 1`
     taken, hgets, exists = lease_reads(4)
-    assert (hgets, exists) == (plain_hgets + 3, 1)
+    assert (hgets, exists) == (plain_hgets + 3, 2)
     assert taken == 0  # two in flight already: the limit of 1 holds
+
+
+def test_a_lease_reads_the_retries_and_revisits_only_while_one_waits(redis_client):
+    """Most leases find no retry waiting and no revisit: one EXISTS says so, where the two
+    promotions and the revisits' queue read three keys. A retry waiting brings those reads
+    back, and one coming due is promoted and leased as before."""
+    frontier = polite(redis_client, concurrency=4)
+    frontier.lease(1, 10_000)  # the script loaded
+
+    def commands():
+        stats = redis_client.info("commandstats")
+        return sum(v["calls"] for k, v in stats.items() if k.startswith("cmdstat_"))
+
+    def lease_commands():
+        before = commands()
+        got = frontier.lease(4, 10_000).items
+        return commands() - before - 2, got  # the INFO calls and the EVALSHA itself
+
+    nothing, got = lease_commands()
+    assert got == []
+    seconds, micros = redis_client.time()
+    now_ms = seconds * 1000 + micros // 1000
+    frontier.commit([], [Entry(EntryKind.RETRY, b"", 0, b"later", b"400", "r.test")])
+    waiting, got = lease_commands()
+    # the EXISTS kept, and: ZRANGE of the retries and the revisits, ZCARD of the revisits'
+    # queue and of the retries
+    assert got == [] and waiting == nothing + 4
+    time.sleep(max(0.0, now_ms + 450 - _redis_ms(redis_client)) / 1000)
+    waiting, got = lease_commands()
+    assert [x.payload for x in got] == [b"later"]
+
+
+def _redis_ms(client):
+    seconds, micros = client.time()
+    return seconds * 1000 + micros // 1000
 
 
 def test_reserves_only_for_a_worker_within_its_share_of_the_live_workers(redis_client):
@@ -711,6 +790,15 @@ def test_fine_answers_of_a_slot_without_throttle_state_write_nothing(frontier, r
     for command in ("hdel", "hset", "del"):
         assert calls(after, command) - calls(before, command) == 0, command
     assert redis_client.hget("t:throttle:state", "f.test") is None
+    # nor reads either hash: one EXISTS a commit says both are empty (as many HGETs as
+    # commits without feedback send)
+    start = redis_client.info("commandstats")
+    for _ in range(5):
+        frontier.commit([], [])
+    bare = redis_client.info("commandstats")
+    with_feedback = calls(after, "hget") - calls(before, "hget")
+    assert with_feedback == calls(bare, "hget") - calls(start, "hget")
+    assert calls(after, "exists") - calls(before, "exists") == 5
 
 
 def test_throttle_parameters_are_checked(redis_client):

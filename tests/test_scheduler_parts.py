@@ -530,3 +530,25 @@ def test_requests_carry_a_scrapy_redis_fingerprint_only_where_the_crawl_has_a_le
     assert found.raw == bytes.fromhex("62bdc495fa932fad277faccf3e113df8016771f0")[:12]
     again = imported.entry(Request("http://a.test/other", dont_filter=True))
     assert again is not None and again.fingerprint == b"" and again.raw == b""  # never filtered
+
+
+def test_a_batch_leaves_the_place_reports_of_the_requests_it_acknowledges_to_them():
+    """A page's acknowledgement often goes in the batch that reports its place: the report
+    is then dropped, the acknowledgement gives the place back (test_frontier.py checks that
+    Redis ends the same), and the batch costs no place report for it. Reports of requests
+    not acknowledged yet still go."""
+    parts = builder_parts()
+    leases = parts.builder._p.leases
+    first, first_ref, first_request = leased(1)
+    reserve, reserve_ref, reserve_request = leased(2, reserve=True)
+    other, other_ref, other_request = leased(3, slot="b.example")
+    for item in (first, reserve, other):
+        leases.add(item, leased_at=0)
+    assert {leases.hand_out(), leases.hand_out()} == {first_request, other_request}
+    assert leases.left(first_request) is True  # the reserve went out in its place
+    assert leases.hand_out() is reserve_request
+    assert leases.left(other_request) is False  # its place left free
+    parts.outbox.ack(first_ref)  # first's page is done, other's not yet
+    batch = parts.builder.build(time.monotonic() + 1)
+    assert [commit.acks for commit in batch.commits] == [[first_ref]]
+    assert (batch.freed, batch.taken) == ([other_ref], [reserve_ref])

@@ -72,7 +72,27 @@ class BatchBuilder:
             # a reserve's swap, which may wait, goes with what is sent (and before the
             # acknowledgement of the request that left, which a commit may carry)
             self._p.leases.report(batch)
+        if batch.commits and (batch.freed or batch.taken):
+            self._fold_into_acks(batch)
         return batch
+
+    def _fold_into_acks(self, batch: Batch) -> None:
+        """Drop the place reports of requests this batch acknowledges: the acknowledgement
+        gives the place back (a request that holds one) or takes it out of 'placeless' (one
+        that holds none), which leaves Redis as the report and then the acknowledgement
+        would (commit.lua, places.lua). On most answers the page's acknowledgement goes in
+        the batch that reports its place, so a place report then costs Redis no script
+        call. Should the commit fail, it is sent again with its acknowledgements; the
+        places go back with them, before any later lease."""
+        acked = {ref for commit in batch.commits for ref in commit.acks}
+        if not acked:
+            return
+        freed = [ref for ref in batch.freed if ref not in acked]
+        taken = [ref for ref in batch.taken if ref not in acked]
+        folded = len(batch.freed) - len(freed) + len(batch.taken) - len(taken)
+        if folded:
+            self._p.report.inc("distcrawl/places/with_acks", folded)
+            batch.freed, batch.taken = freed, taken
 
     def _work(self, now: float, batch: Batch) -> None:
         status = self._p.status

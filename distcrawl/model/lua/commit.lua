@@ -370,15 +370,18 @@ end
 -- over all of this: the slot is held back that long, for every worker, and its delay is at
 -- least that. A slot with no cap, nothing to hold and a share under 0.001 has no state.
 local keep_per_answer = 1 - 1 / t_window
+-- a healthy crawl has no adaptive delay and no state in either hash: one EXISTS a commit
+-- says so, where each slot's record would read both (set again once this loop writes one)
+local adjusted = records > 0 and redis.call('EXISTS', KEYS[12], KEYS[16]) > 0
 for i = 0, records - 1 do
   local at = fb + 1 + i * 5
   local slot, count, latency = ARGV[at], tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
   local throttled, retry_after = tonumber(ARGV[at + 3]), tonumber(ARGV[at + 4])
   local answers = count + throttled
-  local stored = redis.call('HGET', KEYS[12], slot)
+  local stored = adjusted and redis.call('HGET', KEYS[12], slot)
   local old = tonumber(stored) or 0
   local new = old
-  local state = redis.call('HGET', KEYS[16], slot)
+  local state = adjusted and redis.call('HGET', KEYS[16], slot)
   local conc_cap, share, hold = 0, 0, 0
   if state then
     local a, b, c = string.match(state, '^([%d.]+):([%d.]+):(%d+)$')
@@ -438,6 +441,7 @@ for i = 0, records - 1 do
   if text ~= (state or nil) then
     if text then
       redis.call('HSET', KEYS[16], slot, text)
+      adjusted = true
     else
       redis.call('HDEL', KEYS[16], slot)
     end
@@ -450,6 +454,7 @@ for i = 0, records - 1 do
     end
   elseif new ~= old then
     redis.call('HSET', KEYS[12], slot, new)
+    adjusted = true
   end
 end
 -- wake the idle workers (lib.lua)

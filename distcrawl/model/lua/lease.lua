@@ -171,9 +171,16 @@ local function promote(waiting, queue, what)
     end
   end
 end
-promote(KEYS[4], KEYS[1], 'retry')
-promote(KEYS[18], KEYS[19], 'revisit')
-local revisits_queued = redis.call('ZCARD', KEYS[19]) > 0
+-- a crawl with no retry waiting and no revisit (most calls): one EXISTS says so, where the
+-- promotions and the revisits' queue would read three keys
+local revisits_queued = false
+if redis.call('EXISTS', KEYS[4], KEYS[18], KEYS[19]) > 0 then
+  promote(KEYS[4], KEYS[1], 'retry')
+  promote(KEYS[18], KEYS[19], 'revisit')
+  revisits_queued = redis.call('ZCARD', KEYS[19]) > 0
+else
+  first_at[KEYS[4]], first_at[KEYS[18]] = false, false
+end
 
 -- a slot's next ``count`` entries of ``queue`` (one more, to know whether any is left)
 local function slot_entries(queue, slot, count)
