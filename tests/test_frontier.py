@@ -559,6 +559,26 @@ def test_place_reports_left_to_the_acknowledgements_leave_redis_as_the_reports_w
     assert end == (None, 1)  # all places given back; r2, a reserve never sent, holds none
 
 
+def test_acknowledging_requests_that_hold_no_place_arms_no_slot(redis_client):
+    """A place goes back when its request leaves the downloader (places.lua), which arms the
+    slot; the acknowledgement that follows frees nothing, so it leaves 'ready' alone (at 100 ms
+    a page, an HMGET and a ZADD a commit). One that gives a place back arms the slot."""
+    frontier = polite(redis_client, concurrency=2)
+    push_slot(frontier, "a.test", 5)
+    held = frontier.lease(2, 10_000).items
+    assert frontier.places([held[0].ref]).freed == 1
+    far = 10**13
+    redis_client.zadd("t:ready", {"a.test": far})  # an arm (ZADD LT) would move it earlier
+    before = redis_client.info("commandstats")
+    assert frontier.commit([held[0].ref], []).missing == 0
+    after = redis_client.info("commandstats")
+    assert after["cmdstat_zadd"]["calls"] == before["cmdstat_zadd"]["calls"]
+    assert redis_client.zscore("t:ready", "a.test") == far
+    frontier.commit([held[1].ref], [])  # held its place until now: given back, slot armed
+    assert redis_client.zscore("t:ready", "a.test") < far
+    assert redis_client.hget("t:inflight", "a.test") is None
+
+
 def test_a_lease_reads_no_per_slot_limits_or_throttle_while_none_is_set(redis_client):
     """Operator limits, adaptive delays and adaptive caps are unset in a healthy crawl: a lease
     learns that with one EXISTS a call instead of three HGETs for each slot it visits, and

@@ -202,10 +202,16 @@ if acks > 0 then
   call_many('HDEL', KEYS[2], retired)
   call_many('ZREM', KEYS[5], done)
   call_many('SREM', KEYS[17], unplaced)
+  -- only a slot that got a place back is armed: acknowledging requests that hold none (their
+  -- places went back when they left the downloader, places.lua) frees nothing to lease
+  local armed = {}
   for _, slot in ipairs(freed_slots) do
-    if landed_in[slot] > 0 then landed(KEYS[11], KEYS[13], slot, landed_in[slot]) end
+    if landed_in[slot] > 0 then
+      landed(KEYS[11], KEYS[13], slot, landed_in[slot])
+      armed[#armed + 1] = slot
+    end
   end
-  arm_many(KEYS[9], KEYS[10], freed_slots, now, false)
+  arm_many(KEYS[9], KEYS[10], armed, now, false)
 end
 
 -- request ids: the counter is read once and moved on once, by as many ids as the commit gave
