@@ -118,7 +118,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--parts",
         nargs="*",
-        choices=("crawls", "protocol", "idle", "start_urls"),
+        choices=("crawls", "protocol", "idle", "start_urls", "scripts"),
         help="lean suite: run only these parts",
     )
     p.add_argument(

@@ -22,7 +22,11 @@ It calls the suites that own each measurement and only puts their numbers side b
    to lease of a pushed start URL with ``--pickup-workers`` (1 and 20) idle workers;
 4. start URLs through the frontier (``benchmarks/start_urls.py``): ``--start-urls`` entries
    (1,000,000; 100,000 with ``--quick``) with 2 worker processes on one shard, and the slowest
-   script call in ``SLOWLOG`` (every call over 1 ms is logged).
+   script call in ``SLOWLOG`` (every call over 1 ms is logged);
+5. the batch's scripts alone (``benchmarks/script_costs.py``): places, commit and lease in a
+   loop at batch sizes 1 to 14, each script's µs per call split into a fixed part and a part
+   per request, and the unit costs inside a script (a ``redis.call``, a closure, a string):
+   warm and without the crawls' noise, the part to compare two versions of a script with.
 
 It prints one table per part, the targets of issue 28 with met / NOT met, and writes
 ``benchmarks/results/lean.json`` (after every part, so a run cut short keeps what it measured;
@@ -37,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.crawl import CONFIGS
+from benchmarks.script_costs import run_script_costs
 from benchmarks.table import Column, num, render
 from benchmarks.users import Row, Setup
 
@@ -503,6 +508,7 @@ def lean_suite(args: Any, environment: dict[str, Any]) -> int:
         ("protocol", run_protocol),
         ("idle", run_idle),
         ("start_urls", run_start_urls),
+        ("scripts", run_script_costs),
     ]
     results["meta"]["wakeup"] = measure_wakeup(workdir)
     for name, part in parts:
