@@ -122,6 +122,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="lean suite: run only these parts",
     )
     p.add_argument(
+        "--scripts-against",
+        type=Path,
+        default=None,
+        help="lean suite, scripts part: another checkout whose .lua files run alternately with"
+        " these, the two compared",
+    )
+    p.add_argument(
         "--distcrawl",
         type=Path,
         default=None,

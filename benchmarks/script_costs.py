@@ -12,12 +12,20 @@ server, the unit costs that explain those figures: a ``redis.call``, a number gi
 
 Everything here runs warm, back to back: a crawl's batches come tens of ms apart, and each
 finds Redis' caches cold (``wakeup`` in the lean report), so a crawl pays more per call.
+
+``--scripts-against DIR`` compares two versions of the scripts: DIR's ``.lua`` files (another
+checkout) and these, alternating round by round on the same server, each version's fits and
+the ratios printed side by side; the machine's drift (tens of percent over minutes here) then
+falls on both alike. Only the Lua differs: the arguments are built by this checkout's Python,
+so the two versions must take the same KEYS and ARGV.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +42,28 @@ ROUNDS = 3
 PAYLOAD = 220
 SLOT = "127.0.0.1:8000"
 SCRIPTS = ("places", "commit", "lease")
+
+
+@contextmanager
+def lua_from(checkout: Path | None) -> Iterator[None]:
+    """Scripts registered meanwhile are built from ``checkout``'s ``.lua`` files (None: this
+    package's own)."""
+    import distcrawl.model.lua as lua
+
+    if checkout is None:
+        yield
+        return
+    folder = checkout / "distcrawl" / "model" / "lua"
+    if not (folder / "lease.lua").is_file():
+        raise SystemExit(f"--scripts-against: no distcrawl/model/lua/lease.lua in {checkout}")
+    own = lua.source
+    lua.source = lambda name: (folder / f"{name}.lua").read_text(encoding="utf-8")
+    lua.lib_definitions.cache_clear()
+    try:
+        yield
+    finally:
+        lua.source = own
+        lua.lib_definitions.cache_clear()
 
 
 def _frontier(client: redis.Redis, namespace: str, queued: int) -> Any:
@@ -163,46 +193,74 @@ def unit_costs(client: redis.Redis, repeat: int = 1000) -> dict[str, float]:
     return out
 
 
-def run_script_costs(args: Any, workdir: Path) -> dict[str, Any]:
-    from distcrawl.testing.redis_server import RedisServer
-
-    (workdir / "scripts").mkdir(parents=True, exist_ok=True)
-    began = time.monotonic()
-    with RedisServer(directory=workdir / "scripts") as server:
-        client = server.client()
-        try:
-            client.config_set("slowlog-log-slower-than", 0)
-            client.config_set("slowlog-max-len", 10 * CYCLES)
-            rounds = [
-                [_cycles(client, size, f"r{n}s{size}") for size in SIZES] for n in range(ROUNDS)
-            ]
-            runs = [_median_run([r[i] for r in rounds]) for i in range(len(SIZES))]
-            units = unit_costs(client)
-        finally:
-            client.close()
+def _fits(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     fits = {}
     for name in SCRIPTS:
         points = [(r["size"], r["us_per_call"][name]) for r in runs if r["us_per_call"][name]]
         fixed, per_request = _fit(points)
         fits[name] = {"fixed_us": round(fixed, 1), "per_request_us": round(per_request, 2)}
-    out = {"runs": runs, "fit": fits, "units": units, "seconds": time.monotonic() - began}
+    return fits
+
+
+def run_script_costs(args: Any, workdir: Path) -> dict[str, Any]:
+    from distcrawl.testing.redis_server import RedisServer
+
+    against: Path | None = getattr(args, "scripts_against", None)
+    versions: dict[str, Path | None] = {"this checkout": None}
+    if against is not None:
+        versions = {str(against): against, **versions}
+    (workdir / "scripts").mkdir(parents=True, exist_ok=True)
+    began = time.monotonic()
+    rounds: dict[str, list[list[dict[str, Any]]]] = {v: [] for v in versions}
+    with RedisServer(directory=workdir / "scripts") as server:
+        client = server.client()
+        try:
+            client.config_set("slowlog-log-slower-than", 0)
+            client.config_set("slowlog-max-len", 10 * CYCLES)
+            for n in range(ROUNDS):
+                for v, (label, checkout) in enumerate(versions.items()):
+                    with lua_from(checkout):
+                        rounds[label].append(
+                            [_cycles(client, size, f"v{v}r{n}s{size}") for size in SIZES]
+                        )
+            units = unit_costs(client)
+        finally:
+            client.close()
+    out: dict[str, Any] = {"versions": {}, "units": units}
+    for label, found in rounds.items():
+        runs = [_median_run([r[i] for r in found]) for i in range(len(SIZES))]
+        out["versions"][label] = {"runs": runs, "fit": _fits(runs)}
+    out["seconds"] = time.monotonic() - began
     print_script_costs(out)
     return out
 
 
 def print_script_costs(out: dict[str, Any]) -> None:
-    print(
-        f"\nThe batch's scripts, warm, one pipeline a batch (µs per call: medians of {ROUNDS}"
-        " rounds of each call's median, SLOWLOG)"
-    )
-    print(f"{'requests':>8}  " + "  ".join(f"{n:>8}" for n in SCRIPTS) + "  Redis CPU µs/request")
-    for run in out["runs"]:
-        cells = "  ".join(f"{run['us_per_call'][n] or 0:8.1f}" for n in SCRIPTS)
-        print(f"{run['size']:>8}  {cells}  {run['redis_cpu_us_per_request']:20.1f}")
-    fixed = "  ".join(f"{out['fit'][n]['fixed_us']:8.1f}" for n in SCRIPTS)
-    slope = "  ".join(f"{out['fit'][n]['per_request_us']:8.2f}" for n in SCRIPTS)
-    print(f"{'fixed':>8}  {fixed}")
-    print(f"{'/request':>8}  {slope}")
+    for label, version in out["versions"].items():
+        print(
+            f"\nThe batch's scripts ({label}), warm, one pipeline a batch (µs per call: medians"
+            f" of {ROUNDS} rounds of each call's median, SLOWLOG)"
+        )
+        head = "  ".join(f"{n:>8}" for n in SCRIPTS)
+        print(f"{'requests':>8}  {head}  Redis CPU µs/request")
+        for run in version["runs"]:
+            cells = "  ".join(f"{run['us_per_call'][n] or 0:8.1f}" for n in SCRIPTS)
+            print(f"{run['size']:>8}  {cells}  {run['redis_cpu_us_per_request']:20.1f}")
+        fit = version["fit"]
+        print(f"{'fixed':>8}  " + "  ".join(f"{fit[n]['fixed_us']:8.1f}" for n in SCRIPTS))
+        print(f"{'/request':>8}  " + "  ".join(f"{fit[n]['per_request_us']:8.2f}" for n in SCRIPTS))
+    if len(out["versions"]) == 2:
+        (_, a), (_, b) = out["versions"].items()
+        print("this checkout over the other, per script: fixed / per request / at 14 requests")
+        for n in SCRIPTS:
+            ratios = [
+                b["fit"][n][part] / a["fit"][n][part] if a["fit"][n][part] else float("nan")
+                for part in ("fixed_us", "per_request_us")
+            ]
+            at_14 = b["runs"][-1]["us_per_call"][n] / a["runs"][-1]["us_per_call"][n]
+            print(f"  {n:8s} {ratios[0]:5.2f}x / {ratios[1]:5.2f}x / {at_14:5.2f}x")
+        cpu = b["runs"][-1]["redis_cpu_us_per_request"] / a["runs"][-1]["redis_cpu_us_per_request"]
+        print(f"  Redis CPU a request at {SIZES[-1]} a batch: {cpu:5.2f}x")
     print("Unit costs inside a script, warm (µs each):")
     for name, value in out["units"].items():
         print(f"  {name:34s} {value}")

@@ -177,10 +177,9 @@ if acks > 0 then
     else
       gone[id] = true
       retired[#retired + 1] = id
-      local entry = string.sub(record, TOKEN_BYTES + 1)
       if leased[n] then
         done[#done + 1] = id
-        local slot = entry_slot(entry)
+        local slot = record_slot(record)
         if slot then
           if landed_in[slot] == nil then
             landed_in[slot] = 0
@@ -193,7 +192,7 @@ if acks > 0 then
             landed_in[slot] = landed_in[slot] + 1
           end
         end
-      elseif redis.call('ZREM', KEYS[1], entry) == 1 then
+      elseif redis.call('ZREM', KEYS[1], string.sub(record, TOKEN_BYTES + 1)) == 1 then
         -- its lease expired and it went back to the queue: it is done, so it must not run again
         late = late + 1
       end

@@ -50,7 +50,7 @@ for id, flag in pairs(member) do was[id] = flag end
 local function held(n, token)
   local record = records[n]
   local slot = record and string.sub(record, 1, TOKEN_BYTES) == token
-    and entry_slot(string.sub(record, TOKEN_BYTES + 1))
+    and record_slot(record)
   if slot and leased[n] then return slot end
   return nil
 end
