@@ -179,7 +179,7 @@ if acks > 0 then
       retired[#retired + 1] = id
       if leased[n] then
         done[#done + 1] = id
-        local slot = record_slot(record)
+        local slot = entry_slot(record, TOKEN_BYTES + 1)
         if slot then
           if landed_in[slot] == nil then
             landed_in[slot] = 0

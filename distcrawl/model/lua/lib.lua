@@ -83,21 +83,15 @@ local function make_entry(slot, prio, seq, payload)
 end
 
 -- the slot of a well-formed entry, nil for one that is not: no NUL, or too short to hold
--- the priority and the sequence number
-local function entry_slot(entry)
-  local cut = string.find(entry, '\0', 1, true)
-  if not cut or #entry < cut + 10 then return nil end
-  return string.sub(entry, 1, cut - 1)
-end
-
--- the slot of the entry in a request record (token .. entry), as entry_slot of the entry,
--- without copying the entry out of the record first: a record is read per acknowledged or
--- reported request, and a string the size of a request made and dropped per read costs
--- Lua more than the rest of the check
-local function record_slot(record)
-  local cut = string.find(record, '\0', TOKEN_BYTES + 1, true)
-  if not cut or #record < cut + 10 then return nil end
-  return string.sub(record, TOKEN_BYTES + 1, cut - 1)
+-- the priority and the sequence number. ``first``: where the entry starts in ``text`` (a
+-- request record is token .. entry: TOKEN_BYTES + 1), so that a record read per
+-- acknowledged or reported request is not copied into an entry first, a string the size of
+-- the request made and dropped for one check
+local function entry_slot(text, first)
+  first = first or 1
+  local cut = string.find(text, '\0', first, true)
+  if not cut or #text < cut + 10 then return nil end
+  return string.sub(text, first, cut - 1)
 end
 
 -- the id of a well-formed entry (entry_slot did not return nil)

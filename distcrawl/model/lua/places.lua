@@ -50,7 +50,7 @@ for id, flag in pairs(member) do was[id] = flag end
 local function held(n, token)
   local record = records[n]
   local slot = record and string.sub(record, 1, TOKEN_BYTES) == token
-    and record_slot(record)
+    and entry_slot(record, TOKEN_BYTES + 1)
   if slot and leased[n] then return slot end
   return nil
 end
