@@ -668,6 +668,20 @@ def test_no_reserves_on_a_slot_with_a_delay_or_a_contended_one(redis_client):
     assert a.lease(2, 10_000, held={"s.test": 2}, reserve=3).items == []
 
 
+def test_a_lease_reply_counts_the_live_workers(redis_client):
+    """A worker alone in its crawl batches less often (Polling.interval): the lease reply
+    says how many workers beat within the worker timeout, the caller among them."""
+    seconds, micros = redis_client.time()
+    now_ms = seconds * 1000 + micros // 1000
+    a, b = polite(redis_client), polite(redis_client)
+    push_slot(a, "l.test", 3)
+    assert a.lease(1, 10_000).live_workers == 0  # no beat yet
+    redis_client.zadd("t:alive", {a.tag: now_ms})
+    assert a.lease(1, 10_000).live_workers == 1
+    redis_client.zadd("t:alive", {b.tag: now_ms, "0badc0de": now_ms - 60_000})  # one long dead
+    assert a.lease(1, 10_000, worker_timeout_ms=10_000).live_workers == 2
+
+
 def test_robots_probe_gives_one_request_until_the_crawl_delay_is_recorded(redis_client):
     frontier = polite(redis_client, robots="60000:30000")
     push_slot(frontier, "r.test", 5)

@@ -89,7 +89,8 @@
 --
 -- Returns {queue length, retries still waiting, retries released, ms until the next slot
 --          is ready or the next retry is due (-1: neither), now (ms), members quarantined,
---          retries whose record was missing, slots armed again,
+--          retries whose record was missing, slots armed again, live workers (ARGV[12]; the
+--          caller among them once it beats: a worker alone in its crawl batches less often),
 --          paced1, token1, entry1, paced2, token2, entry2, ...}, the requests in the
 --          rotation's order (below): by priority, equal ones taking the slots in turn;
 --          paced is 1 for a request of a slot with a delay: its turn began now, so the
@@ -134,7 +135,7 @@ end
 local function share_of(conc)
   return math.max(1, math.ceil(conc / math.max(2, live_workers())))
 end
-local out = {0, 0, 0, -1, now, 0, 0, 0}
+local out = {0, 0, 0, -1, now, 0, 0, 0, 0}
 local function quarantined(raw, reason, queue)
   redis.call('ZREM', queue or KEYS[1], raw)
   quarantine(KEYS[13], KEYS[14], raw, reason, now)
@@ -524,4 +525,5 @@ for _, key in ipairs({KEYS[5], KEYS[4], KEYS[18]}) do
   end
 end
 if starved and (out[4] < 0 or out[4] > RECHECK_HUNGRY_MS) then out[4] = RECHECK_HUNGRY_MS end
+out[9] = live_workers()
 return out
