@@ -984,6 +984,20 @@ def test_a_malformed_queue_member_is_quarantined_and_the_rest_leased(
     assert redis_client.hlen("t:inflight") == 0
 
 
+def test_a_slot_holding_a_nul_gives_nothing_and_its_range_is_quarantined(frontier, redis_client):
+    # written to 'ready' by someone else: its range holds members that read as another
+    # slot's ("a"), never a request of its own, whatever their length
+    member = b"a\0b\0" + b"\0" * 4 + (7).to_bytes(6, "big") + b"payload"
+    redis_client.zadd("t:queue", {member: 0})
+    redis_client.zadd("t:ready", {b"a\0b": 0})
+    result = frontier.lease(10, 60_000)
+    assert result.items == [] and result.quarantined == 1
+    assert redis_client.zcard("t:queue") == 0 and redis_client.hlen("t:requests") == 0
+    (record,) = [json.loads(r) for r in redis_client.lrange("t:dead", 0, -1)]
+    assert record["reason"] == "malformed queue entry"
+    assert bytes.fromhex(record["raw_hex"]) == member
+
+
 def test_a_member_whose_slot_is_not_utf8_is_handed_over_to_be_dead_lettered(frontier, redis_client):
     bad = b"\xff\xfe\0" + b"\0" * 4 + (7).to_bytes(6, "big") + b"payload"
     redis_client.zadd("t:queue", {bad: 0})

@@ -251,21 +251,21 @@ end
 -- parked slots' check below reads nothing again
 local conc_of, inflight_of = {}, {}
 
--- the priority of a well-formed entry (entry_fields without copying the payload)
-local function entry_priority(entry)
-  local cut = string.find(entry, '\0', 1, true)
+-- the priority of a well-formed entry whose slot ends at ``cut`` (entry_fields without
+-- copying the payload)
+local function entry_priority(entry, cut)
   local b1, b2, b3, b4 = string.byte(entry, cut + 1, cut + 4)
   return 2147483648 - (((b1 * 256 + b2) * 256 + b3) * 256 + b4)
 end
 
--- what this lease hands out, {priority, rank in its slot, slot's place, kind, token, entry},
--- sorted before it goes into ``out`` (see the rotation below)
-local leased = {}
+-- what this lease hands out, in the order leased: kind, token, entry and slot of each, in
+-- four arrays (no table a request); ordered before they go into ``out`` (the rotation below)
+local leased, leased_kind, leased_token, leased_entry, leased_slot = 0, {}, {}, {}, {}
 -- the ids this call leased (a reused id must not name two of them)
 local leased_ids = {}
--- per slot: its place among the candidates, its lowest priority so far, how many of that
--- priority it gave
-local order, given, lowest = {}, {}, {}
+-- per slot: its place among the candidates; per slot that gave requests, where the NUL
+-- after it is in its entries (``cut`` in visit), and how many slots gave
+local order, gave, slots_given = {}, {}, 0
 
 -- One visit of a ready slot: it gives up to ``room`` requests (places, then reserves).
 -- Returns true when it gave all of ``room`` and could give more in another visit.
@@ -324,38 +324,39 @@ local function visit(slot, room, first)
       revisits = slot_entries(KEYS[19], slot, take + extra)
       from_revisits = revisits_of(take + extra, revisits, fresh)
     end
-    -- the revisits this turn takes first, then new requests
-    local entries, queues = {}, {}
-    for i = 1, from_revisits do
-      entries[#entries + 1], queues[#queues + 1] = revisits[i], KEYS[19]
-    end
-    for _, entry in ipairs(fresh) do
-      entries[#entries + 1], queues[#queues + 1] = entry, KEYS[1]
+    -- the revisits this turn takes first (from KEYS[19]), then new requests (KEYS[1])
+    local entries = fresh
+    if from_revisits > 0 then
+      entries = {}
+      for i = 1, from_revisits do entries[i] = revisits[i] end
+      for _, entry in ipairs(fresh) do entries[#entries + 1] = entry end
     end
     -- which entries this turn takes, in order: places first, then reserves; a malformed
-    -- one is quarantined where it is met
+    -- one is quarantined where it is met. Every member of the slot's range starts with
+    -- "<slot>\0" (slot_range), so entry_slot's check comes down to the length, and the NUL
+    -- after the slot is at ``cut`` in each: its id and priority follow. A slot holding a
+    -- NUL itself (one that others wrote to 'ready') has no well-formed entry at all.
+    local cut = not string.find(slot, '\0', 1, true) and #slot + 1
+    local shortest = cut and cut + 10
     local taken, reserves, used = 0, 0, 0
-    local picked, from = {}, {}
+    local picked, ids, from_queue, from_revisit = {}, {}, {}, {}
     for i, entry in ipairs(entries) do
       if taken + reserves >= take + extra then break end
       used = i
-      if entry_slot(entry) ~= slot then
-        quarantined(entry, 'malformed queue entry', queues[i])
+      if not (cut and #entry >= shortest) then
+        quarantined(entry, 'malformed queue entry', i <= from_revisits and KEYS[19] or KEYS[1])
       else
         picked[#picked + 1] = entry
-        from[queues[i]] = from[queues[i]] or {}
-        local list = from[queues[i]]
+        ids[#ids + 1] = entry_id(entry, cut)
+        local list = i <= from_revisits and from_revisit or from_queue
         list[#list + 1] = entry
         if taken < take then taken = taken + 1 else reserves = reserves + 1 end
       end
     end
     -- and they are leased with one call per command for the turn (ZREM from each queue,
     -- HMGET, HSET, ZADD, SREM/SADD), not one per request
-    for _, queue in ipairs({KEYS[1], KEYS[19]}) do
-      if from[queue] then call_many('ZREM', queue, from[queue]) end
-    end
-    local ids = {}
-    for n, entry in ipairs(picked) do ids[n] = entry_id(entry) end
+    call_many('ZREM', KEYS[1], from_queue)
+    call_many('ZREM', KEYS[19], from_revisit)
     local records = call_many('HMGET', KEYS[2], ids)
     local writes, deadlines, placed, unplaced = {}, {}, {}, {}
     for n, entry in ipairs(picked) do
@@ -370,7 +371,7 @@ local function visit(slot, room, first)
         record = redis.call('HGET', KEYS[2], id)
       end
       leased_ids[id] = true
-      local token = tag .. be_bytes((nonce + #leased) % 4294967296, 4)
+      local token = tag .. be_bytes((nonce + leased) % 4294967296, 4)
       writes[#writes + 1] = id
       writes[#writes + 1] = token .. entry
       deadlines[#deadlines + 1] = deadline
@@ -383,12 +384,13 @@ local function visit(slot, room, first)
         unplaced[#unplaced + 1] = id  -- a reserve: no place until it takes one
         kind = 2
       end
-      -- never above an earlier one of the slot (sorting keeps each slot's own order); its
-      -- rank counts the slot's requests of that priority
-      local prio = math.min(entry_priority(entry), lowest[slot] or math.huge)
-      given[slot] = prio == lowest[slot] and given[slot] + 1 or 1
-      lowest[slot] = prio
-      leased[#leased + 1] = {prio, given[slot], order[slot], kind, token, entry}
+      leased = leased + 1
+      leased_kind[leased], leased_token[leased] = kind, token
+      leased_entry[leased], leased_slot[leased] = entry, slot
+    end
+    if #picked > 0 and not gave[slot] then
+      gave[slot] = cut
+      slots_given = slots_given + 1
     end
     call_many('HSET', KEYS[2], writes)
     call_many('ZADD', KEYS[3], deadlines)
@@ -477,20 +479,32 @@ while want > 0 and #active > 0 do
   active = again
 end
 -- one slot's requests are in that order already (a visit gives them by priority, then
--- first in first out, never above an earlier one): sorting them is a comparison in Lua a
--- request and more, for nothing
-local slots_given = 0
-for _ in pairs(given) do slots_given = slots_given + 1 end
+-- first in first out, never above an earlier one): sorting them, and reading their
+-- priorities, is Lua work a request and more, for nothing
+local rotation = {}
 if slots_given > 1 then
-  table.sort(leased, function(x, y)
+  -- per slot: its lowest priority so far, how many of that priority it gave
+  local lowest, given = {}, {}
+  for i = 1, leased do
+    local slot = leased_slot[i]
+    -- never above an earlier one of the slot (sorting keeps each slot's own order); its
+    -- rank counts the slot's requests of that priority
+    local prio = math.min(entry_priority(leased_entry[i], gave[slot]), lowest[slot] or math.huge)
+    given[slot] = prio == lowest[slot] and given[slot] + 1 or 1
+    lowest[slot] = prio
+    rotation[i] = {prio, given[slot], order[slot], i}
+  end
+  table.sort(rotation, function(x, y)
     if x[1] ~= y[1] then return x[1] > y[1] end
     if x[2] ~= y[2] then return x[2] < y[2] end
     return x[3] < y[3]
   end)
 end
-for _, item in ipairs(leased) do
-  local n = #out
-  out[n + 1], out[n + 2], out[n + 3] = item[4], item[5], item[6]
+local n = #out
+for r = 1, leased do
+  local i = rotation[r] and rotation[r][4] or r
+  out[n + 1], out[n + 2], out[n + 3] = leased_kind[i], leased_token[i], leased_entry[i]
+  n = n + 3
 end
 -- slots parked at their limit (a worker that frees a place leases again in the same step and
 -- parks the slot anew, so a waiting worker would rarely find it ready): a worker that still
