@@ -371,6 +371,7 @@ def crawl_table(results: dict[str, Any]) -> str:
         ("x ref", 5, ref),
         ("wkr CPU ms/pg", 13, lambda r: num(r["cpu_ms_per_page"]["workers"], ".2f")),
         ("Redis CPU µs/pg", 15, lambda r: num(r.get("redis_cpu_us_per_page"), ".0f")),
+        ("idle µs/pg", 10, lambda r: num(r.get("redis_idle_us_per_page"), ".0f")),
         ("cmd/pg", 6, lambda r: num(_per_page(r, "commands"), ".1f")),
         ("sent/pg", 7, sent),
         ("scripts/pg", 10, lambda r: num(_per_page(r, "scripts"), ".2f")),
@@ -384,6 +385,9 @@ def crawl_table(results: dict[str, Any]) -> str:
 CRAWL_NOTES = """\
 x ref: pages/s over plain Scrapy's in the same setup (8 hosts: over 1 distcrawl worker).
 Redis CPU: INFO used_cpu_user+used_cpu_sys from the push to the end of the crawl, per page.
+idle: of that, what the same Redis used per second in 2 s before the push (its own
+housekeeping, the workers waiting) times the crawl's length, per page: a floor that grows with
+how long the crawl lasts, not with its pages.
 cmd/pg: INFO total_commands_processed (scripts' inner calls included); sent/pg: commands the
 workers sent, counted under MONITOR in a separate crawl of the same setup and crawler (the
 protocol pass below), ~ estimated where the pass has no such crawl as the 1-worker pass's sent

@@ -65,6 +65,9 @@ USER_SETTINGS: dict[str, Any] = {}
 #: the per-slot limit the users' settings configure, which the site-seen concurrency is held to
 SLOT_LIMIT = int(project_settings.CONCURRENT_REQUESTS_PER_DOMAIN)
 ONE_HOST = "127.0.0.1"
+#: seconds of the workers waiting, before the push, over which Redis' idle CPU is read (the
+#: lean table's "idle" column: a floor a crawl pays per second, not per page)
+IDLE_WINDOW = 2.0
 #: Linux routes all of 127.0.0.0/8 to lo: 8 more addresses need no setup
 EIGHT_HOSTS = tuple(f"127.0.0.{i}" for i in range(2, 10))
 LINKS = 17
@@ -179,6 +182,9 @@ class UserRun:
     end_time: float
     redis_window_s: float | None = None
     per_host: dict[str, FetchStats] = field(default_factory=dict)
+    #: Redis CPU (s per s) in IDLE_WINDOW s before the push: the server's own housekeeping
+    #: and the idle workers' waiting, which a crawl pays for every second it lasts
+    redis_idle_cpu: float | None = None
 
 
 def start_sites(setup: Setup, workdir: Path, stack: ExitStack) -> list[DemoSite]:
@@ -319,9 +325,13 @@ def run_user_crawl(row: Row, workdir: Path, timeout: float, monitor: bool = Fals
         before: Snapshot | None = None
         own: Traffic | None = None
         monitor_proc = None
+        idle_cpu = None
         if kind.start_key is not None:
             wait_ready(workers, kind.ready, timeout=120)
             time.sleep(SETTLE)
+            idle_from = Snapshot.take(client)
+            time.sleep(IDLE_WINDOW)
+            idle_cpu = (Snapshot.take(client).cpu - idle_from.cpu) / IDLE_WINDOW
             own = own_traffic(client, push=True)
             if monitor:
                 monitor_proc = start_monitor(server.port or 0, workdir / "monitor.txt")
@@ -366,6 +376,7 @@ def run_user_crawl(row: Row, workdir: Path, timeout: float, monitor: bool = Fals
         end_time=end_time,
         redis_window_s=end_time - push_time if push_time is not None else None,
         per_host=per_host,
+        redis_idle_cpu=idle_cpu,
     )
 
 
@@ -436,6 +447,11 @@ def user_metrics(ur: UserRun) -> dict[str, Any]:
     out["worker_shares"] = {agent: n / pages for agent, n in f.per_agent.items()}
     if run.traffic is not None and ur.redis_window_s:
         out["redis_cpu_cores"] = run.traffic.cpu / ur.redis_window_s
+        if ur.redis_idle_cpu is not None:
+            # what Redis would have spent over the crawl's window had no page come: the
+            # part of its CPU per page that is the crawl's length, not its pages
+            out["redis_idle_cpu_ms_per_s"] = 1000 * ur.redis_idle_cpu
+            out["redis_idle_us_per_page"] = 1e6 * ur.redis_idle_cpu * ur.redis_window_s / pages
     return out
 
 
