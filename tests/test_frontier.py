@@ -481,6 +481,34 @@ def test_reserves_hold_no_place_until_they_take_one_freed_by_their_slot(redis_cl
     assert redis_client.smembers("t:placeless") == set()
 
 
+def test_a_reserve_reported_taken_and_freed_at_once_stays_counted_until_acknowledged(
+    redis_client,
+):
+    """Why a worker reports neither for a reserve that took a place and left it between two
+    batches (Leases.left): places.lua reads the freed ids before the taken ones, so the
+    reserve, placeless when its freed id is read, is then counted at the site, and the
+    slot's place stays taken until the reserve's acknowledgement."""
+    frontier = polite(redis_client, concurrency=2)
+    push_slot(frontier, "s.test", 10)
+    got = frontier.lease(4, 10_000, reserve=2).items
+    p0 = next(x for x in got if not x.reserve)
+    r0 = next(x for x in got if x.reserve)
+    # p0 left, r0 went out in its place and left too: both reported
+    frontier.places([p0.ref, r0.ref], [r0.ref])
+    assert redis_client.hget("t:inflight", "s.test") == b"2"  # the other place and r0: one too many
+    frontier.commit([r0.ref], [])
+    assert redis_client.hget("t:inflight", "s.test") == b"1"
+    # reported as the worker does, the place is free at once
+    redis_client.flushdb()
+    frontier = polite(redis_client, concurrency=2)
+    push_slot(frontier, "s.test", 10)
+    got = frontier.lease(4, 10_000, reserve=2).items
+    p0 = next(x for x in got if not x.reserve)
+    frontier.places([p0.ref])
+    assert redis_client.hget("t:inflight", "s.test") == b"1"  # the other place alone
+    assert len(frontier.lease(4, 10_000, held={"s.test": 1}).items) == 1
+
+
 def test_a_swap_changes_no_count_and_costs_no_write_to_the_slot(redis_client):
     """A reserve sent in the place of a request of its slot that left the downloader (the
     usual report of a worker with reserves) leaves the slot's count as it was: the report

@@ -56,6 +56,32 @@ def test_a_reserve_takes_the_place_of_a_request_of_its_slot_that_left_the_downlo
     assert not leases.unreported
 
 
+def test_a_reserve_that_took_a_place_and_left_it_before_the_report_is_in_neither_list():
+    """Swapped in and out of the downloader between two batches: the report frees the place
+    of the request it replaced and says nothing of the reserve, which Redis still counts,
+    rightly, as holding none. Reported as taken and freed, places.lua would read the freed
+    first (the reserve holds no place: nothing to free), then the taken, and count it at the
+    site until its acknowledgement."""
+    leases = Leases()
+    first, first_ref, first_request = leased(1)
+    reserve, _, reserve_request = leased(2, reserve=True)
+    chained, chained_ref, chained_request = leased(3, reserve=True)
+    for item in (first, reserve, chained):
+        leases.add(item, leased_at=0)
+    leases.hand_out()
+    assert leases.left(first_request) is True
+    assert leases.hand_out() is reserve_request
+    assert leases.left(reserve_request) is True  # the next reserve takes the place again
+    assert leases.hand_out() is chained_request
+    batch = Batch()
+    leases.report(batch)
+    assert (batch.freed, batch.taken) == ([first_ref], [chained_ref])
+
+    assert leases.left(chained_request) is False  # reported as taken already: freed now
+    leases.report(batch)
+    assert batch.freed == [first_ref, chained_ref]
+
+
 def test_a_freed_place_is_reported_at_once_and_a_reserves_swap_rides_with_the_next_batch():
     """A swap leaves Redis' count right (the place stays counted), so its report waits for
     the next batch sent for other work, up to an interval; a place left free by a worker

@@ -180,7 +180,14 @@ class Leases:
         ref = self._fetching.pop(request, None)
         if ref is None:
             return None
-        self._freed.append(ref)
+        if ref in self._swapped:
+            # a reserve that took a place since the last report, and left it again: Redis,
+            # not told yet, still counts it as holding none, which is true once more. Both
+            # reports would count it at the site until its acknowledgement (places.lua reads
+            # the freed before the taken), the place lost to the slot meanwhile
+            self._swapped.remove(ref)
+        else:
+            self._freed.append(ref)
         slot = self._slots.pop(ref.id, None)
         waiting = self._reserves.get(slot) if slot is not None else None
         if slot is not None and waiting:
