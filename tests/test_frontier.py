@@ -692,22 +692,32 @@ def test_no_reserves_on_a_slot_with_a_delay_or_a_contended_one(redis_client):
     push_slot(a, "s.test", 10)
     assert len(a.lease(2, 10_000).items) == 2
     assert b.lease(2, 10_000, held={}, reserve=3).items == []  # full: b waits, and says so
-    # contended: a gets no reserves, which would keep its places from b
+    # contended, a over its share (one place each) and 8 queued, short of a place and three
+    # reserves for each live worker: a gets no reserves, which would keep requests from b
     assert a.lease(2, 10_000, held={"s.test": 2}, reserve=3).items == []
 
 
-def test_a_lease_reply_counts_the_live_workers(redis_client):
-    """A worker alone in its crawl batches less often (Polling.interval): the lease reply
-    says how many workers beat within the worker timeout, the caller among them."""
+def test_a_deep_contended_slot_gives_reserves_to_a_worker_within_its_share(redis_client):
+    """On a contended slot, a worker within its share also gets reserves while requests are
+    queued beyond the turn for a place and a whole set of reserves per live worker: it sends
+    them in its own places as they free, and refills its share once a batch, not on every
+    place the batch reports. With fewer queued, reserves would keep requests from a worker
+    short of them, and none are given."""
     seconds, micros = redis_client.time()
-    now_ms = seconds * 1000 + micros // 1000
-    a, b = polite(redis_client), polite(redis_client)
-    push_slot(a, "l.test", 3)
-    assert a.lease(1, 10_000).live_workers == 0  # no beat yet
-    redis_client.zadd("t:alive", {a.tag: now_ms})
-    assert a.lease(1, 10_000).live_workers == 1
-    redis_client.zadd("t:alive", {b.tag: now_ms, "0badc0de": now_ms - 60_000})  # one long dead
-    assert a.lease(1, 10_000, worker_timeout_ms=10_000).live_workers == 2
+    a, b = polite(redis_client, concurrency=4), polite(redis_client, concurrency=4)
+    redis_client.zadd("t:alive", {w.tag: seconds * 1000 + micros // 1000 for w in (a, b)})
+    push_slot(a, "s.test", 18)
+    a0, _, _ = a.lease(3, 10_000, held={}).items  # alone so far: three of the four places
+    assert len(b.lease(2, 10_000, held={}).items) == 1
+    assert b.lease(1, 10_000, held={"s.test": 1}).items == []  # below its share of 2: contended
+    # a0 left the downloader; a holds its share (2): its free place is b's, but 14 are
+    # queued, 0 + 2 x (4 places + 3 reserves): reserves, as many as its places
+    assert a.places([a0.ref]) == (1, 0)
+    got = a.lease(4, 10_000, held={"s.test": 2}, reserve=3).items
+    assert [x.reserve for x in got] == [True, True]
+    # b takes the free place; 12 queued, short of 1 + 2 x 7: no reserves for it
+    assert [x.reserve for x in b.lease(4, 10_000, held={"s.test": 1}, reserve=3).items] == [False]
+    assert redis_client.hget("t:inflight", "s.test") == b"4"  # never above the limit
 
 
 def test_robots_probe_gives_one_request_until_the_crawl_delay_is_recorded(redis_client):

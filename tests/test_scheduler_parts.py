@@ -13,12 +13,7 @@ from distcrawl.engine._batch_types import Batch, LeasedRequest
 from distcrawl.engine.building import reserves_per_slot
 from distcrawl.engine.leases import Leases
 from distcrawl.engine.outbox import Outbox
-from distcrawl.engine.polling import (
-    ALONE_INTERVALS,
-    CONTENDED_POLL_MAX,
-    SHORT_LEASE_WAIT,
-    Polling,
-)
+from distcrawl.engine.polling import CONTENDED_POLL_MAX, SHORT_LEASE_WAIT, Polling
 from distcrawl.model.queue_entry import LeaseRef
 from distcrawl.model.records import Entry, EntryKind
 from distcrawl.model.replies import LeaseResult
@@ -279,30 +274,6 @@ def test_a_commit_waits_for_other_work_until_overdue_full_or_throttled():
     assert commit is not None and commit.feedback
     outbox.commit = None
     assert not outbox.overdue(time.monotonic() + 1)
-
-
-def test_a_worker_alone_in_its_crawl_lets_commits_and_reports_wait_longer():
-    """Nobody else waits for a lone worker's places or links: its commits and place reports
-    wait ALONE_INTERVALS flush intervals for a batch sent for other work; with another live
-    worker, or before a lease reply said, one interval."""
-    config = DistcrawlConfig(flush_interval=0.05)
-    polling, outbox = Polling(config), Outbox(config)
-
-    def heard(live):
-        polling.heard(LeaseResult([], queue_size=5, delayed=0, released=0, live_workers=live))
-
-    assert polling.interval == 0.05  # not known yet
-    heard(1)
-    assert polling.interval == 0.05 * ALONE_INTERVALS
-    outbox.ack(LeaseRef("id1", b"t"))
-    now = time.monotonic()
-    assert not outbox.overdue(now + 0.06, polling.interval)
-    assert outbox.overdue(now + 0.05 * ALONE_INTERVALS, polling.interval)
-    heard(2)  # another worker beats: one interval again
-    assert polling.interval == 0.05
-    assert outbox.overdue(now + 0.06, polling.interval)
-    heard(0)  # a reply that could not count (no beat yet): as with other workers
-    assert polling.interval == 0.05
 
 
 def test_closing_takes_every_commit_left():

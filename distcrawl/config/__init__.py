@@ -220,7 +220,7 @@ class DistcrawlConfig:
     #: (it goes with the next batch), so that requests whose items cannot be stored (MongoDB
     #: down) hold leasing back
     max_held: int = 48
-    flush_interval: float = 0.05
+    flush_interval: float = 0.1
     push_batch_size: int = 500
     idle_poll_max: float = 1.0
     idle_timeout: float | None = None

@@ -63,7 +63,7 @@ class BatchBuilder:
 
     def _build_work(self, now: float) -> Batch:
         batch = Batch()
-        if self._p.leases.report_due(now, self._p.polling.interval):
+        if self._p.leases.report_due(now, self.config.flush_interval):
             self._p.leases.report(batch)
         self._work(now, batch)
         if not batch.commits:
@@ -153,7 +153,7 @@ class BatchBuilder:
         outbox = self._p.outbox
         if outbox.commit is None and not (
             not batch.empty()
-            or outbox.overdue(now, self._p.polling.interval)
+            or outbox.overdue(now)
             or self._p.status.paused
             or self._p.status.closing
             or self.held_back

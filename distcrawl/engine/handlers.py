@@ -185,7 +185,7 @@ class SignalHandlers:
         # the slot full. At once only when this worker is short of work: otherwise the report
         # goes with the next turn (Leases.left)
         self._p.polling.place_freed()
-        if self._p.leases.report_due(time.monotonic(), self._p.polling.interval):
+        if self._p.leases.report_due(time.monotonic(), self.config.flush_interval):
             self._pump.kick()
 
     def on_response(self, response: Any, request: Request, spider: Spider) -> None:

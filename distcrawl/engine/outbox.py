@@ -50,19 +50,16 @@ class Outbox:
         """Entries or acknowledgements wait for a commit (the one being sent aside)."""
         return bool(self._outgoing or self._acks)
 
-    def overdue(self, now: float, interval: float | None = None) -> bool:
+    def overdue(self, now: float) -> bool:
         """Whether what waits must go now, not with the next batch sent for other work: it
-        waited ``interval`` (DISTCRAWL_FLUSH_INTERVAL, or Polling.interval), or fills a
-        commit. A commit of its own is a round trip, and a Redis wake-up, per page
-        otherwise."""
+        waited DISTCRAWL_FLUSH_INTERVAL, or fills a commit. A commit of its own is a round
+        trip, and a Redis wake-up, per page otherwise."""
         if self._waiting_since is None:
             return False
         if self._throttled:
             return True  # every worker must hold back from now on
         full = len(self._outgoing) >= self.config.push_batch_size
-        if interval is None:
-            interval = self.config.flush_interval
-        return full or now - self._waiting_since >= interval
+        return full or now - self._waiting_since >= self.config.flush_interval
 
     def pending(self) -> bool:
         """Anything to store: waiting, or in the commit being sent."""

@@ -33,13 +33,6 @@ CONTENDED_POLL_MAX = 0.25
 SHORT_LEASE_WAIT = 0.05
 
 
-#: DISTCRAWL_FLUSH_INTERVALs that commits and place reports wait for a batch sent for other
-#: work while the worker is alone in its crawl: nobody else waits for its places or its links,
-#: and each batch costs Redis about as much as a dozen pages' own work (benchmarks/README.md,
-#: "A worker alone batches less often")
-ALONE_INTERVALS = 2
-
-
 class Polling:
     """The monotonic times at which each periodic step is next due."""
 
@@ -52,22 +45,6 @@ class Polling:
         #: the last lease reply found nothing queued anywhere: a place freed here is no
         #: work, only a commit (this worker's, or another's found by the next poll) is
         self._nothing_queued = False
-        #: the last lease reply counted this worker alone among the live ones
-        self._alone = False
-
-    @property
-    def interval(self) -> float:
-        """How long commits and place reports wait for a batch sent for other work before
-        they go in one of their own: DISTCRAWL_FLUSH_INTERVAL, ALONE_INTERVALS of it while
-        this worker is alone in its crawl. Another worker counts from its first beat, so
-        the short interval is back one lease reply after it starts."""
-        if self._alone:
-            return self.config.flush_interval * ALONE_INTERVALS
-        return self.config.flush_interval
-
-    def heard(self, lease: LeaseResult) -> None:
-        """A lease reply: how many workers are live (0, not known, counts as several)."""
-        self._alone = lease.live_workers == 1
 
     # -- what is due -------------------------------------------------------------------
 

@@ -92,8 +92,7 @@ class Pump:
         return self._loop is not None
 
     def start(self) -> None:
-        """Run a turn now, then every Polling.interval (DISTCRAWL_FLUSH_INTERVAL, or longer
-        while this worker is alone in its crawl)."""
+        """Run a turn now, then every DISTCRAWL_FLUSH_INTERVAL."""
         if self._loop is None:
             self._loop = task.LoopingCall(self.turn)
             self._loop.start(self.config.flush_interval, now=True)
@@ -179,10 +178,6 @@ class Pump:
         got = self._handle_leased(res)
         park: float | None = None
         if batch.want and res.lease is not None:
-            self._p.polling.heard(res.lease)
-            if self._loop is not None:
-                # the turns' pace too (LoopingCall reads it for each next call)
-                self._loop.interval = self._p.polling.interval
             if got:
                 self._p.polling.leased(now, res.lease, got=len(res.leased), asked=batch.want)
             else:
@@ -219,8 +214,8 @@ class Pump:
         freed = self._builder.held_back and res.commits_done > 0
         leases = self._p.leases
         if (
-            self._p.outbox.overdue(now, self._p.polling.interval)
-            or leases.report_due(now, self._p.polling.interval)
+            self._p.outbox.overdue(now)
+            or leases.report_due(now, self.config.flush_interval)
             or ((got or lease_now or freed) and leases.starving())
         ):
             # the next batch now, not one reactor turn later (a turn can be a page's

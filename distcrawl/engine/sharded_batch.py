@@ -183,7 +183,6 @@ class ShardLeases:
                 sum(lease.missing_retries for lease in values),
                 sum(lease.rearmed for lease in values),
                 [bad for lease in values for bad in lease.bad],
-                max(lease.live_workers for lease in values),
             )
 
         return Fan(ops, merge)

@@ -49,9 +49,6 @@ class LeaseResult(NamedTuple):
     rearmed: int = 0
     #: leased members that do not parse, for the worker to dead-letter
     bad: list[BadLease] = []
-    #: workers whose liveness beat is recent, the caller among them once it beats (0: not
-    #: known)
-    live_workers: int = 0
 
 
 class Places(NamedTuple):
@@ -192,7 +189,7 @@ PACED, RESERVE = 1, 2
 def parse_lease(res: Any) -> LeaseResult:
     items: list[Leased] = []
     bad: list[BadLease] = []
-    for i in range(9, len(res), 3):
+    for i in range(8, len(res), 3):
         kind, token, raw = int(res[i]), res[i + 1], res[i + 2]
         try:
             leased = parse_entry(raw)
@@ -200,11 +197,9 @@ def parse_lease(res: Any) -> LeaseResult:
         except QueueEntryError as exc:
             bad.append(BadLease(LeaseRef(raw_id(raw), token), raw, str(exc)))
     wait = None if int(res[3]) < 0 else int(res[3]) / 1000
-    queue, delayed, released, _, now, quarantined, missing, rearmed, live = (
-        int(x) for x in res[:9]
-    )
+    queue, delayed, released, _, now, quarantined, missing, rearmed = (int(x) for x in res[:8])
     return LeaseResult(
-        items, queue, delayed, released, wait, now, quarantined, missing, rearmed, bad, live
+        items, queue, delayed, released, wait, now, quarantined, missing, rearmed, bad
     )
 
 

@@ -76,10 +76,14 @@
 -- request takes its place from its lease until it leaves the downloader, and a
 -- worker learns that a place is free one batch later (the answer's report, the next lease:
 -- tens of ms on a busy worker), which at 100 ms a page cost a third of the slot's
--- concurrency. So a worker holding places of an uncontended slot without a delay also gets
+-- concurrency. So a worker holding places of a slot without a delay also gets
 -- reserves: leased requests that hold no place (in 'placeless'). It sends one only in the
 -- place of a request of the same slot that left its downloader, at once, and reports the
--- swap afterwards (places.lua): the site never sees more than the slot's concurrency.
+-- swap afterwards (places.lua): the site never sees more than the slot's concurrency. On a
+-- contended slot, only while its queue holds, beyond this turn, a place and a whole set of
+-- reserves for every live worker: there they keep no request from a worker short of one,
+-- and each worker refills its share once a batch rather than as the batches report its
+-- places free (two workers on one slot at 100 ms a page took four requests a batch).
 --
 -- A queue member that is not a well-formed entry (entry_slot) is moved to the dead letters
 -- where it is met (quarantine), so it can neither stop this script nor stay in the queue.
@@ -89,8 +93,7 @@
 --
 -- Returns {queue length, retries still waiting, retries released, ms until the next slot
 --          is ready or the next retry is due (-1: neither), now (ms), members quarantined,
---          retries whose record was missing, slots armed again, live workers (ARGV[12]; the
---          caller among them once it beats: a worker alone in its crawl batches less often),
+--          retries whose record was missing, slots armed again,
 --          paced1, token1, entry1, paced2, token2, entry2, ...}, the requests in the
 --          rotation's order (below): by priority, equal ones taking the slots in turn;
 --          paced is 1 for a request of a slot with a delay: its turn began now, so the
@@ -135,7 +138,7 @@ end
 local function share_of(conc)
   return math.max(1, math.ceil(conc / math.max(2, live_workers())))
 end
-local out = {0, 0, 0, -1, now, 0, 0, 0, 0}
+local out = {0, 0, 0, -1, now, 0, 0, 0}
 local function quarantined(raw, reason, queue)
   redis.call('ZREM', queue or KEYS[1], raw)
   quarantine(KEYS[13], KEYS[14], raw, reason, now)
@@ -294,13 +297,22 @@ local function visit(slot, room, first)
   local contended = tonumber(redis.call('HGET', KEYS[11], slot))
   contended = contended ~= nil and now - contended < 1000
   if take > 0 and contended then take = math.min(take, share_of(conc) - mine) end
-  -- reserves: up to as many as the places this worker holds, at most reserve_max, on an
-  -- uncontended slot without a delay
+  -- reserves: up to as many as the places this worker holds, at most reserve_max, on a
+  -- slot without a delay, for a worker holding no more than its share of the places (see
+  -- Reserves above)
   local extra = 0
-  if reserve_max > 0 and not contended and delay == 0 and not probe and not wait_until then
+  if reserve_max > 0 and delay == 0 and not probe and not wait_until then
     local placed = mine + math.max(take, 0)
-    -- not beyond its share among the live workers: reserves would keep the places
-    if placed <= math.max(1, math.ceil(conc / math.max(1, live_workers()))) then
+    local may
+    if not contended then
+      -- not beyond its share among the live workers: reserves would keep the places
+      may = placed <= math.max(1, math.ceil(conc / math.max(1, live_workers())))
+    else
+      -- within its share, and requests enough queued for everyone's places and reserves
+      may = placed <= share_of(conc) and redis.call('ZLEXCOUNT', KEYS[1], slot_range(slot))
+        >= math.max(take, 0) + live_workers() * (conc + reserve_max)
+    end
+    if may then
       extra = math.min(reserve_max, placed) - (reserved[slot] or 0)
       extra = math.max(0, math.min(extra, room - math.max(take, 0)))
     end
@@ -539,5 +551,4 @@ for _, key in ipairs({KEYS[5], KEYS[4], KEYS[18]}) do
   end
 end
 if starved and (out[4] < 0 or out[4] > RECHECK_HUNGRY_MS) then out[4] = RECHECK_HUNGRY_MS end
-out[9] = live_workers()
 return out
