@@ -116,9 +116,21 @@ def test_a_dead_workers_domain_resumes_long_before_its_leases_expire(
     redis_client.lpush("site:start_urls", site.url + "/")
     victim = workers(1, **settings)
     assert wait_until(lambda: len(page_fetches(site)) >= 40, timeout=60)
+
+    def stopped_holding_every_place() -> bool:
+        # stopped first, so that no report of a freed place lands between the look and the
+        # kill: a worker's count dips below the domain's concurrency from the report of a
+        # place freed to the lease that takes it again
+        os.kill(victim.pid, signal.SIGSTOP)
+        if int(redis_client.hget("site:inflight", "127.0.0.1") or 0) >= 8:
+            return True
+        os.kill(victim.pid, signal.SIGCONT)
+        return False
+
+    # it dies holding every place of the domain
+    assert wait_until(stopped_holding_every_place, timeout=30)
     victim.kill()
     killed = time.time()
-    # it died holding every place of the domain
     assert int(redis_client.hget("site:inflight", "127.0.0.1") or 0) >= 8
     survivor = workers(2, **settings)
     # the default worker timeout is 10 s, the lease 60 s: the dead-worker path frees the

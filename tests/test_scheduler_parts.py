@@ -578,3 +578,30 @@ def test_a_batch_leaves_the_place_reports_of_the_requests_it_acknowledges_to_the
     batch = parts.builder.build(time.monotonic() + 1)
     assert [commit.acks for commit in batch.commits] == [[first_ref]]
     assert (batch.freed, batch.taken) == ([other_ref], [reserve_ref])
+
+
+def test_a_poll_waiting_for_a_slots_next_turn_names_that_time():
+    """Past an interval away, a slot's next turn (the reply's wait) is when the pump asks,
+    not its first periodic turn after it (Pump): the slot's gaps stretch by nothing, and no
+    worker's periodic beat decides who takes it. Within an interval, or when a back-off or
+    a short wait comes sooner, there is no such time."""
+    polling = Polling(DistcrawlConfig(flush_interval=0.1))
+    now = time.monotonic()
+
+    def reply(wait: float | None) -> LeaseResult:
+        return LeaseResult([], queue_size=5, delayed=0, released=0, wait=wait)
+
+    polling.back_off(now, reply(0.6), idle=False)  # the back-off's 50 ms come first
+    assert polling.turn_at is None
+    for _ in range(3):
+        polling.back_off(now, reply(None), idle=False)  # up to CONTENDED_POLL_MAX
+    polling.back_off(now, reply(0.15), idle=False)
+    assert polling.turn_at == now + 0.15
+    assert not polling.lease_due(now + 0.14) and polling.lease_due(now + 0.15)
+    polling.back_off(now, reply(0.05), idle=False)  # within an interval: the periodic turn
+    assert polling.turn_at is None
+    polling.back_off(now, reply(0.15), idle=False)
+    polling.lease_now(now)  # work arrived: no turn to wait for
+    assert polling.turn_at is None
+    polling.leased(now, reply(0.6), got=1, asked=4)  # SHORT_LEASE_WAIT comes first
+    assert polling.turn_at is None

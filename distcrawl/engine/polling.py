@@ -45,6 +45,10 @@ class Polling:
         #: the last lease reply found nothing queued anywhere: a place freed here is no
         #: work, only a commit (this worker's, or another's found by the next poll) is
         self._nothing_queued = False
+        #: when the next lease poll waits for the reply's next turn of a slot (or retry, or
+        #: revisit) more than an interval away: that time (monotonic), for the pump to ask
+        #: then rather than at its first periodic turn after it (Pump); None otherwise
+        self.turn_at: float | None = None
 
     # -- what is due -------------------------------------------------------------------
 
@@ -79,6 +83,7 @@ class Polling:
         self._idle_delay = 0.0
         self._nothing_queued = False
         self._next_lease = now
+        self.turn_at = None
 
     def leased(self, now: float, lease: LeaseResult, *, got: int, asked: int) -> None:
         """A lease poll brought ``got`` of the ``asked`` requests. All of them: the next
@@ -92,10 +97,7 @@ class Polling:
             return
         self._idle_delay = 0.0
         self._nothing_queued = not lease.queue_size
-        wait = SHORT_LEASE_WAIT
-        if lease.wait is not None:
-            wait = min(wait, max(lease.wait, self.config.flush_interval))
-        self._next_lease = now + wait
+        self._wait(now, SHORT_LEASE_WAIT, lease)
 
     def back_off(self, now: float, lease: LeaseResult, *, idle: bool) -> float | None:
         """A lease poll found nothing this worker could take. Returns, when the worker
@@ -115,11 +117,20 @@ class Polling:
             # this worker's own pages may queue requests, and other workers' likewise
             cap = min(cap, CONTENDED_POLL_MAX)
         self._idle_delay = min(max(self._idle_delay * 2, 0.05), cap)
-        wait = self._idle_delay
-        if lease.wait is not None:  # a slot's turn comes sooner: ask for it then
-            wait = min(wait, max(lease.wait, self.config.flush_interval))
-        self._next_lease = now + wait
+        self._wait(now, self._idle_delay, lease)
         return None
+
+    def _wait(self, now: float, longest: float, lease: LeaseResult) -> None:
+        """The next lease poll in ``longest`` seconds, or at the reply's next turn if that
+        comes sooner (never within an interval: the periodic turn is about as soon)."""
+        wait, self.turn_at = longest, None
+        if lease.wait is not None:
+            turn = max(lease.wait, self.config.flush_interval)
+            if turn < longest:
+                wait = turn
+                if lease.wait > self.config.flush_interval:
+                    self.turn_at = now + lease.wait
+        self._next_lease = now + wait
 
     def peeked(self, now: float, got: int, asked: int, *, busy: bool) -> None:
         """A claim of start URLs brought ``got`` of the ``asked``; ``busy``: this worker
@@ -137,6 +148,7 @@ class Polling:
     def lease_in(self, now: float, delay: float) -> None:
         """The next lease poll in ``delay`` seconds, without back-off."""
         self._next_lease = now + delay
+        self.turn_at = None
 
     def peek_now(self, now: float) -> None:
         """Start URLs are there (a parked worker's wait took one): claim the rest as soon
@@ -159,3 +171,4 @@ class Polling:
 
     def resume(self) -> None:
         self._next_lease = self._next_peek = time.monotonic()
+        self.turn_at = None

@@ -76,6 +76,8 @@ class Pump:
         self.busy = False
         self._kick_pending = False
         self._loop: task.LoopingCall | None = None
+        #: the turn that asks for a lease at a slot's next turn (Polling.turn_at)
+        self._turn_call: Any = None
         #: made at the first completion event to deliver (DISTCRAWL_FINISH_WEBHOOK)
         self._webhook: FinishWebhook | None = None
 
@@ -100,6 +102,24 @@ class Pump:
     def stop(self) -> None:
         if self._loop is not None and self._loop.running:
             self._loop.stop()
+        if self._turn_call is not None and self._turn_call.active():
+            self._turn_call.cancel()
+
+    def _ask_at_turn(self) -> None:
+        """A lease poll waiting for a slot's next turn (its delay) goes at that turn, not at
+        the first periodic turn after it: up to DISTCRAWL_FLUSH_INTERVAL later, the slot's
+        gaps would stretch by as much, and whichever worker's periodic turn came first after
+        the slot's would take its every turn."""
+        at = self._p.polling.turn_at
+        if at is None or self._p.status.closing:
+            return
+        from twisted.internet import reactor
+
+        if self._turn_call is not None and self._turn_call.active():
+            self._turn_call.cancel()
+        # a millisecond late rather than early: the lease is due from ``at`` on
+        delay = max(0.0, at - time.monotonic()) + 0.001
+        self._turn_call = reactor.callLater(delay, self.kick)  # type: ignore[attr-defined,arg-type,unused-ignore]
 
     def kick(self) -> None:
         if self._kick_pending or self._p.status.closing or self._loop is None:
@@ -210,6 +230,8 @@ class Pump:
         if res.drained is not None:
             self._p.idle_clock.drained = (now, res.drained)
             _engine.wake(self.crawler)  # the engine asks spider_idle again, which reads it
+        if batch.want:
+            self._ask_at_turn()
         # acknowledgements just stored made room for the lease they held back
         freed = self._builder.held_back and res.commits_done > 0
         leases = self._p.leases
