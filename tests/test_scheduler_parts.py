@@ -605,3 +605,9 @@ def test_a_poll_waiting_for_a_slots_next_turn_names_that_time():
     assert polling.turn_at is None
     polling.leased(now, reply(0.6), got=1, asked=4)  # SHORT_LEASE_WAIT comes first
     assert polling.turn_at is None
+    for _ in range(3):
+        polling.back_off(now, reply(None), idle=False)
+    polling.back_off(now, reply(0.15), idle=False)
+    empty = LeaseResult([], queue_size=0, delayed=0, released=0, wait=None)
+    assert polling.back_off(now, empty, idle=True) == math.inf  # parked: no turn either
+    assert polling.turn_at is None

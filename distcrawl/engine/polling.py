@@ -109,6 +109,7 @@ class Polling:
             # as soon as work arrives, or at the next due time
             self._idle_delay = 0.0
             self._next_lease = math.inf
+            self.turn_at = None  # parked: the wait ends at the due time instead
             return math.inf if lease.wait is None else lease.wait
         self._nothing_queued = not lease.queue_size
         cap = self.config.idle_poll_max
