@@ -382,7 +382,7 @@ class Pump:
         lease = res.lease
         if lease is None:
             return 0
-        got = 0
+        got = reserves = 0
         for item in res.leased:
             if item.request is None:
                 logger.error(
@@ -398,11 +398,13 @@ class Pump:
                 continue
             self._p.leases.add(item, lease.leased_at)
             got += 1
+            reserves += item.reserve
         self._p.status.remote_queue = lease.queue_size
         self._clock.learn(lease.leased_at)
         self._p.report.lease(lease)
         if got:
             self._p.report.inc("distcrawl/leased", got)
+            self._p.report.inc("distcrawl/places/reserves_leased", reserves)
             self._p.idle_clock.worked()
             _engine.wake(self.crawler)
         return got
