@@ -720,34 +720,6 @@ def test_a_deep_contended_slot_gives_reserves_to_a_worker_within_its_share(redis
     assert redis_client.hget("t:inflight", "s.test") == b"4"  # never above the limit
 
 
-def test_reserves_beyond_the_count_asked_come_from_the_budget(redis_client):
-    """A lone worker whose places all cycle through its own buffer (CPU-bound, 0 ms a page)
-    asks for no more than the places it freed: without a budget beyond that count it never
-    got a reserve, and each place waited a whole batch for its report before it was used
-    again. The budget gives reserves, within the per-slot limit, and no place more."""
-    frontier = polite(redis_client, concurrency=3)
-    push_slot(frontier, "s.test", 20)
-    placed = frontier.lease(3, 10_000, reserve=4).items
-    assert [x.reserve for x in placed] == [False] * 3  # the count asked: no room for reserves
-    # one place freed (its report arms the slot again): the count asked takes it, and
-    # nothing more without a budget
-    assert frontier.places([placed[0].ref]) == (1, 0)
-    got = frontier.lease(1, 10_000, held={"s.test": 2}, reserve=4).items
-    assert [x.reserve for x in got] == [False]
-    # again, with a budget: reserves beside it, as many as the places held (3)
-    assert frontier.places([placed[1].ref]) == (1, 0)
-    got = frontier.lease(1, 10_000, held={"s.test": 2}, reserve=4, reserve_budget=5).items
-    assert [x.reserve for x in got] == [False, True, True, True]
-    assert redis_client.hget("t:inflight", "s.test") == b"3"  # never above the limit
-    # and never more than the budget
-    assert frontier.places([placed[2].ref]) == (1, 0)
-    more = frontier.lease(
-        1, 10_000, held={"s.test": 2}, reserve=4, reserved={"s.test": 0}, reserve_budget=1
-    ).items
-    assert [x.reserve for x in more] == [False, True]
-    assert redis_client.scard("t:placeless") == 3 + 4  # the three freed, the four reserves
-
-
 def test_robots_probe_gives_one_request_until_the_crawl_delay_is_recorded(redis_client):
     frontier = polite(redis_client, robots="60000:30000")
     push_slot(frontier, "r.test", 5)

@@ -462,32 +462,6 @@ def test_a_last_acknowledgement_riding_with_a_lease_poll_still_looks_for_the_fin
     assert batch.commits and not batch.drain
 
 
-def test_a_lease_may_bring_reserves_beyond_what_it_asks_within_the_room_left():
-    """The count a lease asks for refills the prefetch; reserves come beyond it (lease.lua's
-    budget) up to a prefetch of them held, and never past DistcrawlConfig.max_held."""
-    parts = builder_parts(DistcrawlConfig(prefetch=4, max_held=10))
-    leases = parts.builder._p.leases
-    batch = parts.builder.build(time.monotonic())
-    assert (batch.want, batch.reserve_budget) == (4, 4)
-    for n in range(2):
-        item, _, _ = leased(n)
-        leases.add(item, 0)
-    reserve, _, _ = leased(9, reserve=True)
-    leases.add(reserve, 0)
-    batch = parts.builder.build(time.monotonic())
-    # 2 ready and a reserve: the prefetch wants one more, 3 more reserves may come
-    assert (batch.want, batch.reserve_budget) == (1, 3)
-    for n in range(2, 7):
-        item, _, _ = leased(n)
-        leases.add(item, 0)
-    for _ in range(5):
-        leases.hand_out()
-    batch = parts.builder.build(time.monotonic())
-    # 8 held (2 ready, 1 reserve, 5 in the engine): of the room of 2, the prefetch's
-    # refill takes 1, and 1 is left for reserves
-    assert (batch.want, batch.reserve_budget) == (1, 1)
-
-
 def test_a_wait_that_woke_a_parked_worker_has_its_next_lease_ask_every_shard_once():
     parts = builder_parts()
     builder, parking = parts.builder, parts.parking

@@ -109,8 +109,6 @@ class Batch:
     #: reserves the worker may hold per slot, and those it holds
     reserve: int = 0
     reserved: Counter[str] = field(default_factory=Counter)
-    #: reserves the lease may give beyond ``want`` (lease.lua's ARGV[16]; BatchBuilder._work)
-    reserve_budget: int = 0
     #: start_urls entries to claim (Frontier.claim_start_urls)
     peek: int = 0
     release: list[LeaseRef] = field(default_factory=list)

@@ -135,12 +135,6 @@ class BatchBuilder:
             batch.held = held
             batch.reserve = reserves_per_slot(prefetch)
             batch.reserved = self._p.leases.reserved()
-            # reserves beyond ``want``: a worker whose places all wait in its own buffer
-            # (CPU-bound) wants no more than the places it freed, and would get none; up to a
-            # prefetch of them held, within the room max_held leaves
-            batch.reserve_budget = max(
-                0, min(room - batch.want, batch.reserve - self._p.leases.reserve_count)
-            )
         if (
             status.start_pending == 0
             and self._p.polling.peek_due(now)

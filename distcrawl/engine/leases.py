@@ -65,7 +65,7 @@ class Leases:
     @property
     def waiting(self) -> int:
         """Requests held and not yet handed to the engine, reserves included."""
-        return len(self._ready) + self.reserve_count
+        return len(self._ready) + self._reserve_count()
 
     @property
     def held(self) -> int:
@@ -107,9 +107,7 @@ class Leases:
         """Some lease is held, or some report is due."""
         return bool(self._ready or self._active or self._reserves or self._sent or self.unreported)
 
-    @property
-    def reserve_count(self) -> int:
-        """Reserves held, of every slot."""
+    def _reserve_count(self) -> int:
         return sum(len(q) for q in self._reserves.values())
 
     def reserved(self) -> Counter[str]:

@@ -135,7 +135,7 @@ class ShardLeases:
         plan = [(s, base + (1 if k < extra else 0)) for k, s in enumerate(due)]
         return [(s, c) for s, c in plan if c > 0]
 
-    def _op(self, frontier: Frontier, count: int, batch: Batch, budget: int) -> Op[LeaseResult]:
+    def _op(self, frontier: Frontier, count: int, batch: Batch) -> Op[LeaseResult]:
         return frontier.lease_op(
             count,
             self.lease_ms,
@@ -143,20 +143,16 @@ class ShardLeases:
             worker_timeout_ms=self.worker_timeout_ms,
             reserve=batch.reserve,
             reserved=batch.reserved,
-            reserve_budget=budget,
         )
 
     def fan(self, batch: Batch) -> Fan[LeaseResult]:
         """The batch's lease: one op per shard asked, read back as one lease."""
         if not self.shards.sharded:
-            op = self._op(self.shards.crawl, batch.want, batch, batch.reserve_budget)
-            return Fan([op], _first_lease)
+            return Fan([self._op(self.shards.crawl, batch.want, batch)], _first_lease)
         plan = self.plan(batch.want, time.monotonic())
-        # a slot lives in one shard: the budget is shared among the shards asked, as ``want``
-        budget = -(-batch.reserve_budget // max(1, len(plan)))
         ops: list[Op[Any]] = []
         for shard, count in plan:
-            op = self._op(self.shards.parts[shard], count, batch, budget)
+            op = self._op(self.shards.parts[shard], count, batch)
             ops.append(Op(op.script, op.keys, op.args, _compose(op.parse, _of_shard(shard))))
 
         def merge(values: list[LeaseResult]) -> LeaseResult:

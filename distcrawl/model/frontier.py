@@ -196,15 +196,13 @@ class Frontier:
         worker_timeout_ms: int = 10_000,
         reserve: int = 0,
         reserved: Mapping[str, int] | None = None,
-        reserve_budget: int = 0,
     ) -> Op[LeaseResult]:
         """Lease up to ``count`` requests from the slots whose turn has come, after moving
         up to ``promote`` due retries into the queue. ``held``: how many requests of each
         slot the caller already holds, for the fair share of a contended slot, which is
         divided among the workers whose last liveness beat is younger than
         ``worker_timeout_ms``. ``reserve``: how many reserves the caller may hold per slot
-        (``reserved``: how many it holds), and ``reserve_budget`` of them may come beyond
-        ``count``; ``held`` counts only requests holding places."""
+        (``reserved``: how many it holds); ``held`` counts only requests holding places."""
         k, p = self.keys, self.politeness
         mine = json.dumps(dict(held), separators=(",", ":")) if held else ""
         ahead = json.dumps(dict(reserved), separators=(",", ":")) if reserved else ""
@@ -213,7 +211,7 @@ class Frontier:
         args = [
             *(count, lease_ms, promote, p.scan, p.delay_ms, p.concurrency),
             *(p.overrides, p.robots, mine, self._tag_bytes, nonce, worker_timeout_ms),
-            *(reserve, ahead, f"{p.revisit_share:.4f}", reserve_budget),
+            *(reserve, ahead, f"{p.revisit_share:.4f}"),
         ]
         return Op("lease", keys, args, parse_lease)
 

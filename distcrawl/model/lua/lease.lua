@@ -46,8 +46,6 @@
 -- ARGV[14] JSON {slot: reserves the caller holds}, or ''
 -- ARGV[15] the share of a slot's requests taken from the due revisits (KEYS[19]) while new
 --          ones (KEYS[1]) wait too, 0 to 1 (DISTCRAWL_RECRAWL_SHARE)
--- ARGV[16] how many reserves this call may give beyond ARGV[1] (0 or absent: reserves
---          count in ARGV[1] like any request)
 --
 -- Revisits: due ones move (up to ARGV[3], like retries) into their own queue, KEYS[19], and a
 -- slot's turn takes its requests from both queues, ARGV[15] of them from the revisits
@@ -79,8 +77,7 @@
 -- worker learns that a place is free one batch later (the answer's report, the next lease:
 -- tens of ms on a busy worker), which at 100 ms a page cost a third of the slot's
 -- concurrency. So a worker holding places of a slot without a delay also gets
--- reserves: leased requests that hold no place (in 'placeless'), out of ARGV[1] and then
--- out of ARGV[16] (a worker at 0 ms a page asks for no more than the places it freed). It sends one only in the
+-- reserves: leased requests that hold no place (in 'placeless'). It sends one only in the
 -- place of a request of the same slot that left its downloader, at once, and reports the
 -- swap afterwards (places.lua): the site never sees more than the slot's concurrency. On a
 -- contended slot, only while its queue holds, beyond this turn, a place and a whole set of
@@ -132,9 +129,6 @@ local alive_ms = tonumber(ARGV[12])
 local reserve_max = tonumber(ARGV[13]) or 0
 local reserved = {}
 if (ARGV[14] or '') ~= '' then reserved = cjson.decode(ARGV[14]) end
--- reserves given beyond ``want``: a worker whose places all cycle through its own buffer
--- (CPU-bound, 0 ms a page) asks for no more than the places it freed, and would get none
-local reserve_budget = tonumber(ARGV[16]) or 0
 local live = nil
 local function live_workers()
   if not live then live = redis.call('ZCOUNT', KEYS[16], now - alive_ms, '+inf') end
@@ -320,7 +314,7 @@ local function visit(slot, room, first)
     end
     if may then
       extra = math.min(reserve_max, placed) - (reserved[slot] or 0)
-      extra = math.max(0, math.min(extra, room - math.max(take, 0) + reserve_budget))
+      extra = math.max(0, math.min(extra, room - math.max(take, 0)))
     end
   end
   if not first and (take <= 0 and extra <= 0) then
@@ -414,10 +408,7 @@ local function visit(slot, room, first)
     call_many('ZADD', KEYS[3], deadlines)
     call_many('SREM', KEYS[17], placed)
     call_many('SADD', KEYS[17], unplaced)
-    -- reserves come out of what ``room`` leaves, then out of the budget
-    local beyond = math.max(0, reserves - math.max(0, room - taken))
-    reserve_budget = reserve_budget - beyond
-    want = want - taken - (reserves - beyond)
+    want = want - taken - reserves
     held[slot] = mine + taken
     reserved[slot] = (reserved[slot] or 0) + reserves
     if taken > 0 then
