@@ -296,7 +296,9 @@ def test_pending_cap_drops_new_requests_and_refuses_pushes(demo_site, workers, r
             break
         time.sleep(0.05)
     assert max(sizes) <= cap, max(sizes)
-    assert max(sizes) >= cap * 3 // 4  # it was really filling up
+    # it was really filling up: commit.lua drops a new request only while the queue holds
+    # the cap (a sample every 50 ms of a queue the leases drain can miss its peak: 24 of 40
+    # seen once on a loaded machine)
     assert wait_until(
         lambda: int(redis_client.hget("site:stats", "dropped") or 0) > 0,
         timeout=30,
