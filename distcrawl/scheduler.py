@@ -49,7 +49,7 @@ from scrapy.core.scheduler import BaseScheduler
 from scrapy.dupefilters import BaseDupeFilter
 from twisted.internet import defer, task
 
-from distcrawl.codec.politeness import ServerClock
+from distcrawl.codec.politeness import Hold, ServerClock
 from distcrawl.codec.serialize import RequestCodec
 from distcrawl.config import DistcrawlConfig
 from distcrawl.dupefilter import RedisDupeFilter
@@ -58,6 +58,7 @@ from distcrawl.engine._batch_types import Batch, BatchResult, Rider
 from distcrawl.engine.building import BatchBuilder
 from distcrawl.engine.drain import Drain
 from distcrawl.engine.handlers import IdleClock, SignalHandlers
+from distcrawl.engine.holds import HoldListener
 from distcrawl.engine.idle import IdleWaits, claim_wait_for
 from distcrawl.engine.intake import Intake
 from distcrawl.engine.leases import Leases
@@ -289,6 +290,28 @@ class Scheduler(BaseScheduler):
             )
             assert link.liveness is not None
             link.liveness.on_readded = link.idle_waits.registered_again
+        if link.holds is None:
+            from twisted.internet import reactor
+
+            def heard(hold: Hold) -> None:
+                reactor.callFromThread(self._heard, hold)
+
+            link.holds = HoldListener(
+                self.config.redis_url,
+                self.keys.holds,
+                socket_timeout=self.config.socket_timeout,
+                cluster=self.io.cluster,
+                max_ms=int(self.config.retry.after_max * 1000),
+                deliver=heard,
+            )
+            link.holds.start()
+
+    def _heard(self, hold: Hold) -> None:
+        """Another worker (or this one) read an answer asking its slot to wait (holds.py)."""
+        if self._status.closing:
+            return
+        self._report.inc("distcrawl/politeness/holds_heard")
+        self._pump.hold(hold, publish=False)
 
     def _open_frontier(self) -> dict[str, int]:
         if self._link.runner is None:
@@ -545,6 +568,8 @@ class Scheduler(BaseScheduler):
                     break
                 await task.deferLater(reactor, 0.05)
             idle_waits.stop()
+        if self._link.holds is not None:
+            self._link.holds.stop()
         self._pump.collect_finished()
         self._riders.drop(self._riders.take())
         # requests not done are given back at once, for another worker to take

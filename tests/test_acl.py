@@ -51,9 +51,9 @@ def lua_commands() -> set[str]:
     return found
 
 
-_RECEIVER = re.compile(r"(^|\.)_?(client|pipe|other)$|_redis\(\)$")
+_RECEIVER = re.compile(r"(^|\.)_?(client|pipe|other|subscription)$|_redis\(\)$")
 #: redis-py methods that send no command of their own
-_NO_COMMAND = {"close", "execute", "set_retry", "execute_command"}
+_NO_COMMAND = {"close", "execute", "set_retry", "execute_command", "pubsub", "get_message"}
 _RENAMED = {
     "delete": "del",
     "script_load": "script|load",
@@ -89,7 +89,8 @@ def python_commands(admin: bool | str = False) -> set[str]:
             if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
                 continue
             name, receiver = node.func.attr, ast.unparse(node.func.value)
-            if not _RECEIVER.search(receiver) or not hasattr(redis.client.Pipeline, name):
+            known = hasattr(redis.client.Pipeline, name) or hasattr(redis.client.PubSub, name)
+            if not _RECEIVER.search(receiver) or not known:
                 continue
             if name == "pipeline":
                 plain = any(
@@ -158,6 +159,7 @@ def test_the_scanner_sees_the_calls_it_must_see():
     """Guards the scan itself: a few calls known to be in the package."""
     found = python_commands()
     assert {"info", "zrem", "set", "lrange", "zmscore", "hscan", "multi", "time"} <= found
+    assert {"publish", "subscribe"} <= found  # holds.py: a worker's holds channel
 
 
 # ---------------------------------------------------------------------- output
@@ -357,9 +359,12 @@ def test_worker_is_held_to_its_namespace(capsys, monkeypatch, redis_server, redi
     worker = redis.Redis.from_url(worker_url)
     try:
         worker.hset(SITE.stats, b"pages", 1)
+        worker.publish(SITE.holds, b"{}")  # its crawl's one channel
         for attempt in (
             lambda: worker.hset("other:stats", b"pages", 1),
             lambda: worker.lpush("other:start_urls", b"http://x.example/"),
+            lambda: worker.publish("other:holds", b"{}"),
+            lambda: worker.publish("site:other", b"{}"),
             lambda: worker.eval("return 1", 0),
             lambda: worker.script_load("return 1"),
             lambda: worker.evalsha("0" * 40, 0),

@@ -59,6 +59,9 @@ def test_key_names_are_pinned():
     assert k.legacy_seen == "site:seen:legacy"
     assert k.migration == "site:migration"
     assert k.wake_of("0a0b0c0d") == "site:wake:0a0b0c0d"
+    # a pub/sub channel, not a key: in no key list, the same for every shard
+    assert k.holds == "site:holds" and k.holds not in k.all()
+    assert k.sharded(4).of_shard(2).holds == "site:holds"
     assert k.robots_lock("a.test:8080") == "site:robotstxt:lock:a.test:8080"
     assert k.robots_txt("a.test:8080") == "site:robotstxt:a.test:8080"
     assert k.robots_txt_pattern == "site:robotstxt:*"
@@ -153,6 +156,7 @@ def test_cluster_key_names_are_pinned():
     assert k.robots_lock("a.test") == "{site:start_urls}:robotstxt:lock:a.test"
     assert k.robots_txt_pattern == "{site:start_urls}:robotstxt:*"
     assert k.prefix == "{site:start_urls}:"
+    assert k.holds == "{site:start_urls}:holds"
     plain = FrontierKeys("site")
     assert {name.replace("{site:start_urls}:", "site:") for name in k.all()} == set(plain.all())
     assert all(n == k.start_urls or n.startswith(k.prefix) for n in k.all())

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -28,6 +29,42 @@ if TYPE_CHECKING:
     from distcrawl.config import DistcrawlConfig
 
 DOWNLOAD_SLOT = "download_slot"
+
+#: the longest slot name a hold may carry (a host name is at most 253 characters; a
+#: download_slot is the user's, but never this long)
+MAX_SLOT = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """A slot a site asked to wait for, and for how long (ms) from when it is read: what a
+    worker publishes on the crawl's holds channel (engine/holds.py), an untrusted message
+    for every worker that reads it (``parse_hold``)."""
+
+    slot: str
+    ms: int
+
+    def message(self) -> str:
+        return json.dumps({"slot": self.slot, "ms": self.ms}, separators=(",", ":"))
+
+
+def parse_hold(data: Any, max_ms: int) -> Hold | None:
+    """The hold a message names, its wait capped at ``max_ms`` (DISTCRAWL_RETRY_AFTER_MAX);
+    None for anything else."""
+    if not isinstance(data, bytes | str) or len(data) > MAX_SLOT * 2:
+        return None
+    try:
+        value = json.loads(data)
+    except (TypeError, ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(value, dict):
+        return None
+    slot, ms = value.get("slot"), value.get("ms")
+    if not isinstance(slot, str) or not 0 < len(slot) <= MAX_SLOT:
+        return None
+    if not isinstance(ms, int) or isinstance(ms, bool) or ms <= 0:
+        return None
+    return Hold(slot, min(ms, max_ms))
 
 
 def parse_retry_after(
@@ -174,6 +211,19 @@ class FeedbackBuffer:
             record[0] += 1
             record[1] += int(float(request.meta.get("download_latency", 0.0)) * 1000)
         return throttled
+
+    def hold_of(self, request: Request, response: Response) -> Hold | None:
+        """The wait a throttled answer asks of its whole slot: its ``Retry-After``, capped
+        at DISTCRAWL_RETRY_AFTER_MAX, as commit.lua holds the slot back; None without one."""
+        if response.status not in self.codes:
+            return None
+        after = retry_after_of(response, self.clock.now())
+        if after is None:
+            return None
+        ms = int(min(after, self.retry_after_max) * 1000)
+        if ms <= 0:
+            return None
+        return Hold(slot_of(request, by_ip=self.by_ip), ms)
 
     def __bool__(self) -> bool:
         return bool(self._slots)

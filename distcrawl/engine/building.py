@@ -127,6 +127,8 @@ class BatchBuilder:
             self.held_back = False
         batch.release, held = self._p.leases.release_idle_reserves(lease)
         self._p.report.inc("distcrawl/places/reserves_returned", len(batch.release))
+        # requests of a slot a site asked to wait for (Leases.hold): they wait in Redis
+        batch.release += self._p.leases.take_given_back()
         if self._p.parking.parked:
             return  # the blocking reads wait for work (idle.py): no poll, no claim
         if lease:

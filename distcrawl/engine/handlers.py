@@ -192,5 +192,10 @@ class SignalHandlers:
         if self._p.outbox.feedback(request, response):
             self._p.report.inc("distcrawl/politeness/throttled")
             self._p.report.inc(f"distcrawl/politeness/throttled/{response.status}")
+            hold = self._p.outbox.hold_of(request, response)
+            if hold is not None:
+                # before the request leaves the downloader (the next signal), whose place a
+                # reserve of the slot would take at once
+                self._pump.hold(hold, publish=True)
             # every worker must hold back from now on, not from this worker's next batch
             self._pump.kick()

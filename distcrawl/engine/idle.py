@@ -31,9 +31,8 @@ from collections.abc import Callable
 from typing import Any
 
 import redis
-from redis.cluster import RedisCluster
 
-from distcrawl.model.connection import make_redis
+from distcrawl.model.connection import node_client
 from distcrawl.model.keys import FrontierKeys
 
 logger = logging.getLogger(__name__)
@@ -343,14 +342,9 @@ class IdleWaits:
     def _client_for(self, key: str, wait: float) -> redis.Redis:
         """A client of one connection to the node holding ``key``, whose reads outlast
         ``wait``."""
-        base = make_redis(
-            self._url, socket_timeout=wait + self._socket_timeout, cluster=self._cluster
+        return node_client(
+            self._url, key, socket_timeout=wait + self._socket_timeout, cluster=self._cluster
         )
-        if isinstance(base, RedisCluster):
-            node = base.get_node_from_key(key)
-            base = node.redis_connection
-            assert base is not None
-        return redis.Redis(connection_pool=base.connection_pool, single_connection_client=True)
 
     def _claim(self, client: redis.Redis, fresh: bool) -> bytes | None:
         k = self.keys

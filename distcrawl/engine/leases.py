@@ -54,6 +54,11 @@ class Leases:
         #: leases of requests the engine stopped waiting for (a drain ended early): never
         #: acknowledged, given back with the close
         self._abandoned: list[LeaseRef] = []
+        #: slot -> monotonic time until which a site asked to wait (holds.py): its requests
+        #: are given back, not sent, and no reserve takes a place of it
+        self._holds: dict[str, float] = {}
+        #: leases of requests of a held slot, to give back with the next batch
+        self._given_back: list[LeaseRef] = []
 
     # -- what the scheduler asks -----------------------------------------------------
 
@@ -105,7 +110,14 @@ class Leases:
 
     def busy(self) -> bool:
         """Some lease is held, or some report is due."""
-        return bool(self._ready or self._active or self._reserves or self._sent or self.unreported)
+        return bool(
+            self._ready
+            or self._active
+            or self._reserves
+            or self._sent
+            or self._given_back
+            or self.unreported
+        )
 
     def _reserve_count(self) -> int:
         return sum(len(q) for q in self._reserves.values())
@@ -118,13 +130,17 @@ class Leases:
         progress (the scheduler adds those done but not yet acknowledged)."""
         refs = [ref for ref, _ in self._ready] + list(self._active)
         refs += [ref for q in self._reserves.values() for ref, _ in q]
-        return refs
+        return refs + self._given_back
 
     # -- changes -----------------------------------------------------------------------
 
     def add(self, item: LeasedRequest, leased_at: int) -> None:
         """A request Redis leased to this worker (decoded: ``item.request`` is set)."""
         assert item.request is not None
+        if self.holding(item.slot):
+            # leased before Redis held the slot (or before this worker heard): back it goes
+            self._given_back.append(item.ref)
+            return
         if item.reserve:
             self._reserves.setdefault(item.slot, deque()).append((item.ref, item.request))
             return
@@ -190,7 +206,7 @@ class Leases:
             self._freed.append(ref)
         slot = self._slots.pop(ref.id, None)
         waiting = self._reserves.get(slot) if slot is not None else None
-        if slot is not None and waiting:
+        if slot is not None and waiting and not self.holding(slot):
             # a reserve of the same slot takes the place, now; Redis hears of it after
             taken, taken_request = waiting.popleft()
             if not waiting:
@@ -209,6 +225,45 @@ class Leases:
         # short of its share of a contended slot asks again (lease.lua)
         self._note_unreported(urgent=self.starving())
         return False
+
+    def holding(self, slot: str) -> bool:
+        """Whether a site asked to wait and the wait is not over (``hold``)."""
+        until = self._holds.get(slot)
+        if until is None:
+            return False
+        if until > time.monotonic():
+            return True
+        del self._holds[slot]
+        return False
+
+    def hold(self, slot: str, seconds: float) -> int | None:
+        """A site asked to wait ``seconds`` before its next request (holds.py): this
+        worker's requests of that slot that are not in the engine yet, ready ones and
+        reserves, are given back with the next batch (Redis holds the slot, so they wait in
+        the queue for its turn), and so is each one leased before the wait is over.
+        Returns how many were given back now; None when the slot was held that long
+        already (nothing new to tell the other workers)."""
+        until = time.monotonic() + seconds
+        if until <= self._holds.get(slot, 0.0):
+            return None
+        self._holds[slot] = until
+        back = [ref for ref, _ in self._reserves.pop(slot, ())]
+        keep: deque[tuple[LeaseRef, Request]] = deque()
+        for ref, request in self._ready:
+            if self._slots.get(ref.id) == slot:
+                back.append(ref)
+                self._to_send.pop(request, None)
+            else:
+                keep.append((ref, request))
+        self._ready = keep
+        self._forget(back)
+        self._given_back += back
+        return len(back)
+
+    def take_given_back(self) -> list[LeaseRef]:
+        """The leases of held slots' requests to give back (``hold``), forgotten here."""
+        back, self._given_back = self._given_back, []
+        return back
 
     def _take_reserves(self) -> list[LeaseRef]:
         """Every reserve's lease, the reserves forgotten: for giving them back."""
@@ -240,6 +295,7 @@ class Leases:
     def release_waiting(self) -> list[LeaseRef]:
         """Give back every request not yet in the engine (pausing)."""
         release = [ref for ref, _ in self._ready] + self._take_reserves()
+        release += self.take_given_back()
         self._forget(release)
         for _, request in self._ready:
             self._to_send.pop(request, None)
@@ -258,7 +314,7 @@ class Leases:
     def release_all(self) -> list[LeaseRef]:
         """Give back every lease held, the engine's included (closing)."""
         release = [ref for ref, _ in self._ready] + list(self._active) + self._take_reserves()
-        release += self._abandoned
+        release += self._abandoned + self.take_given_back()
         self._abandoned = []
         self._active.clear()
         self._fetching.clear()

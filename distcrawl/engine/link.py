@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from distcrawl.engine.batch import Runner
+    from distcrawl.engine.holds import HoldListener
     from distcrawl.engine.idle import IdleWaits
     from distcrawl.engine.liveness import Liveness
 
@@ -30,3 +31,5 @@ class Link:
     liveness: Liveness | None = None
     #: an idle worker's blocking reads (idle.py), made with the frontier
     idle_waits: IdleWaits | None = None
+    #: the subscription to the crawl's holds (holds.py), made with the frontier
+    holds: HoldListener | None = None

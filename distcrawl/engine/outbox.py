@@ -15,7 +15,7 @@ from collections import deque
 from scrapy import Request
 from scrapy.http import Response
 
-from distcrawl.codec.politeness import FeedbackBuffer, ServerClock
+from distcrawl.codec.politeness import FeedbackBuffer, Hold, ServerClock
 from distcrawl.config import DistcrawlConfig
 from distcrawl.engine._batch_types import Ack, Commit
 from distcrawl.model.queue_entry import LeaseRef
@@ -102,6 +102,10 @@ class Outbox:
             self._note_waiting()
         self._throttled = self._throttled or throttled
         return throttled
+
+    def hold_of(self, request: Request, response: Response) -> Hold | None:
+        """The wait a throttled answer asks of its slot (FeedbackBuffer.hold_of)."""
+        return self._feedback.hold_of(request, response)
 
     def forget_feedback(self) -> None:
         """Drop the politeness feedback not sent yet: its slots' state went with the

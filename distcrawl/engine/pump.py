@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from scrapy import Spider
     from scrapy.crawler import Crawler
 
-    from distcrawl.codec.politeness import ServerClock
+    from distcrawl.codec.politeness import Hold, ServerClock
     from distcrawl.dupefilter import RedisDupeFilter
     from distcrawl.engine.building import BatchBuilder
     from distcrawl.engine.intake import Intake
@@ -255,6 +255,47 @@ class Pump:
             return  # a claimed entry is in the claim list: the close gives it back
         self._p.parking.woke(kind, value, time.monotonic())
         self.kick()
+
+    def hold(self, hold: Hold, *, publish: bool) -> None:
+        """A site asked to wait (a 429/503 with Retry-After): this worker gives back the
+        requests of that slot it has not sent (Leases.hold), and, when it read the answer
+        itself (``publish``), tells every other worker at once (holds.py), not with their
+        next leases: once per hold that goes beyond the one this worker knew (a burst of
+        429s from the requests in flight is one message or a few)."""
+        back = self._p.leases.hold(hold.slot, hold.ms / 1000)
+        if back is None:
+            return  # held that long already: heard from another worker, or its own echo
+        if back:
+            logger.debug(
+                "Slot %s asked to wait %d ms: giving back the %d requests of it waiting here",
+                hold.slot,
+                hold.ms,
+                back,
+                extra={"spider": self.spider},
+            )
+            self._p.report.inc("distcrawl/politeness/given_back", back)
+            self.kick()
+        listener = self._p.link.holds
+        if not publish or listener is None:
+            return
+        self._p.report.inc("distcrawl/politeness/holds_published")
+        d = self.io.run(self._publish, listener.channel, hold.message())
+        d.addErrback(self._not_published, hold)
+
+    def _publish(self, channel: str, message: str) -> None:
+        client = self.io.client
+        client.publish(channel, message)
+
+    def _not_published(self, failure: Failure, hold: Hold) -> None:
+        error = failure.value
+        logger.warning(
+            "Could not tell the other workers that slot %s asks to wait %d ms (%s): Redis "
+            "holds it back for their next leases",
+            hold.slot,
+            hold.ms,
+            redact_error(error, self.config.redis_url) if error is not None else "no reply",
+            extra={"spider": self.spider},
+        )
 
     def _rejoined(self, rejoined: Rejoined) -> None:
         """The frontier this worker joined was reset, and it joined the crawl there now

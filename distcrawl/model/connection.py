@@ -149,6 +149,19 @@ def make_redis(
     )
 
 
+def node_client(url: str, key: str, *, socket_timeout: float, cluster: bool | None) -> redis.Redis:
+    """A client of one connection of its own to the node holding ``key`` (a blocking read,
+    a subscription): nothing else waits behind it, and on a cluster it stays on that node.
+    Makes the cluster client, with its I/O, when ``cluster`` is not False: call it off the
+    reactor."""
+    base = make_redis(url, socket_timeout=socket_timeout, cluster=cluster)
+    if isinstance(base, RedisCluster):
+        node = base.get_node_from_key(key)
+        base = node.redis_connection
+        assert base is not None
+    return redis.Redis(connection_pool=base.connection_pool, single_connection_client=True)
+
+
 def is_cluster_node(url: str, *, socket_timeout: float = 10.0) -> bool:
     """Whether the server at ``url`` runs in cluster mode; one round trip.
 

@@ -139,6 +139,14 @@ class FrontierKeys:
         one worker discovers reaches an idle one at once, not at its next poll.""",
     )
 
+    @property
+    def holds(self) -> str:
+        """Pub/sub channel, not a key: a worker that read a ``Retry-After`` publishes the slot
+        and how long to hold it, and every worker gives back the requests of that slot it
+        holds (engine/holds.py). Named in the crawl's prefix, so the worker ACL user's
+        channel rule is one name (admin/acl.py)."""
+        return self.sharded(self.shards)._key("holds")
+
     def wake_of(self, tag: str) -> str:
         """LIST of wake-up tokens for worker ``tag`` alone (short-lived): its own claim of
         start URLs ends the wait that follows it in the same batch (lua/claim.lua)."""
