@@ -463,3 +463,33 @@ def test_a_failover_of_the_crawls_master_loses_no_page(
     finally:
         client.close()
     assert any("Redis unreachable" in w.log() for w in pool)
+
+
+@pytest.mark.valkey
+def test_a_hold_published_on_a_cluster_reaches_every_worker(redis_url, cluster_client):
+    """The holds channel (engine/holds.py) on a cluster: a worker subscribes on the node of
+    the crawl's slot, found from a node that does not serve it, and hears a hold published
+    through the cluster client, whichever node that sends it to."""
+    import threading
+
+    from distcrawl.codec.politeness import Hold
+    from distcrawl.engine.holds import HoldListener
+
+    heard: list[Hold] = []
+    got = threading.Event()
+
+    def deliver(hold: Hold) -> None:
+        heard.append(hold)
+        got.set()
+
+    listener = HoldListener(
+        redis_url, SITE.holds, socket_timeout=5, cluster=None, max_ms=60_000, deliver=deliver
+    )
+    listener.start()
+    try:
+        assert listener.subscribed.wait(20)
+        cluster_client.publish(SITE.holds, Hold("a.test", 2000).message())
+        assert got.wait(10)
+        assert heard == [Hold("a.test", 2000)]
+    finally:
+        listener.stop()

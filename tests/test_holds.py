@@ -151,6 +151,7 @@ def test_a_hold_ends():
 # ---------------------------------------------------------------------- the subscription
 
 
+@pytest.mark.valkey
 def test_the_listener_hears_holds_and_ignores_the_rest(redis_url, redis_client, caplog):
     heard: list[Hold] = []
     got = threading.Event()
@@ -178,6 +179,7 @@ def test_the_listener_hears_holds_and_ignores_the_rest(redis_url, redis_client, 
     assert wait_until(lambda: redis_client.pubsub_numsub(SITE.holds)[0][1] == 0, timeout=10)
 
 
+@pytest.mark.valkey
 def test_the_listener_subscribes_again_after_an_outage(redis_server, redis_client, caplog):
     heard: list[Hold] = []
     listener = HoldListener(
