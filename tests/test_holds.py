@@ -174,6 +174,11 @@ def test_the_listener_hears_holds_and_ignores_the_rest(redis_url, redis_client, 
         assert heard == [Hold("a.test", 60_000)]
         assert listener.ignored == 1
         assert "not a hold" in caplog.text
+        # a flood is counted, its log lines are not: the 1st, 10th, 100th...
+        for _ in range(99):
+            redis_client.publish(SITE.holds, b"garbage")
+        assert wait_until(lambda: listener.ignored == 100, timeout=10)
+        assert caplog.text.count("not a hold") == 3
     finally:
         listener.stop()
     assert wait_until(lambda: redis_client.pubsub_numsub(SITE.holds)[0][1] == 0, timeout=10)

@@ -94,14 +94,16 @@ class HoldListener:
                     logger.info("Subscribed to %s again", self.channel)
                     failed = False
                 self._listen(subscription)
-            except (redis.RedisError, OSError) as exc:
+            except Exception as exc:
+                # an outage (RedisError, OSError), or a bug: the thread goes on either way
                 self.subscribed.clear()
                 if not failed:
                     # once per outage: the batches log the outage itself
                     logger.warning(
-                        "Cannot hear other workers' holds on %s (%s): only Redis holds a "
-                        "slot back for this worker until it can",
+                        "Cannot hear other workers' holds on %s (%s: %s): only Redis holds "
+                        "a slot back for this worker until it can",
                         self.channel,
+                        type(exc).__name__,
                         redact_error(exc, self._url),
                     )
                     failed = True
@@ -120,6 +122,8 @@ class HoldListener:
             hold = parse_hold(message.get("data"), self._max_ms)
             if hold is None:
                 self.ignored += 1
+                if not _logged(self.ignored):
+                    continue
                 logger.warning(
                     "Ignored a message on %s that is not a hold (%d so far): %r",
                     self.channel,
@@ -128,3 +132,11 @@ class HoldListener:
                 )
                 continue
             self._deliver(hold)
+
+
+def _logged(count: int) -> bool:
+    """The 1st, 10th, 100th... message that is not a hold is logged: a shared Redis lets
+    anyone publish, and a flood of them must not flood the log."""
+    while count % 10 == 0:
+        count //= 10
+    return count == 1
