@@ -121,3 +121,27 @@ def fetched(site: DemoSite) -> list[str]:
         for line in site.read_log()
         if line.status in (200, 302) and line.path != "/robots.txt"
     ]
+
+
+class Heard:
+    """A HoldListener (distcrawl/engine/holds.py) started on ``url`` for ``channel``, and the
+    holds it delivered; ``stop`` it."""
+
+    def __init__(self, url: str, channel: str, *, cluster: bool | None = False) -> None:
+        import threading
+
+        from distcrawl.engine.holds import HoldListener
+
+        self.holds: list[Any] = []
+        self.got = threading.Event()
+        self.listener = HoldListener(
+            url, channel, socket_timeout=5, cluster=cluster, max_ms=60_000, deliver=self._deliver
+        )
+        self.listener.start()
+
+    def _deliver(self, hold: Any) -> None:
+        self.holds.append(hold)
+        self.got.set()
+
+    def stop(self) -> None:
+        self.listener.stop()

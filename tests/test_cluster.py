@@ -24,6 +24,7 @@ from distcrawl.model.keys import FrontierKeys
 from distcrawl.testing.workers import worker_agent
 from tests.cluster import REDIS_CLI, RedisClusterNodes
 from tests.support import (
+    Heard,
     assert_only_the_victims_leases_refetched,
     leases_held_by,
     page_fetches,
@@ -470,26 +471,13 @@ def test_a_hold_published_on_a_cluster_reaches_every_worker(redis_url, cluster_c
     """The holds channel (engine/holds.py) on a cluster: a worker subscribes on the node of
     the crawl's slot, found from a node that does not serve it, and hears a hold published
     through the cluster client, whichever node that sends it to."""
-    import threading
-
     from distcrawl.codec.politeness import Hold
-    from distcrawl.engine.holds import HoldListener
 
-    heard: list[Hold] = []
-    got = threading.Event()
-
-    def deliver(hold: Hold) -> None:
-        heard.append(hold)
-        got.set()
-
-    listener = HoldListener(
-        redis_url, SITE.holds, socket_timeout=5, cluster=None, max_ms=60_000, deliver=deliver
-    )
-    listener.start()
+    heard = Heard(redis_url, SITE.holds, cluster=None)
     try:
-        assert listener.subscribed.wait(20)
+        assert heard.listener.subscribed.wait(20)
         cluster_client.publish(SITE.holds, Hold("a.test", 2000).message())
-        assert got.wait(10)
-        assert heard == [Hold("a.test", 2000)]
+        assert heard.got.wait(10)
+        assert heard.holds == [Hold("a.test", 2000)]
     finally:
-        listener.stop()
+        heard.stop()

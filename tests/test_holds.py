@@ -5,7 +5,6 @@ and real crawls in which nothing of the slot is sent once a worker knows of the 
 from __future__ import annotations
 
 import re
-import threading
 import time
 
 import pytest
@@ -15,12 +14,11 @@ from scrapy.crawler import AsyncCrawlerRunner
 
 from distcrawl.codec.politeness import MAX_SLOT, FeedbackBuffer, Hold, parse_hold
 from distcrawl.engine._batch_types import LeasedRequest
-from distcrawl.engine.holds import HoldListener
 from distcrawl.engine.leases import Leases
 from distcrawl.model.keys import FrontierKeys
 from distcrawl.model.queue_entry import LeaseRef
 from distcrawl.spiders.site import SiteSpider
-from tests.support import crawl_settings, fetched, run, wait_until
+from tests.support import Heard, crawl_settings, fetched, run, wait_until
 
 SITE = FrontierKeys("site")
 
@@ -153,25 +151,16 @@ def test_a_hold_ends():
 
 @pytest.mark.valkey
 def test_the_listener_hears_holds_and_ignores_the_rest(redis_url, redis_client, caplog):
-    heard: list[Hold] = []
-    got = threading.Event()
-
-    def deliver(hold: Hold) -> None:
-        heard.append(hold)
-        got.set()
-
-    listener = HoldListener(
-        redis_url, SITE.holds, socket_timeout=5, cluster=False, max_ms=60_000, deliver=deliver
-    )
-    listener.start()
+    heard = Heard(redis_url, SITE.holds)
+    listener = heard.listener
     try:
         assert listener.subscribed.wait(10)
         assert redis_client.pubsub_numsub(SITE.holds) == [(SITE.holds.encode(), 1)]
         redis_client.publish(SITE.holds, b"garbage")
         redis_client.publish("other:holds", Hold("b.test", 1000).message())
         redis_client.publish(SITE.holds, Hold("a.test", 3_600_000).message())
-        assert got.wait(10)
-        assert heard == [Hold("a.test", 60_000)]
+        assert heard.got.wait(10)
+        assert heard.holds == [Hold("a.test", 60_000)]
         assert listener.ignored == 1
         assert "not a hold" in caplog.text
         # a flood is counted, its log lines are not: the 1st, 10th, 100th...
@@ -186,16 +175,8 @@ def test_the_listener_hears_holds_and_ignores_the_rest(redis_url, redis_client, 
 
 @pytest.mark.valkey
 def test_the_listener_subscribes_again_after_an_outage(redis_server, redis_client, caplog):
-    heard: list[Hold] = []
-    listener = HoldListener(
-        redis_server.url,
-        SITE.holds,
-        socket_timeout=2,
-        cluster=False,
-        max_ms=60_000,
-        deliver=heard.append,
-    )
-    listener.start()
+    heard = Heard(redis_server.url, SITE.holds)
+    listener = heard.listener
     try:
         assert listener.subscribed.wait(10)
         redis_client.client_kill_filter(_type="pubsub")
@@ -203,7 +184,7 @@ def test_the_listener_subscribes_again_after_an_outage(redis_server, redis_clien
         assert listener.subscribed.wait(10)
         assert wait_until(lambda: redis_client.pubsub_numsub(SITE.holds)[0][1] == 1, timeout=10)
         redis_client.publish(SITE.holds, Hold("a.test", 1000).message())
-        assert wait_until(lambda: heard == [Hold("a.test", 1000)], timeout=10)
+        assert wait_until(lambda: heard.holds == [Hold("a.test", 1000)], timeout=10)
     finally:
         listener.stop()
     assert "Cannot hear other workers' holds" in caplog.text
