@@ -190,6 +190,33 @@ def test_the_listener_subscribes_again_after_an_outage(redis_server, redis_clien
     assert "Cannot hear other workers' holds" in caplog.text
 
 
+def test_a_user_refused_the_channel_is_told_once_and_not_retried(
+    redis_server, redis_client, caplog
+):
+    """A worker ACL user made before the holds channel was granted (distcrawl acl): the
+    subscription is refused, said once, and not tried again every second."""
+    redis_client.acl_setuser(
+        "old-worker",
+        enabled=True,
+        passwords=["+pw-Kx3"],
+        keys=["*"],
+        commands=["+@all"],
+        reset_channels=True,
+    )
+    url = redis_server.url.replace("redis://", "redis://old-worker:pw-Kx3@", 1)
+    heard = Heard(url, SITE.holds)
+    try:
+        assert wait_until(lambda: heard.listener.refused, timeout=10)
+        time.sleep(2.5)  # RETRY_AFTER is 1 s: a retry loop would be refused again by now
+        refusals = [e for e in redis_client.acl_log() if e.get("username") == "old-worker"]
+        assert len(refusals) == 1, refusals
+        assert refusals[0]["count"] == 1
+    finally:
+        heard.stop()
+    assert caplog.text.count("may not subscribe") == 1
+    assert "pw-Kx3" not in caplog.text
+
+
 # ---------------------------------------------------------------------- crawls
 
 

@@ -65,6 +65,8 @@ class HoldListener:
         self.subscribed = threading.Event()
         #: messages that were not a hold, ignored
         self.ignored = 0
+        #: the Redis user may not subscribe (an ACL without the channel): the thread ended
+        self.refused = False
 
     def start(self) -> None:
         if self._thread is None:
@@ -94,6 +96,17 @@ class HoldListener:
                     logger.info("Subscribed to %s again", self.channel)
                     failed = False
                 self._listen(subscription)
+            except redis.exceptions.NoPermissionError as exc:
+                # a worker ACL user made before the channel was granted: no retry mends it
+                logger.warning(
+                    "The Redis user may not subscribe to %s (%s): this worker will not hear "
+                    "other workers' holds, and only Redis holds a slot back for it; create "
+                    "the worker user again with `distcrawl acl`",
+                    self.channel,
+                    redact_error(exc, self._url),
+                )
+                self.refused = True
+                return
             except Exception as exc:
                 # an outage (RedisError, OSError), or a bug: the thread goes on either way
                 self.subscribed.clear()

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import redis
 from scrapy.utils.defer import deferred_from_coro
 from twisted.internet import task, threads
 from twisted.python.failure import Failure
@@ -75,6 +76,8 @@ class Pump:
         #: a batch (or the retry of the open) is running: the next waits for it
         self.busy = False
         self._kick_pending = False
+        #: the Redis user may not publish holds (holds.py): not tried again
+        self._publish_refused = False
         self._loop: task.LoopingCall | None = None
         #: the turn that asks for a lease at a slot's next turn (Polling.turn_at)
         self._turn_call: Any = None
@@ -276,7 +279,7 @@ class Pump:
             self._p.report.inc("distcrawl/politeness/given_back", back)
             self.kick()
         listener = self._p.link.holds
-        if not publish or listener is None:
+        if not publish or listener is None or self._publish_refused:
             return
         self._p.report.inc("distcrawl/politeness/holds_published")
         d = self.io.run(self._publish, listener.channel, hold.message())
@@ -288,6 +291,9 @@ class Pump:
 
     def _not_published(self, failure: Failure, hold: Hold) -> None:
         error = failure.value
+        if isinstance(error, redis.exceptions.NoPermissionError):
+            # a worker ACL user made before the channel was granted: said once, not retried
+            self._publish_refused = True
         logger.warning(
             "Could not tell the other workers that slot %s asks to wait %d ms (%s): Redis "
             "holds it back for their next leases",
