@@ -144,6 +144,12 @@ def test_a_hold_ends():
     assert not leases.holding("a.test")
     leases.add(leased(1, "a.test"), 0)
     assert leases.ready == 1 and leases.take_given_back() == []
+    # ended holds of slots never read again are not kept for ever
+    for i in range(100):
+        leases.hold(f"h{i}.test", 0.01)
+    time.sleep(0.02)
+    leases.hold("b.test", 1.0)
+    assert leases._holds.keys() == {"b.test"}
 
 
 # ---------------------------------------------------------------------- the subscription

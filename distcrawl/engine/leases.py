@@ -243,9 +243,12 @@ class Leases:
         the queue for its turn), and so is each one leased before the wait is over.
         Returns how many were given back now; None when the slot was held that long
         already (nothing new to tell the other workers)."""
-        until = time.monotonic() + seconds
+        now = time.monotonic()
+        until = now + seconds
         if until <= self._holds.get(slot, 0.0):
             return None
+        # holds are rare, slots many: the ended ones go here, not only when read again
+        self._holds = {s: t for s, t in self._holds.items() if t > now}
         self._holds[slot] = until
         back = [ref for ref, _ in self._reserves.pop(slot, ())]
         keep: deque[tuple[LeaseRef, Request]] = deque()
