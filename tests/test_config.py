@@ -16,16 +16,23 @@ def test_defaults():
     assert c.redis_url == "redis://127.0.0.1:6379/0"
     assert c.serializer == "msgpack"
     assert c.idle_timeout is None  # stay up by default
-    assert c.prefetch == 16  # follows CONCURRENT_REQUESTS
+    # two engines' worth: a place answers twice an interval at 100 ms a page
+    assert (c.flush_interval, c.prefetch, c.reserves_per_place) == (0.2, 32, 3)
     assert c.flush_on_start is False
 
 
-def test_prefetch_follows_concurrency():
-    assert config(CONCURRENT_REQUESTS=40).prefetch == 40
+def test_prefetch_follows_concurrency_and_the_interval():
+    assert config(CONCURRENT_REQUESTS=40).prefetch == 80
     assert config(CONCURRENT_REQUESTS=40, DISTCRAWL_PREFETCH=5).prefetch == 5
     # a worker holds at most its prefetch, a full engine and an interval of acknowledgements
-    assert config(CONCURRENT_REQUESTS=40).max_held == 120
+    assert config(CONCURRENT_REQUESTS=40).max_held == 200
     assert config(CONCURRENT_REQUESTS=40, DISTCRAWL_PREFETCH=5).max_held == 50
+    # what a place answers between two batches at 100 ms a page (never less than one), and
+    # the reserves that keep a place's 20 pages a second of the 0.1 s interval
+    for interval, pages, reserves in ((0.1, 1, 1), (0.05, 1, 1), (0.15, 2, 3), (0.3, 3, 5)):
+        c = config(CONCURRENT_REQUESTS=40, DISTCRAWL_FLUSH_INTERVAL=interval)
+        assert (c.prefetch, c.reserves_per_place) == (40 * pages, reserves), interval
+    assert config(DISTCRAWL_FLUSH_INTERVAL=0.3, DISTCRAWL_PREFETCH=7).prefetch == 7
 
 
 def test_zero_idle_timeout_is_kept_not_dropped():

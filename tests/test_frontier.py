@@ -481,6 +481,21 @@ def test_reserves_hold_no_place_until_they_take_one_freed_by_their_slot(redis_cl
     assert redis_client.smembers("t:placeless") == set()
 
 
+def test_reserves_per_place_follow_the_answers_a_place_gives_between_two_batches(redis_client):
+    """Politeness.reserves_per_place (DistcrawlConfig.pages_per_place: 2 at the default 0.2 s
+    interval): a worker holding two places may hold twice as many reserves, so that each
+    answer until its next batch has one to send in its place; never beyond the cap per slot,
+    and the count given to the script is its floor of one (an older worker sends none)."""
+    for per_place, cap, expected in ((1, 8, 2), (2, 8, 4), (3, 5, 5), (0, 8, 2)):
+        redis_client.flushdb()
+        frontier = polite(redis_client, concurrency=2, reserves_per_place=per_place)
+        push_slot(frontier, "s.test", 12)
+        got = frontier.lease(12, 10_000, reserve=cap).items
+        assert sorted(x.reserve for x in got) == [False] * 2 + [True] * expected, per_place
+        assert redis_client.hget("t:inflight", "s.test") == b"2"  # places: never more
+        assert redis_client.scard("t:placeless") == expected
+
+
 def test_a_reserve_reported_taken_and_freed_at_once_stays_counted_until_acknowledged(
     redis_client,
 ):

@@ -151,7 +151,8 @@ def test_a_mongodb_outage_holds_leasing_back(
     assert {d["url"] for d in docs} == site.expected_urls()
     assert at_stop < 1001  # the crawl really was going on when MongoDB went down
     print(f"outage: {most} leases held at most, {during_outage - at_stop} pages fetched in it")
-    assert max(most) <= 3 * concurrency, most  # DISTCRAWL_PREFETCH = CONCURRENT_REQUESTS
+    # DistcrawlConfig.max_held: 2 x DISTCRAWL_PREFETCH (2 x CONCURRENT_REQUESTS) + the engine
+    assert max(most) <= 5 * concurrency, most
 
 
 def test_spill_file_when_mongodb_stays_down_past_close_then_replay(

@@ -176,6 +176,7 @@ def politeness(config: DistcrawlConfig) -> Politeness:
             2**31 if config.max_pending_keep_priority is None else config.max_pending_keep_priority
         ),
         revisit_share=config.recrawl.share if config.recrawl is not None else 0.0,
+        reserves_per_place=config.reserves_per_place,
     )
 
 

@@ -8,6 +8,7 @@ happened to read it first.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -36,6 +37,11 @@ from distcrawl.model.redact import redact_url
 from distcrawl.model.seen import DEFAULT_CAPACITY, DEFAULT_ERROR_RATE
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+#: the time a page takes at the site (s) that a worker's prefetch is sized for: its engine
+#: sends CONCURRENT_REQUESTS x DISTCRAWL_FLUSH_INTERVAL / PAGE_TIME requests between two
+#: batches (two engines' worth at the default 0.2 s). A faster site makes the worker
+#: CPU-bound, where its engine, not Redis, sets the pace
+PAGE_TIME = 0.1
 SERIALIZERS = ("msgpack", "json", "pickle")
 
 #: where a frozen settings object keeps the config parsed from it
@@ -203,6 +209,12 @@ def throttle_settings(settings: BaseSettings) -> ThrottleSettings:
     )
 
 
+def pages_per_place(flush_interval: float) -> int:
+    """How many pages one place at a site answers between two batches, at PAGE_TIME a page
+    (at least one): the default prefetch is that many engines' worth."""
+    return max(1, math.ceil(round(flush_interval / PAGE_TIME, 6)))
+
+
 @dataclass(frozen=True)
 class DistcrawlConfig:
     """The parsed settings; see docs/settings.md for what each one does."""
@@ -212,15 +224,18 @@ class DistcrawlConfig:
     redis_cluster: bool | None = None
     namespace: str | None = None
     serializer: str = "msgpack"
-    prefetch: int = 16
+    prefetch: int = 32
     #: CONCURRENT_REQUESTS: how many requests the engine downloads at once
     concurrency: int = 16
     #: leases a worker holds at most: prefetched (reserves included), CONCURRENT_REQUESTS in
     #: its engine, and a prefetch more done and waiting for their acknowledgement to be stored
     #: (it goes with the next batch), so that requests whose items cannot be stored (MongoDB
     #: down) hold leasing back
-    max_held: int = 48
-    flush_interval: float = 0.1
+    max_held: int = 80
+    #: DISTCRAWL_FLUSH_INTERVAL: seconds between two batches of a busy worker; what a batch
+    #: costs Redis is mostly its own (three script calls), not its pages', so a longer one is
+    #: less Redis CPU a page and slower news of a place freed or a request queued
+    flush_interval: float = 0.2
     push_batch_size: int = 500
     idle_poll_max: float = 1.0
     idle_timeout: float | None = None
@@ -281,6 +296,15 @@ class DistcrawlConfig:
             setattr(settings, _CACHE_ATTRIBUTE, config)
         return config
 
+    @property
+    def reserves_per_place(self) -> int:
+        """The reserves a worker may hold per place it holds in a slot (lease.lua): one
+        request is in the place, and the reserves are sent in it as it frees until the next
+        batch. 2 x pages_per_place - 1 (1 at a 0.1 s interval, 3 at 0.2 s) keeps what a place
+        may send a second where the 0.1 s interval had it, 20 pages (one in flight and one
+        reserve an interval): a worker holding half a contended slot at 0 ms a page used it."""
+        return 2 * pages_per_place(self.flush_interval) - 1
+
     @classmethod
     def _parse(cls, settings: BaseSettings) -> DistcrawlConfig:
         serializer = _get(settings, "DISTCRAWL_SERIALIZER", cls.serializer, str).lower()
@@ -292,7 +316,16 @@ class DistcrawlConfig:
         if seen not in SEEN_MODES:
             raise ConfigError(f"DISTCRAWL_SEEN={seen!r}: expected one of {', '.join(SEEN_MODES)}")
         concurrency = _get(settings, "CONCURRENT_REQUESTS", 16, _positive(int))
-        prefetch = _get(settings, "DISTCRAWL_PREFETCH", concurrency, _positive(int))
+        flush_interval = _get(
+            settings, "DISTCRAWL_FLUSH_INTERVAL", cls.flush_interval, _positive(float)
+        )
+        # a batch an interval must bring what the engine sends until the next one
+        prefetch = _get(
+            settings,
+            "DISTCRAWL_PREFETCH",
+            concurrency * pages_per_place(flush_interval),
+            _positive(int),
+        )
         namespace = settings.get("DISTCRAWL_NAMESPACE")
         if namespace is not None and (not isinstance(namespace, str) or not namespace):
             raise ConfigError(f"DISTCRAWL_NAMESPACE={namespace!r}: expected a non-empty string")
@@ -311,9 +344,7 @@ class DistcrawlConfig:
             prefetch=prefetch,
             concurrency=concurrency,
             max_held=2 * prefetch + concurrency,
-            flush_interval=_get(
-                settings, "DISTCRAWL_FLUSH_INTERVAL", cls.flush_interval, _positive(float)
-            ),
+            flush_interval=flush_interval,
             push_batch_size=_get(
                 settings, "DISTCRAWL_PUSH_BATCH_SIZE", cls.push_batch_size, _positive(int)
             ),

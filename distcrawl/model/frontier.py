@@ -211,7 +211,7 @@ class Frontier:
         args = [
             *(count, lease_ms, promote, p.scan, p.delay_ms, p.concurrency),
             *(p.overrides, p.robots, mine, self._tag_bytes, nonce, worker_timeout_ms),
-            *(reserve, ahead, f"{p.revisit_share:.4f}"),
+            *(reserve, ahead, f"{p.revisit_share:.4f}", p.reserves_per_place),
         ]
         return Op("lease", keys, args, parse_lease)
 

@@ -99,6 +99,8 @@ class Politeness:
     scan: int = 64
     #: the share of a slot's turns due revisits take while new requests wait too
     revisit_share: float = 0.0
+    #: reserves a worker may hold per place it holds in a slot (config.reserves_per_place)
+    reserves_per_place: int = 1
 
 
 def slot_overrides(text: str) -> dict[str, list[int]]:

@@ -46,6 +46,8 @@
 -- ARGV[14] JSON {slot: reserves the caller holds}, or ''
 -- ARGV[15] the share of a slot's requests taken from the due revisits (KEYS[19]) while new
 --          ones (KEYS[1]) wait too, 0 to 1 (DISTCRAWL_RECRAWL_SHARE)
+-- ARGV[16] how many reserves the caller may hold per place it holds in a slot (at least 1;
+--          absent: 1): the answers one place gives between two of its batches
 --
 -- Revisits: due ones move (up to ARGV[3], like retries) into their own queue, KEYS[19], and a
 -- slot's turn takes its requests from both queues, ARGV[15] of them from the revisits
@@ -83,7 +85,9 @@
 -- contended slot, only while its queue holds, beyond this turn, a place and a whole set of
 -- reserves for every live worker: there they keep no request from a worker short of one,
 -- and each worker refills its share once a batch rather than as the batches report its
--- places free (two workers on one slot at 100 ms a page took four requests a batch).
+-- places free (two workers on one slot at 100 ms a page took four requests a batch). A
+-- worker holds up to ARGV[16] reserves a place: one place answers that many pages between
+-- two of its batches, and each answer wants a reserve to send in its place.
 --
 -- A queue member that is not a well-formed entry (entry_slot) is moved to the dead letters
 -- where it is met (quarantine), so it can neither stop this script nor stay in the queue.
@@ -127,6 +131,7 @@ local revisit_share = tonumber(ARGV[15]) or 0
 local jitter = 0.5 + (nonce % 1024) / 1024
 local alive_ms = tonumber(ARGV[12])
 local reserve_max = tonumber(ARGV[13]) or 0
+local per_place = math.max(1, tonumber(ARGV[16]) or 1)
 local reserved = {}
 if (ARGV[14] or '') ~= '' then reserved = cjson.decode(ARGV[14]) end
 local live = nil
@@ -297,7 +302,7 @@ local function visit(slot, room, first)
   local contended = tonumber(redis.call('HGET', KEYS[11], slot))
   contended = contended ~= nil and now - contended < 1000
   if take > 0 and contended then take = math.min(take, share_of(conc) - mine) end
-  -- reserves: up to as many as the places this worker holds, at most reserve_max, on a
+  -- reserves: up to per_place for each place this worker holds, at most reserve_max, on a
   -- slot without a delay, for a worker holding no more than its share of the places (see
   -- Reserves above)
   local extra = 0
@@ -313,7 +318,7 @@ local function visit(slot, room, first)
         >= math.max(take, 0) + live_workers() * (conc + reserve_max)
     end
     if may then
-      extra = math.min(reserve_max, placed) - (reserved[slot] or 0)
+      extra = math.min(reserve_max, per_place * placed) - (reserved[slot] or 0)
       extra = math.max(0, math.min(extra, room - math.max(take, 0)))
     end
   end
