@@ -339,7 +339,8 @@ seq_flush()
 if #to_queue > 0 then
   local args, armed = {}, {}
   for _, entry in ipairs(to_queue) do
-    args[#args + 1] = 0
+    -- a string: a number given to redis.call is formatted there (%.17g), once a request
+    args[#args + 1] = '0'
     args[#args + 1] = entry
   end
   call_many('ZADD', KEYS[1], args)

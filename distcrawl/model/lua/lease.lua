@@ -388,7 +388,7 @@ local function visit(slot, room, first)
         record = redis.call('HGET', KEYS[2], id)
       end
       leased_ids[id] = true
-      local token = tag .. be_bytes((nonce + leased) % 4294967296, 4)
+      local token = tag .. struct.pack('>I4', (nonce + leased) % 4294967296)
       writes[#writes + 1] = id
       writes[#writes + 1] = token .. entry
       deadlines[#deadlines + 1] = deadline

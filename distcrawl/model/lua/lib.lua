@@ -50,36 +50,12 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- the low ``width`` bytes of the integer part of n >= 0, most significant first. Widths 4 and
--- 6 (priority keys, sequence numbers, tokens: one or more a request) take one string.char
--- and no table, a fifth of the time of the loop below
-local function be_bytes(n, width)
-  n = math.floor(n)
-  if width == 4 or width == 6 then
-    local a = n % 256
-    n = (n - a) / 256
-    local b = n % 256
-    n = (n - b) / 256
-    local c = n % 256
-    n = (n - c) / 256
-    local d = n % 256
-    if width == 4 then return string.char(d, c, b, a) end
-    n = (n - d) / 256
-    local e = n % 256
-    n = (n - e) / 256
-    return string.char(n % 256, e, d, c, b, a)
-  end
-  local out = {}
-  for i = width, 1, -1 do
-    out[i] = string.char(n % 256)
-    n = math.floor(n / 256)
-  end
-  return table.concat(out)
-end
-
+-- the priority key and the sequence number in one struct.pack: a commit makes one entry a
+-- request it queues, and struct.pack is a third of the Lua time a request of the loops of
+-- arithmetic and string.char it replaced
 local function make_entry(slot, prio, seq, payload)
   prio = math.max(-2147483647, math.min(2147483647, tonumber(prio)))
-  return slot .. '\0' .. be_bytes(2147483648 - prio, 4) .. be_bytes(seq, 6) .. payload
+  return slot .. '\0' .. struct.pack('>I4I6', 2147483648 - prio, seq) .. payload
 end
 
 -- the slot of a well-formed entry, nil for one that is not: no NUL, or too short to hold
