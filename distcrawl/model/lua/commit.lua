@@ -125,14 +125,18 @@ end
 local base = 8 + 2 * acks
 local n = tonumber(ARGV[base])
 if not n then return invalid('entry count') end
+-- a commit's entries share a few slots: each is checked once
+local good_slot = {}
 for i = 0, n - 1 do
   local at = base + 1 + i * 6
   local kind, slot = ARGV[at], ARGV[at + 2]
   if not KINDS[kind] then return invalid('entry ' .. i .. ': kind') end
   if not tonumber(ARGV[at + 3]) then return invalid('entry ' .. i .. ': priority') end
-  if kind == 'r' or kind == 's' or kind == 'l' or kind == 'S' or kind == 'v' then
+  local queued_kind = kind == 'r' or kind == 's' or kind == 'l' or kind == 'S' or kind == 'v'
+  if queued_kind and not good_slot[slot] then
     local why = bad_slot(slot)
     if why then return invalid('entry ' .. i .. ': ' .. why) end
+    good_slot[slot] = true
   end
   if (kind == 'l' or kind == 'v') and not tonumber(ARGV[at + 5]) then
     return invalid('entry ' .. i .. ': delay')
@@ -285,7 +289,7 @@ for i = 0, n - 1 do
   elseif kind == 'r' and full then
     dropped = dropped + 1
     if want_positions then not_stored[#not_stored + 1] = -i - 1 end
-  elseif kind == 'r' and slot_full(slot, tonumber(prio)) then
+  elseif kind == 'r' and slot_cap > 0 and slot_full(slot, tonumber(prio)) then
     slot_dropped = slot_dropped + 1
     if want_positions then not_stored[#not_stored + 1] = -i - 1 end
   else
