@@ -118,15 +118,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--parts",
         nargs="*",
-        choices=("crawls", "protocol", "idle", "start_urls", "scripts"),
+        choices=("crawls", "protocol", "idle", "start_urls", "scripts", "instructions"),
         help="lean suite: run only these parts",
     )
     p.add_argument(
         "--scripts-against",
         type=Path,
         default=None,
-        help="lean suite, scripts part: another checkout whose .lua files run alternately with"
-        " these, the two compared",
+        help="lean suite, scripts and instructions parts: another checkout whose .lua files run"
+        " alternately with these, the two compared",
     )
     p.add_argument(
         "--distcrawl",

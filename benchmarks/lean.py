@@ -42,6 +42,7 @@ from typing import Any
 
 from benchmarks.crawl import CONFIGS
 from benchmarks.script_costs import run_script_costs
+from benchmarks.script_instructions import run_script_instructions
 from benchmarks.table import Column, num, render
 from benchmarks.users import Row, Setup
 
@@ -513,6 +514,7 @@ def lean_suite(args: Any, environment: dict[str, Any]) -> int:
         ("idle", run_idle),
         ("start_urls", run_start_urls),
         ("scripts", run_script_costs),
+        ("instructions", run_script_instructions),
     ]
     results["meta"]["wakeup"] = measure_wakeup(workdir)
     for name, part in parts:
