@@ -83,10 +83,37 @@ def _frontier(client: redis.Redis, namespace: str, queued: int) -> Any:
     return frontier
 
 
+def send_batch(
+    client: redis.Redis,
+    frontier: Any,
+    leased: list[Any],
+    acked: list[Any],
+    children: list[Any],
+    size: int,
+    cycle: int,
+) -> list[Any]:
+    """One batch in one pipeline, as batch.py sends it: places.lua for ``leased`` (they left
+    the downloader), commit.lua acknowledging ``acked`` and storing ``children``, then
+    lease.lua taking ``size`` more. Returns what the lease gave."""
+    from distcrawl.model.records import Feedback
+
+    ops = []
+    if leased:
+        ops.append(frontier.places_op([x.ref for x in leased]))
+        feedback = [Feedback(SLOT, len(leased), 10 * len(leased), 0, 0)]
+        ops.append(frontier.commit_op(acked, children, feedback, commit_id=f"c{cycle}"))
+    ops.append(frontier.lease_op(size, 60_000))
+    pipe = client.pipeline(transaction=False)
+    for op in ops:
+        pipe.evalsha(getattr(frontier.scripts, op.script).sha, len(op.keys), *op.keys, *op.args)
+    replies = pipe.execute()
+    return list(ops[-1].parse(replies[-1]).items)
+
+
 def _cycles(client: redis.Redis, size: int, namespace: str) -> dict[str, Any]:
     """``CYCLES`` batches of ``size`` requests: each script's median µs per call, and Redis
     CPU per request over the whole loop (the pipelines' round trips included)."""
-    from distcrawl.model.records import Entry, EntryKind, Feedback
+    from distcrawl.model.records import Entry, EntryKind
 
     frontier = _frontier(client, namespace, (CYCLES + 2) * size + 10)
     names = {getattr(frontier.scripts, n).sha: n for n in SCRIPTS}
@@ -104,25 +131,16 @@ def _cycles(client: redis.Redis, size: int, namespace: str) -> dict[str, Any]:
         if cycle == 1:  # the first lease only warms up
             client.slowlog_reset()
             started, pages = cpu(), 0
-        ops = []
-        if leased:
-            ops.append(frontier.places_op([x.ref for x in leased]))
-            children = []
-            for _ in range(3):
-                child += 1
-                fp = b"c%019d" % child
-                children.append(Entry(EntryKind.REQUEST, fp, 0, b"y" * PAYLOAD, b"", SLOT))
-            feedback = [Feedback(SLOT, len(leased), 10 * len(leased), 0, 0)]
-            ops.append(frontier.commit_op(done, children, feedback, commit_id=f"c{cycle}"))
-        ops.append(frontier.lease_op(size, 60_000))
-        pipe = client.pipeline(transaction=False)
-        for op in ops:
-            pipe.evalsha(getattr(frontier.scripts, op.script).sha, len(op.keys), *op.keys, *op.args)
-        replies = pipe.execute()
+        children = []
+        for _ in range(3 if leased else 0):
+            child += 1
+            fp = b"c%019d" % child
+            children.append(Entry(EntryKind.REQUEST, fp, 0, b"y" * PAYLOAD, b"", SLOT))
+        got = send_batch(client, frontier, leased, done, children, size, cycle)
         # a request is leased, reported (it left the downloader) in the next batch, and
         # acknowledged in the one after, as its children are stored
         done = [x.ref for x in leased]
-        leased = ops[-1].parse(replies[-1]).items
+        leased = got
         pages += len(leased)
     spent = cpu() - started
     calls: dict[str, list[int]] = {n: [] for n in SCRIPTS}

@@ -5,10 +5,10 @@ scripts part (script_costs.py) times calls with SLOWLOG, which moves with the ma
 part runs the same batch as script_costs.py (places.lua reporting the last lease, commit.lua
 acknowledging the one before and storing children, lease.lua taking the next ``size``)
 against a redis-server under ``valgrind --tool=callgrind``, one profile dumped after each
-``EVALSHA``, and reports each script's instructions per call (the median over the cycles): the
-same figure run after run, whatever else the machine does, so that a change of a few percent
-in a script shows. Half of each batch's children repeat an earlier fingerprint (duplicates, as
-two workers' links are), the rest are new.
+``EVALSHA``, and reports each script's instructions per call (the median over the cycles):
+within a few tenths of a percent run after run, whatever else the machine does, so that a
+change of a few percent in a script shows. Half of each batch's children repeat an earlier
+fingerprint (duplicates, as two workers' links are), the rest are new.
 
 It needs valgrind (Debian's package); the redis-server is the one the tests use
 (``DISTCRAWL_REDIS_SERVER``). Instructions are not seconds: a call's cache misses, which a
@@ -28,7 +28,7 @@ from typing import Any
 
 import redis
 
-from benchmarks.script_costs import PAYLOAD, SCRIPTS, SLOT, _frontier, lua_from
+from benchmarks.script_costs import PAYLOAD, SCRIPTS, SLOT, _frontier, lua_from, send_batch
 
 #: (requests a lease takes, children a commit stores): a batch's fixed cost, and a batch of a
 #: worker at 100 ms a page with the 0.2 s interval (12 pages, ~2.4 entries a page)
@@ -55,7 +55,7 @@ def _dumps(folder: Path) -> list[int]:
 
 def _batches(client: redis.Redis, size: int, children: int, filled: Callable[[], None]) -> None:
     """``CYCLES`` batches; ``filled`` is called once the frontier is filled, before them."""
-    from distcrawl.model.records import Entry, EntryKind, Feedback
+    from distcrawl.model.records import Entry, EntryKind
 
     frontier = _frontier(client, f"i{size}c{children}", (CYCLES + 2) * size + 10)
     filled()
@@ -63,23 +63,14 @@ def _batches(client: redis.Redis, size: int, children: int, filled: Callable[[],
     done: list[Any] = []
     child = 0
     for cycle in range(CYCLES):
-        ops = []
-        if leased:
-            ops.append(frontier.places_op([x.ref for x in leased]))
-            entries = []
-            for n in range(children):
-                child += 1
-                fp = b"c%019d" % (child if n % 2 == 0 else child // 7)
-                entries.append(Entry(EntryKind.REQUEST, fp, 0, b"y" * PAYLOAD, b"", SLOT))
-            feedback = [Feedback(SLOT, len(leased), 100 * len(leased), 0, 0)]
-            ops.append(frontier.commit_op(done, entries, feedback, commit_id=f"c{cycle}"))
-        ops.append(frontier.lease_op(size, 60_000))
-        pipe = client.pipeline(transaction=False)
-        for op in ops:
-            pipe.evalsha(getattr(frontier.scripts, op.script).sha, len(op.keys), *op.keys, *op.args)
-        replies = pipe.execute()
-        done = [x.ref for x in leased]
-        leased = ops[-1].parse(replies[-1]).items
+        entries = []
+        for n in range(children if leased else 0):
+            child += 1
+            # every other child repeats an earlier fingerprint: a duplicate
+            fp = b"c%019d" % (child if n % 2 == 0 else child // 7)
+            entries.append(Entry(EntryKind.REQUEST, fp, 0, b"y" * PAYLOAD, b"", SLOT))
+        got = send_batch(client, frontier, leased, done, entries, size, cycle)
+        done, leased = [x.ref for x in leased], got
 
 
 def _shape(workdir: Path, size: int, children: int) -> dict[str, float]:

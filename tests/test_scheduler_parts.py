@@ -611,3 +611,25 @@ def test_a_poll_waiting_for_a_slots_next_turn_names_that_time():
     empty = LeaseResult([], queue_size=0, delayed=0, released=0, wait=None)
     assert polling.back_off(now, empty, idle=True) == math.inf  # parked: no turn either
     assert polling.turn_at is None
+
+
+def test_a_slots_next_turn_is_named_past_a_tenth_of_a_second_at_the_default_interval():
+    """At the default 0.2 s interval a slot's turn 0.15 s away is still when the pump asks
+    (TURN_FLOOR): left to the periodic turn, a slot with a delay would wait up to 0.2 s more
+    each turn, and go to whichever worker's beat came first after it (two of three workers
+    never took one of a 1 s slot's turns in a CI run of test_politeness)."""
+    polling = Polling(DistcrawlConfig())
+    assert polling.config.flush_interval == 0.2
+    now = time.monotonic()
+
+    def reply(wait: float | None) -> LeaseResult:
+        return LeaseResult([], queue_size=5, delayed=0, released=0, wait=wait)
+
+    for _ in range(4):
+        polling.back_off(now, reply(None), idle=False)  # up to CONTENDED_POLL_MAX
+    polling.back_off(now, reply(0.15), idle=False)
+    assert polling.turn_at == now + 0.15
+    assert not polling.lease_due(now + 0.14) and polling.lease_due(now + 0.15)
+    polling.back_off(now, reply(0.08), idle=False)  # within TURN_FLOOR: the periodic turn
+    assert polling.turn_at is None
+    assert not polling.lease_due(now + 0.09) and polling.lease_due(now + 0.1)

@@ -31,6 +31,10 @@ BUSY_PEEK_INTERVAL = 1.0
 CONTENDED_POLL_MAX = 0.25
 #: longest wait after a lease that brought fewer requests than asked (see Polling.leased)
 SHORT_LEASE_WAIT = 0.05
+#: a lease poll for a slot's next turn (its delay) comes no sooner than this, or than
+#: DISTCRAWL_FLUSH_INTERVAL if shorter: the interval's 0.2 s would leave a slot's turn up to
+#: 0.2 s late and give it to whichever worker's periodic turn comes first after it
+TURN_FLOOR = 0.1
 
 
 class Polling:
@@ -46,7 +50,7 @@ class Polling:
         #: work, only a commit (this worker's, or another's found by the next poll) is
         self._nothing_queued = False
         #: when the next lease poll waits for the reply's next turn of a slot (or retry, or
-        #: revisit) more than an interval away: that time (monotonic), for the pump to ask
+        #: revisit) more than TURN_FLOOR away: that time (monotonic), for the pump to ask
         #: then rather than at its first periodic turn after it (Pump); None otherwise
         self.turn_at: float | None = None
 
@@ -123,13 +127,14 @@ class Polling:
 
     def _wait(self, now: float, longest: float, lease: LeaseResult) -> None:
         """The next lease poll in ``longest`` seconds, or at the reply's next turn if that
-        comes sooner (never within an interval: the periodic turn is about as soon)."""
+        comes sooner (never within TURN_FLOOR: the periodic turn is about as soon)."""
         wait, self.turn_at = longest, None
+        floor = min(self.config.flush_interval, TURN_FLOOR)
         if lease.wait is not None:
-            turn = max(lease.wait, self.config.flush_interval)
+            turn = max(lease.wait, floor)
             if turn < longest:
                 wait = turn
-                if lease.wait > self.config.flush_interval:
+                if lease.wait > floor:
                     self.turn_at = now + lease.wait
         self._next_lease = now + wait
 

@@ -47,7 +47,8 @@
 -- ARGV[15] the share of a slot's requests taken from the due revisits (KEYS[19]) while new
 --          ones (KEYS[1]) wait too, 0 to 1 (DISTCRAWL_RECRAWL_SHARE)
 -- ARGV[16] how many reserves the caller may hold per place it holds in a slot (at least 1;
---          absent: 1): the answers one place gives between two of its batches
+--          absent: 1): what one place may send between two of the caller's batches, less
+--          the request in it (DistcrawlConfig.reserves_per_place)
 --
 -- Revisits: due ones move (up to ARGV[3], like retries) into their own queue, KEYS[19], and a
 -- slot's turn takes its requests from both queues, ARGV[15] of them from the revisits
