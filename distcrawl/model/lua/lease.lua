@@ -87,8 +87,9 @@
 -- reserves for every live worker: there they keep no request from a worker short of one,
 -- and each worker refills its share once a batch rather than as the batches report its
 -- places free (two workers on one slot at 100 ms a page took four requests a batch). A
--- worker holds up to ARGV[16] reserves a place: one place answers that many pages between
--- two of its batches, and each answer wants a reserve to send in its place.
+-- worker holds up to ARGV[16] reserves a place, one for each answer the place may give
+-- before the worker's next batch brings more (3 at the 0.2 s interval: 20 pages a second a
+-- place, as the 0.1 s interval allowed with one).
 --
 -- A queue member that is not a well-formed entry (entry_slot) is moved to the dead letters
 -- where it is met (quarantine), so it can neither stop this script nor stay in the queue.
