@@ -5,8 +5,10 @@ scripts part (script_costs.py) times calls with SLOWLOG, which moves with the ma
 part runs the same batch as script_costs.py (places.lua reporting the last lease, commit.lua
 acknowledging the one before and storing children, lease.lua taking the next ``size``)
 against a redis-server under ``valgrind --tool=callgrind``, one profile dumped after each
-``EVALSHA``, and reports each script's instructions per call (the median over the cycles):
-within a few tenths of a percent run after run, whatever else the machine does, so that a
+``EVALSHA`` and collected only inside it (the server's cron between two calls, ~0.1M
+instructions a tick, is not the script's, nor is SLOWLOG's entry for a call callgrind made
+slow), and reports each script's instructions per call (the median over the cycles): within
+a few tenths of a percent run after run, whatever else the machine does, so that a
 change of a few percent in a script shows. Half of each batch's children repeat an earlier
 fingerprint (duplicates, as two workers' links are), the rest are new.
 
@@ -88,9 +90,15 @@ def _shape(workdir: Path, size: int, children: int) -> dict[str, float]:
                 "--tool=callgrind",
                 "--instr-atstart=no",
                 "--dump-after=evalShaCommand",
+                # only what a call runs: the server's cron between two calls (its jemalloc
+                # statistics, ~0.1M instructions a tick) is not the script's
+                "--toggle-collect=evalShaCommand",
                 f"--callgrind-out-file={folder / 'calls.out'}",
                 REDIS_BINARY,
                 *("--port", str(port), "--bind", HOST, "--save", "", "--appendonly", "no"),
+                # callgrind's calls take more than SLOWLOG's 10 ms, the server's would not: an
+                # entry made a call would be counted as the script's
+                *("--slowlog-log-slower-than", "-1"),
             ],
             stdout=subprocess.DEVNULL,
             stderr=log,

@@ -1075,6 +1075,30 @@ def test_a_slot_lost_from_ready_is_armed_again(frontier, redis_client):
     assert [x.payload for x in leased] == [b"a"]
 
 
+def test_a_late_ack_takes_its_expired_request_back_out_of_the_queue(redis_client):
+    """An expired lease keeps its record with its token marked expired (lib.lua's
+    expired_token): the stalled worker's late acknowledgement still takes the request out of
+    the queue, so it is not crawled twice, and neither that acknowledgement nor a place report
+    counts as a lease still held (commit.lua and places.lua read the record, not the lease)."""
+    frontier = Frontier(redis_client, FrontierKeys("t"))
+    frontier.commit([], [entry(b"a", b"a")])
+    (mine,) = frontier.lease(1, 50).items
+    time.sleep(0.1)
+    assert frontier.requeue_expired().requeued == 1
+    record = redis_client.hget("t:requests", mine.id)
+    assert record is not None and record[8:] == redis_client.zrange("t:queue", 0, -1)[0]
+    marked = mine.token[:4] + bytes([(mine.token[4] + 128) % 256]) + mine.token[5:]
+    assert record[:8] == marked != mine.token
+    assert redis_client.hlen("t:inflight") == 0  # the requeue gave the place back
+    assert frontier.places([mine.ref]) == (0, 0)  # and the report gives back nothing more
+    assert frontier.renew([mine.ref], 60_000) == 0
+    late = frontier.commit([mine.ref], [])
+    assert (late.late, late.stale, late.missing) == (1, 0, 0)
+    assert redis_client.zcard("t:queue") == 0 and redis_client.hlen("t:requests") == 0
+    assert redis_client.hlen("t:inflight") == 0 and redis_client.scard("t:placeless") == 0
+    assert frontier.lease(1, 50).items == []
+
+
 def test_leases_of_a_dead_worker_are_given_back_and_a_live_ones_kept(redis_client):
     keys = FrontierKeys("t")
     dead, alive, reaper = (Frontier(redis_client, keys) for _ in range(3))

@@ -94,7 +94,7 @@ KEYS: dict[str, tuple[str, ...]] = {
         *("queue", "revisit_queue", "leases", "delayed", "revisits", "start_urls", "seq"),
         *("dead", "paused", "stats", "lifecycle", "events", "runnable"),
     ),
-    "places": ("requests", "leases", "inflight", "robots", "ready", "slots", "placeless"),
+    "places": ("requests", "inflight", "robots", "ready", "slots", "placeless"),
     "redrive": ("dead", "queue", "seq", "start_urls", "ready", "slots", "wake"),
     "renew": ("leases", "requests"),
     "requeue": (

@@ -162,26 +162,29 @@ end
 
 local now = now_ms()
 local late, stale, missing = 0, 0, 0
--- The acknowledgements' records, leases and places are read in one call each (HMGET,
--- ZMSCORE, SMISMEMBER) and retired in one call each, their slots' places given back and
--- armed once per slot: what a commit costs Redis grows with its slots, not its pages.
+-- The acknowledgements' records and places are read in one call each (HMGET, SMISMEMBER)
+-- and retired in one call each, their slots' places given back and armed once per slot: what
+-- a commit costs Redis grows with its slots, not its pages. A record under the token
+-- presented is a lease still held; one under its expired form (lib.lua) a lease that expired
+-- while its request was being crawled.
 if acks > 0 then
   local ids = {}
   for i = 8, 7 + 2 * acks, 2 do ids[#ids + 1] = ARGV[i] end
   local records = call_many('HMGET', KEYS[2], ids)
-  local leased = call_many('ZMSCORE', KEYS[5], ids)
   local placeless = call_many('SMISMEMBER', KEYS[17], ids)
   local gone, retired, done, unplaced, landed_in, freed_slots = {}, {}, {}, {}, {}, {}
   for n, id in ipairs(ids) do
     local record = records[n]
+    local token = record and string.sub(record, 1, TOKEN_BYTES)
+    local held = token == ARGV[7 + 2 * n]
     if not record or gone[id] then
       missing = missing + 1
-    elseif string.sub(record, 1, TOKEN_BYTES) ~= ARGV[7 + 2 * n] then
+    elseif not held and token ~= expired_token(ARGV[7 + 2 * n]) then
       stale = stale + 1
     else
       gone[id] = true
       retired[#retired + 1] = id
-      if leased[n] then
+      if held then
         done[#done + 1] = id
         local slot = entry_slot(record, TOKEN_BYTES + 1)
         if slot then
@@ -230,7 +233,7 @@ local function next_seq()
   return seq_last
 end
 local function seq_flush()
-  if seq_used > 0 then redis.call('INCRBY', KEYS[4], seq_used) end
+  if seq_used > 0 then redis.call('INCRBY', KEYS[4], decimal(seq_used)) end
 end
 
 local function new_entry(slot, prio, payload)

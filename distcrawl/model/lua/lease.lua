@@ -113,6 +113,8 @@ local RECHECK_FULL_MS = 250
 local RECHECK_HUNGRY_MS = 50
 local starved = false
 local now = now_ms()
+-- ``now`` as redis.call is given it (lib.lua's decimal)
+local now_s = decimal(now)
 local want, lease_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
 -- the lease deadline, made a string once: a number given to redis.call is formatted there,
 -- once per request of the lease's ZADD
@@ -138,7 +140,7 @@ local reserved = {}
 if (ARGV[14] or '') ~= '' then reserved = cjson.decode(ARGV[14]) end
 local live = nil
 local function live_workers()
-  if not live then live = redis.call('ZCOUNT', KEYS[16], now - alive_ms, '+inf') end
+  if not live then live = redis.call('ZCOUNT', KEYS[16], decimal(now - alive_ms), '+inf') end
   return live
 end
 -- a worker's share of a contended slot: someone is waiting, so at least two share it
@@ -158,12 +160,12 @@ end
 local first_at = {}
 local function promote(waiting, queue, what)
   -- most calls have nothing due: one read says so, and when the next one is due
-  local head = redis.call('ZRANGE', waiting, 0, 0, 'WITHSCORES')
+  local head = redis.call('ZRANGE', waiting, '0', '0', 'WITHSCORES')
   if #head == 0 or tonumber(head[2]) > now then
     first_at[waiting] = #head > 0 and tonumber(head[2])
     return
   end
-  local due = redis.call('ZRANGEBYSCORE', waiting, '-inf', now, 'LIMIT', 0, tonumber(ARGV[3]))
+  local due = redis.call('ZRANGEBYSCORE', waiting, '-inf', now_s, 'LIMIT', '0', ARGV[3])
   for _, id in ipairs(due) do
     redis.call('ZREM', waiting, id)
     local record = redis.call('HGET', KEYS[2], id)
@@ -172,7 +174,7 @@ local function promote(waiting, queue, what)
       local entry = string.sub(record, TOKEN_BYTES + 1)
       local slot = entry_slot(entry)
       if slot then
-        redis.call('ZADD', queue, 0, entry)
+        redis.call('ZADD', queue, '0', entry)
         arm(KEYS[5], KEYS[6], slot, now, true)
         out[3] = out[3] + 1
       else
@@ -198,7 +200,7 @@ end
 -- a slot's next ``count`` entries of ``queue`` (one more, to know whether any is left)
 local function slot_entries(queue, slot, count)
   local lo, hi = slot_range(slot)
-  return redis.call('ZRANGEBYLEX', queue, lo, hi, 'LIMIT', 0, count + 1)
+  return redis.call('ZRANGEBYLEX', queue, lo, hi, 'LIMIT', '0', decimal(count + 1))
 end
 
 -- how many of ``count`` requests a slot takes from its due revisits, having ``revisits`` of
@@ -252,7 +254,7 @@ end
 local marked = {}
 local function hungry(slot, conc)
   if (held[slot] or 0) < share_of(conc) then
-    if not marked[slot] then redis.call('HSET', KEYS[11], slot, now) end
+    if not marked[slot] then redis.call('HSET', KEYS[11], slot, now_s) end
     marked[slot] = true
     starved = true
   end
@@ -327,11 +329,11 @@ local function visit(slot, room, first)
   if not first and (take <= 0 and extra <= 0) then
     return false  -- it gave its places in an earlier visit, where it was parked if full
   elseif wait_until then
-    redis.call('ZADD', KEYS[5], wait_until, slot)
+    redis.call('ZADD', KEYS[5], decimal(wait_until), slot)
   elseif conc - inflight <= 0 and extra <= 0 then
     -- full: looked at again soon (so that waiting workers keep saying so), or as soon as
     -- an acknowledgement frees a place (arm())
-    redis.call('ZADD', KEYS[5], now + RECHECK_FULL_MS, slot)
+    redis.call('ZADD', KEYS[5], decimal(now + RECHECK_FULL_MS), slot)
     hungry(slot, conc)
   elseif take <= 0 and extra <= 0 then
     -- this worker has its share of a contended slot: the free places are for the others
@@ -419,7 +421,7 @@ local function visit(slot, room, first)
     held[slot] = mine + taken
     reserved[slot] = (reserved[slot] or 0) + reserves
     if taken > 0 then
-      inflight = redis.call('HINCRBY', KEYS[7], slot, taken)
+      inflight = redis.call('HINCRBY', KEYS[7], slot, decimal(taken))
       inflight_of[slot] = inflight
     end
     local next_at = now
@@ -427,10 +429,10 @@ local function visit(slot, room, first)
       -- with no delay too: the time of the slot's last lease, by which sweep.lua knows a
       -- slot the crawl has finished with (its next turn is then simply now)
       next_at = now + delay
-      redis.call('HSET', KEYS[6], slot, next_at)
+      redis.call('HSET', KEYS[6], slot, decimal(next_at))
     end
     if probe and taken > 0 then
-      redis.call('HSET', KEYS[10], slot, -(now + probe_ms))
+      redis.call('HSET', KEYS[10], slot, decimal(-(now + probe_ms)))
       next_at = now + probe_ms
     end
     -- whether the slot has anything left in either queue after this turn
@@ -439,9 +441,9 @@ local function visit(slot, room, first)
       redis.call('ZREM', KEYS[5], slot)
       redis.call('HDEL', KEYS[11], slot)
     elseif inflight >= conc then
-      redis.call('ZADD', KEYS[5], math.max(now + RECHECK_FULL_MS, next_at), slot)
+      redis.call('ZADD', KEYS[5], decimal(math.max(now + RECHECK_FULL_MS, next_at)), slot)
     else
-      redis.call('ZADD', KEYS[5], next_at, slot)
+      redis.call('ZADD', KEYS[5], decimal(next_at), slot)
     end
     return left and taken + reserves >= room and inflight < conc and delay == 0 and not probe
   end
@@ -461,19 +463,19 @@ end
 -- b2.
 local TURNS = 3
 local function ready_now()
-  return redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now, 'LIMIT', 0, tonumber(ARGV[4]))
+  return redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now_s, 'LIMIT', '0', ARGV[4])
 end
 local active = ready_now()
-local head = #active == 0 and redis.call('ZRANGE', KEYS[5], 0, 0, 'WITHSCORES')
+local head = #active == 0 and redis.call('ZRANGE', KEYS[5], '0', '0', 'WITHSCORES')
 -- with no slot ready, nothing below changes 'ready': its first turn holds for the end
 if head then first_at[KEYS[5]] = #head > 0 and tonumber(head[2]) end
 -- no slot in 'ready' at all: a slot lost from it is armed again
 if head and #head == 0 then
   for _, queue in ipairs({KEYS[1], KEYS[19]}) do
-    for _, member in ipairs(redis.call('ZRANGE', queue, 0, 15)) do
+    for _, member in ipairs(redis.call('ZRANGE', queue, '0', '15')) do
       local slot = entry_slot(member)
       if slot then
-        redis.call('ZADD', KEYS[5], 'NX', now, slot)
+        redis.call('ZADD', KEYS[5], 'NX', now_s, slot)
         out[8] = out[8] + 1
       else
         quarantined(member, 'malformed queue entry', queue)
@@ -529,8 +531,8 @@ end
 -- parks the slot anew, so a waiting worker would rarely find it ready): a worker that still
 -- wants requests and holds less than its share of one says so, or the fair share never acts
 if want > 0 then
-  local parked = redis.call('ZRANGEBYSCORE', KEYS[5], '(' .. now, now + RECHECK_FULL_MS,
-    'LIMIT', 0, tonumber(ARGV[4]))
+  local parked = redis.call('ZRANGEBYSCORE', KEYS[5], '(' .. now_s,
+    decimal(now + RECHECK_FULL_MS), 'LIMIT', '0', ARGV[4])
   for _, slot in ipairs(parked) do
     local conc, inflight = conc_of[slot], inflight_of[slot]
     if conc == nil then
@@ -549,7 +551,7 @@ out[2] = first_at[KEYS[4]] == false and 0 or redis.call('ZCARD', KEYS[4])
 for _, key in ipairs({KEYS[5], KEYS[4], KEYS[18]}) do
   local at = first_at[key]
   if at == nil then
-    local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+    local first = redis.call('ZRANGE', key, '0', '0', 'WITHSCORES')
     at = #first > 0 and tonumber(first[2])
   end
   if at then

@@ -15,12 +15,26 @@
 -- or replayed one, or one whose id was reused after Redis lost data, matches nothing. A
 -- retry waiting in 'delayed' has the token NO_TOKEN.
 --
+-- A lease that expired, or whose worker died, keeps its record (requeue.lua) with the
+-- token's fifth byte moved by 128 (expired_token): a late acknowledgement still finds its
+-- request and takes it back out of the queue, and a record whose token is the one presented
+-- is a lease still held, so that an acknowledgement or a place report reads the record
+-- alone, not the lease too.
+--
 -- Entries come from producers and from a Redis that others may write to: every script that
 -- reads one checks its layout (entry_slot returns nil) before using it.
 
 local TOKEN_BYTES = 8
 local NO_TOKEN = string.rep('\0', TOKEN_BYTES)
 local MAX_SLOT_BYTES = 255
+
+-- the token the record of an expired lease keeps instead of ``token`` (see above); nil for
+-- something that is no token
+local function expired_token(token)
+  if #token ~= TOKEN_BYTES then return nil end
+  return string.sub(token, 1, 4) .. string.char((string.byte(token, 5) + 128) % 256)
+    .. string.sub(token, 6)
+end
 local DEAD_RAW_BYTES = 65536
 
 -- at most this many arguments go into one variadic call (unpack's C stack is ~8,000); even,
@@ -43,6 +57,13 @@ local function call_many(command, key, items)
     end
   end
   return joined, sum
+end
+
+-- ``n`` (an integer) as the decimal string Redis reads it from: a number given to redis.call
+-- is formatted there with %.17g (glibc's float formatting, several times string.format's
+-- integer one), so the scripts' hot calls pass strings
+local function decimal(n)
+  return string.format('%d', n)
 end
 
 local function now_ms()
@@ -131,9 +152,9 @@ end
 local function arm(ready, slots, slot, now, add)
   local when = next_allowed(slots, slot, now)
   if add then
-    redis.call('ZADD', ready, 'LT', when, slot)
+    redis.call('ZADD', ready, 'LT', decimal(when), slot)
   else
-    redis.call('ZADD', ready, 'XX', 'LT', when, slot)
+    redis.call('ZADD', ready, 'XX', 'LT', decimal(when), slot)
   end
 end
 
@@ -144,7 +165,7 @@ local function arm_many(ready, slots, list, now, add)
   local at = call_many('HMGET', slots, list)
   local pairs_ = {}
   for i, slot in ipairs(list) do
-    pairs_[#pairs_ + 1] = math.max(now, tonumber(at[i]) or 0)
+    pairs_[#pairs_ + 1] = decimal(math.max(now, tonumber(at[i]) or 0))
     pairs_[#pairs_ + 1] = slot
   end
   for first = 1, #pairs_, CALL_CHUNK do
@@ -169,7 +190,7 @@ end
 
 -- ``count`` requests of this slot (1 when nil) are no longer in flight
 local function landed(inflight, robots, slot, count)
-  if redis.call('HINCRBY', inflight, slot, -(count or 1)) <= 0 then
+  if redis.call('HINCRBY', inflight, slot, decimal(-(count or 1))) <= 0 then
     redis.call('HDEL', inflight, slot)
   end
   probe_ended(robots, slot)

@@ -26,10 +26,11 @@
 -- ARGV[3]     a worker is dead when its last beat is older than this (ms; for 'expired')
 -- ARGV[4 ..]  pairs: request id, token (for 'ids')
 --
--- An expired request, or one of a dead worker, keeps its record (and token), so that a late
--- acknowledgement from a worker that was only stalled can still take it out of the queue
--- (commit.lua) instead of having it crawled twice; a given-back one is not coming back, so
--- its record is dropped. A dead worker's leases are found by the tag in their tokens, among
+-- An expired request, or one of a dead worker, keeps its record, its token marked expired
+-- (lib.lua's expired_token), so that a late acknowledgement from a worker that was only
+-- stalled can still take it out of the queue (commit.lua) instead of having it crawled
+-- twice, while the record alone says the lease is no longer held; a given-back one is not
+-- coming back, so its record is dropped. A dead worker's leases are found by the tag in their tokens, among
 -- all leases (workers x prefetch of them), only when some worker's beats have lapsed; live
 -- workers' leases are never shortened.
 --
@@ -47,8 +48,12 @@ local out = {0, 0, 0, 0, {}}
 
 local function requeue(id, record, keep)
   redis.call('ZREM', KEYS[1], id)
-  if not keep then redis.call('HDEL', KEYS[3], id) end
   local entry = string.sub(record, TOKEN_BYTES + 1)
+  if keep then
+    redis.call('HSET', KEYS[3], id, expired_token(string.sub(record, 1, TOKEN_BYTES)) .. entry)
+  else
+    redis.call('HDEL', KEYS[3], id)
+  end
   local slot = entry_slot(entry)
   if slot then
     redis.call('ZADD', KEYS[2], 0, entry)
