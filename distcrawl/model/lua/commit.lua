@@ -176,15 +176,15 @@ if acks > 0 then
   for n, id in ipairs(ids) do
     local record = records[n]
     local token = record and string.sub(record, 1, TOKEN_BYTES)
-    local held = token == ARGV[7 + 2 * n]
+    local still_held = token == ARGV[7 + 2 * n]
     if not record or gone[id] then
       missing = missing + 1
-    elseif not held and token ~= expired_token(ARGV[7 + 2 * n]) then
+    elseif not still_held and token ~= expired_token(ARGV[7 + 2 * n]) then
       stale = stale + 1
     else
       gone[id] = true
       retired[#retired + 1] = id
-      if held then
+      if still_held then
         done[#done + 1] = id
         local slot = entry_slot(record, TOKEN_BYTES + 1)
         if slot then

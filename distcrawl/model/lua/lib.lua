@@ -27,6 +27,7 @@
 local TOKEN_BYTES = 8
 local NO_TOKEN = string.rep('\0', TOKEN_BYTES)
 local MAX_SLOT_BYTES = 255
+local DEAD_RAW_BYTES = 65536
 
 -- the token the record of an expired lease keeps instead of ``token`` (see above); nil for
 -- something that is no token
@@ -35,7 +36,6 @@ local function expired_token(token)
   return string.sub(token, 1, 4) .. string.char((string.byte(token, 5) + 128) % 256)
     .. string.sub(token, 6)
 end
-local DEAD_RAW_BYTES = 65536
 
 -- at most this many arguments go into one variadic call (unpack's C stack is ~8,000); even,
 -- so that the pairs of HSET and ZADD stay whole

@@ -31,9 +31,9 @@ local out = {0, 0}
 local freed = tonumber(ARGV[1])
 
 -- Every id's record and place are read in one call each (HMGET, SMISMEMBER) and written
--- back in one call each, per slot once: a report of many requests
--- costs a handful of commands, not a handful per request. ``placeless`` follows what the
--- requests in order would do to the set, so that an id reported twice counts once.
+-- back in one call each, per slot once: a report of many requests costs a handful of
+-- commands, not a handful per request. ``placeless`` follows what the requests in order would
+-- do to the set, so that an id reported twice counts once.
 local ids = {}
 for i = 2, #ARGV, 2 do ids[#ids + 1] = ARGV[i] end
 if #ids == 0 then return out end
@@ -76,13 +76,13 @@ end
 
 local add, remove = {}, {}
 for n, id in ipairs(ids) do
-  local now = member[id]
-  if now ~= nil then
+  local after = member[id]
+  if after ~= nil then
     member[id] = nil  -- each id once
     local was = flags[n] == 1
-    if now and not was then
+    if after and not was then
       add[#add + 1] = id
-    elseif was and not now then
+    elseif was and not after then
       remove[#remove + 1] = id
     end
   end

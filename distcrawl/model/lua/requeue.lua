@@ -30,9 +30,10 @@
 -- (lib.lua's expired_token), so that a late acknowledgement from a worker that was only
 -- stalled can still take it out of the queue (commit.lua) instead of having it crawled
 -- twice, while the record alone says the lease is no longer held; a given-back one is not
--- coming back, so its record is dropped. A dead worker's leases are found by the tag in their tokens, among
--- all leases (workers x prefetch of them), only when some worker's beats have lapsed; live
--- workers' leases are never shortened.
+-- coming back, so its record is dropped. A dead worker's leases are found by the tag in
+-- their tokens (the marked byte is not the tag's), among all leases (workers x prefetch of
+-- them), only when some worker's beats have lapsed; live workers' leases are never
+-- shortened.
 --
 -- A claimant (KEYS[11]) that is not in alive once the dead are removed has claims nobody
 -- will store: a dead worker's, or one whose tag was removed by an earlier run that ended
