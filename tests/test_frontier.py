@@ -1092,6 +1092,7 @@ def test_a_late_ack_takes_its_expired_request_back_out_of_the_queue(redis_client
     assert redis_client.hlen("t:inflight") == 0  # the requeue gave the place back
     assert frontier.places([mine.ref]) == (0, 0)  # and the report gives back nothing more
     assert frontier.renew([mine.ref], 60_000) == 0
+    assert frontier.release([mine.ref]) == 0  # nor is it given back: it is queued already
     late = frontier.commit([mine.ref], [])
     assert (late.late, late.stale, late.missing) == (1, 0, 0)
     assert redis_client.zcard("t:queue") == 0 and redis_client.hlen("t:requests") == 0

@@ -105,8 +105,8 @@ else
   for i = 4, #ARGV, 2 do
     local id, token = ARGV[i], ARGV[i + 1]
     local record = redis.call('HGET', KEYS[3], id)
-    if record and string.sub(record, 1, TOKEN_BYTES) == token
-        and redis.call('ZSCORE', KEYS[1], id) then
+    -- the record under the token is the lease still held (lib.lua): no ZSCORE of it
+    if record and string.sub(record, 1, TOKEN_BYTES) == token then
       requeue(id, record, false)
     end
   end
