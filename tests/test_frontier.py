@@ -622,6 +622,37 @@ def test_acknowledging_requests_that_hold_no_place_arms_no_slot(redis_client):
     assert redis_client.hget("t:inflight", "a.test") is None
 
 
+def test_an_acknowledgement_arms_its_full_slot_so_the_next_lease_refills_the_reserves(
+    redis_client,
+):
+    """A full slot is parked (RECHECK_FULL_MS) and gives nobody anything until then; the
+    usual batch at 100 ms a page, a reserve reported sent in the place of a request that the
+    same batch acknowledges (BatchBuilder._fold_into_acks), changes no count, but the
+    acknowledgement gives a place back and arms the slot, so the lease that follows in the
+    batch refills this worker's reserves at once. A change that netted the two to nothing
+    and left the slot parked cost one worker an eighth of its pages a second (benchmarks/
+    README.md, "The place report inside the commit")."""
+    frontier = polite(redis_client, concurrency=2)
+    push_slot(frontier, "f.test", 12)
+    got = frontier.lease(8, 10_000, reserve=2).items
+    placed = [x for x in got if not x.reserve]
+    reserves = [x for x in got if x.reserve]
+    assert (len(placed), len(reserves)) == (2, 2)
+
+    def server_ms() -> int:
+        seconds, micros = redis_client.time()
+        return int(seconds) * 1000 + int(micros) // 1000
+
+    assert redis_client.zscore("t:ready", "f.test") > server_ms()  # parked: full
+    # p0 left the downloader, r0 went out in its place; one batch reports and acknowledges
+    assert frontier.places([], [reserves[0].ref]) == (0, 1)
+    frontier.commit([placed[0].ref], [])
+    assert redis_client.hget("t:inflight", "f.test") == b"2"
+    assert redis_client.zscore("t:ready", "f.test") <= server_ms()  # armed again
+    more = frontier.lease(8, 10_000, held={"f.test": 2}, reserve=2, reserved={"f.test": 1}).items
+    assert [x.reserve for x in more] == [True]  # the reserve used, refilled at once
+
+
 def test_a_lease_reads_no_per_slot_limits_or_throttle_while_none_is_set(redis_client):
     """Operator limits, adaptive delays and adaptive caps are unset in a healthy crawl: a lease
     learns that with one EXISTS a call instead of three HGETs for each slot it visits, and
