@@ -185,6 +185,9 @@ class UserRun:
     #: Redis CPU (s per s) in IDLE_WINDOW s before the push: the server's own housekeeping
     #: and the idle workers' waiting, which a crawl pays for every second it lasts
     redis_idle_cpu: float | None = None
+    #: every command Redis ran from the push to the end, when asked for (``slowlog``):
+    #: SLOWLOG entries in order, scripts' inner commands included (script_split.py)
+    slowlog: list[dict[str, Any]] = field(default_factory=list)
 
 
 def start_sites(setup: Setup, workdir: Path, stack: ExitStack) -> list[DemoSite]:
@@ -293,12 +296,68 @@ def merge_fetch(stats: list[FetchStats]) -> FetchStats:
     return out
 
 
-def run_user_crawl(row: Row, workdir: Path, timeout: float, monitor: bool = False) -> UserRun:
+#: redis-server options that log every command in SLOWLOG (``run_user_crawl(slowlog=True)``)
+SLOWLOG_ALL = ("--slowlog-log-slower-than", "0", "--slowlog-max-len", "100000")
+SLOWLOG_EVERY = 0.2
+
+
+class SlowlogDrain:
+    """Reads SLOWLOG every SLOWLOG_EVERY s from its start (after a reset) until ``stop``,
+    on a thread of its own, keeping the entries it has not seen (by id), so that none is
+    lost while the log holds an interval's worth; ``stop`` returns them in the order Redis
+    ran them, ``lost`` counts those the log had dropped already. Its own SLOWLOG commands
+    are left out."""
+
+    READ = 20_000
+
+    def __init__(self, client: Any) -> None:
+        import threading
+
+        self._client = client
+        self._entries: list[dict[str, Any]] = []
+        self._last = -1
+        self.lost = 0
+        self._done = threading.Event()
+        client.slowlog_reset()
+        self._thread = threading.Thread(target=self._run, name="slowlog-drain", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        new = [e for e in reversed(self._client.slowlog_get(self.READ)) if e["id"] > self._last]
+        if new and self._last >= 0:
+            self.lost += new[0]["id"] - self._last - 1
+        for entry in new:
+            self._last = entry["id"]
+            command = entry["command"]
+            if isinstance(command, bytes):
+                command = command.decode("latin-1")
+            if not command.upper().startswith("SLOWLOG"):
+                entry["command"] = command
+                self._entries.append(entry)
+
+    def _run(self) -> None:
+        while not self._done.wait(SLOWLOG_EVERY):
+            self._read()
+
+    def stop(self) -> list[dict[str, Any]]:
+        if not self._done.is_set():
+            self._done.set()
+            self._thread.join()
+            self._read()
+            self._client.close()
+        return self._entries
+
+
+def run_user_crawl(
+    row: Row, workdir: Path, timeout: float, monitor: bool = False, slowlog: bool = False
+) -> UserRun:
     """One row from scratch: fresh Redis, fresh sites, the users' settings.
 
     ``monitor`` records ``redis-cli monitor`` from the push to the end (the lean suite's
     protocol pass: which commands the workers sent, which their scripts ran); never for a
-    timed row, as MONITOR costs Redis CPU per command."""
+    timed row, as MONITOR costs Redis CPU per command. ``slowlog`` logs every command Redis
+    runs, scripts' inner commands included, with its duration (script_split.py): about a µs
+    an entry, so not for a timed row either."""
     began = time.monotonic()
     setup, config = row.setup, row.config
     kind = KINDS[config.kind]
@@ -306,7 +365,8 @@ def run_user_crawl(row: Row, workdir: Path, timeout: float, monitor: bool = Fals
     shutil.rmtree(workdir, ignore_errors=True)  # the sites append to their logs: start empty
     (workdir / "redis").mkdir(parents=True)
     with ExitStack() as stack:
-        server = stack.enter_context(RedisServer(directory=workdir / "redis"))
+        options = SLOWLOG_ALL if slowlog else ()
+        server = stack.enter_context(RedisServer(directory=workdir / "redis", options=options))
         sites = start_sites(setup, workdir, stack)
         client = server.client()
         stack.callback(client.close)
@@ -337,10 +397,14 @@ def run_user_crawl(row: Row, workdir: Path, timeout: float, monitor: bool = Fals
                 monitor_proc = start_monitor(server.port or 0, workdir / "monitor.txt")
                 stack.callback(stop_process, monitor_proc)
             sampler.sample(time.time())
+            if slowlog:
+                drain = SlowlogDrain(server.client())
+                stack.callback(drain.stop)
             before = Snapshot.take(client)
             push_time = time.time()
             client.lpush(kind.start_key, *urls)
         timed_out = wait_crawl(workers, sampler, sites, timeout, row.key)
+        entries = drain.stop() if slowlog and kind.start_key is not None else []
         end_time = time.time()
         crawl_traffic = None
         if before is not None:
@@ -377,6 +441,7 @@ def run_user_crawl(row: Row, workdir: Path, timeout: float, monitor: bool = Fals
         redis_window_s=end_time - push_time if push_time is not None else None,
         per_host=per_host,
         redis_idle_cpu=idle_cpu,
+        slowlog=entries,
     )
 
 

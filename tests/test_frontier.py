@@ -317,6 +317,14 @@ def push_slot(frontier, slot, count):
     return frontier.commit([], entries)
 
 
+def lease_split(frontier, slot, queued, want, reserve):
+    """``queued`` requests of ``slot`` pushed, then one lease of ``want`` with up to
+    ``reserve`` reserves: the leases that hold places, and the reserves."""
+    push_slot(frontier, slot, queued)
+    got = frontier.lease(want, 10_000, reserve=reserve).items
+    return [x for x in got if not x.reserve], [x for x in got if x.reserve]
+
+
 def test_a_slot_with_a_delay_gives_one_request_per_turn_and_says_when(redis_client):
     frontier = polite(redis_client, delay_ms=300)
     push_slot(frontier, "a.test", 3)
@@ -530,10 +538,7 @@ def test_a_swap_changes_no_count_and_costs_no_write_to_the_slot(redis_client):
     nets the two, and neither writes the count nor arms the slot again. A report that frees
     more places than it takes still gives them back, and arms the slot."""
     frontier = polite(redis_client, concurrency=3)
-    push_slot(frontier, "w.test", 10)
-    got = frontier.lease(6, 10_000, reserve=3).items
-    placed = [x for x in got if not x.reserve]
-    reserves = [x for x in got if x.reserve]
+    placed, reserves = lease_split(frontier, "w.test", 10, 6, 3)
     assert (len(placed), len(reserves)) == (3, 3)
     before = redis_client.info("commandstats")
     assert frontier.places([placed[0].ref, placed[1].ref], [reserves[0].ref, reserves[1].ref]) == (
@@ -633,10 +638,7 @@ def test_an_acknowledgement_arms_its_full_slot_so_the_next_lease_refills_the_res
     and left the slot parked cost one worker an eighth of its pages a second (benchmarks/
     README.md, "The place report inside the commit")."""
     frontier = polite(redis_client, concurrency=2)
-    push_slot(frontier, "f.test", 12)
-    got = frontier.lease(8, 10_000, reserve=2).items
-    placed = [x for x in got if not x.reserve]
-    reserves = [x for x in got if x.reserve]
+    placed, reserves = lease_split(frontier, "f.test", 12, 8, 2)
     assert (len(placed), len(reserves)) == (2, 2)
 
     def server_ms() -> int:
