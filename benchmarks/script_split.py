@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         run = run_user_crawl(row, workdir / row.key.replace("/", "-"), args.timeout, slowlog=True)
         pages = run.run.fetch.pages
         results += report(row.key, pages, split(run.slowlog, names))
-        print(f"  {pages} pages, {len(run.slowlog)} commands logged")
+        print(f"  {pages} pages, {len(run.slowlog)} commands logged, {run.slowlog_lost} lost")
     print(render(COLUMNS, results, group="row"))
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(results, indent=2) + "\n")

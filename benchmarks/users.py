@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
@@ -186,8 +187,10 @@ class UserRun:
     #: and the idle workers' waiting, which a crawl pays for every second it lasts
     redis_idle_cpu: float | None = None
     #: every command Redis ran from the push to the end, when asked for (``slowlog``):
-    #: SLOWLOG entries in order, scripts' inner commands included (script_split.py)
+    #: SLOWLOG entries in order, scripts' inner commands included (script_split.py), and
+    #: how many the log dropped before they were read
     slowlog: list[dict[str, Any]] = field(default_factory=list)
+    slowlog_lost: int = 0
 
 
 def start_sites(setup: Setup, workdir: Path, stack: ExitStack) -> list[DemoSite]:
@@ -311,8 +314,6 @@ class SlowlogDrain:
     READ = 20_000
 
     def __init__(self, client: Any) -> None:
-        import threading
-
         self._client = client
         self._entries: list[dict[str, Any]] = []
         self._last = -1
@@ -386,6 +387,7 @@ def run_user_crawl(
         own: Traffic | None = None
         monitor_proc = None
         idle_cpu = None
+        drain: SlowlogDrain | None = None
         if kind.start_key is not None:
             wait_ready(workers, kind.ready, timeout=120)
             time.sleep(SETTLE)
@@ -404,7 +406,7 @@ def run_user_crawl(
             push_time = time.time()
             client.lpush(kind.start_key, *urls)
         timed_out = wait_crawl(workers, sampler, sites, timeout, row.key)
-        entries = drain.stop() if slowlog and kind.start_key is not None else []
+        entries = drain.stop() if drain is not None else []
         end_time = time.time()
         crawl_traffic = None
         if before is not None:
@@ -442,6 +444,7 @@ def run_user_crawl(
         per_host=per_host,
         redis_idle_cpu=idle_cpu,
         slowlog=entries,
+        slowlog_lost=drain.lost if drain is not None else 0,
     )
 
 
