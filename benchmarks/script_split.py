@@ -48,10 +48,17 @@ def script_names() -> dict[str, str]:
 class ScriptCost:
     calls: int = 0
     micros: int = 0
-    inner_micros: int = 0
-    inner_calls: int = 0
+    #: the inner commands run, and their µs, per command name
     inner: Counter[str] = field(default_factory=Counter)
     inner_time: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def inner_calls(self) -> int:
+        return sum(self.inner.values())
+
+    @property
+    def inner_micros(self) -> int:
+        return sum(self.inner_time.values())
 
 
 def _client(entry: dict[str, Any]) -> str:
@@ -63,34 +70,25 @@ def split(entries: list[dict[str, Any]], names: dict[str, str]) -> dict[str, Scr
     """Each script's calls and the inner commands logged just before each (see the module
     docstring); the workers' plain commands go under ``(plain)``."""
     costs: dict[str, ScriptCost] = defaultdict(ScriptCost)
-    run: list[dict[str, Any]] = []
+    inner: list[dict[str, Any]] = []
     for entry in entries:
         words = str(entry["command"]).split(" ", 2)
         command = words[0].upper()
-        if command not in SCRIPT_COMMANDS:
-            run.append(entry)
+        if command in SCRIPT_COMMANDS:
+            name = names.get(words[1], words[1][:8]) if len(words) > 1 else command
+            cost = costs[name]
+            for e in inner:
+                verb = str(e["command"]).split(" ", 1)[0].upper()
+                cost.inner[verb] += 1
+                cost.inner_time[verb] += int(e["duration"])
+            inner = []
+        elif _client(entry) == SCRIPT_CLIENT:
+            inner.append(entry)  # a script's: it is logged after them
             continue
-        name = names.get(words[1], words[1][:8]) if len(words) > 1 else command
-        cost = costs[name]
+        else:
+            cost = costs["(plain)"]
         cost.calls += 1
         cost.micros += int(entry["duration"])
-        inner = []
-        while run and _client(run[-1]) == SCRIPT_CLIENT:
-            inner.append(run.pop())
-        for e in inner:
-            verb = str(e["command"]).split(" ", 1)[0].upper()
-            cost.inner_calls += 1
-            cost.inner_micros += int(e["duration"])
-            cost.inner[verb] += 1
-            cost.inner_time[verb] += int(e["duration"])
-        plain = costs["(plain)"]
-        for e in run:
-            plain.calls += 1
-            plain.micros += int(e["duration"])
-        run = []
-    for e in run:
-        costs["(plain)"].calls += 1
-        costs["(plain)"].micros += int(e["duration"])
     return dict(costs)
 
 
