@@ -533,6 +533,9 @@ class Scheduler(BaseScheduler):
             return None
         request = self._leases.hand_out()
         if request is None:
+            # what the engine holds, counted now, not at the last turn: a worker whose ready
+            # requests ran out between two turns waited for the next one, its engine empty
+            self._pump.collect_finished()
             if self._leases.starving():
                 self._pump.kick()  # a lease now: the next turn may be an interval away
             return None

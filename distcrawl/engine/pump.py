@@ -135,6 +135,9 @@ class Pump:
     def _kicked(self) -> None:
         self._kick_pending = False
         self.turn()
+        if self.busy and self._loop is not None and self._loop.running:
+            # a batch went: the periodic turn comes an interval after it, not a moment after
+            self._loop.reset()
 
     def turn(self) -> None:
         if self.df is not None:
