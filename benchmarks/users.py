@@ -305,7 +305,7 @@ SLOWLOG_EVERY = 0.2
 
 
 class SlowlogDrain:
-    """Reads SLOWLOG every SLOWLOG_EVERY s from its start (after a reset) until ``stop``,
+    """Reads SLOWLOG every SLOWLOG_EVERY s from ``start`` (after a reset) until ``stop``,
     on a thread of its own, keeping the entries it has not seen (by id), so that none is
     lost while the log holds an interval's worth; ``stop`` returns them in the order Redis
     ran them, ``lost`` counts those the log had dropped already. Its own SLOWLOG commands
@@ -319,8 +319,10 @@ class SlowlogDrain:
         self._last = -1
         self.lost = 0
         self._done = threading.Event()
-        client.slowlog_reset()
         self._thread = threading.Thread(target=self._run, name="slowlog-drain", daemon=True)
+
+    def start(self) -> None:
+        self._client.slowlog_reset()
         self._thread.start()
 
     def _read(self) -> None:
@@ -401,6 +403,7 @@ def run_user_crawl(
             sampler.sample(time.time())
             if slowlog:
                 drain = SlowlogDrain(server.client())
+                drain.start()
                 stack.callback(drain.stop)
             before = Snapshot.take(client)
             push_time = time.time()

@@ -15,6 +15,12 @@ from scrapy.utils.defer import deferred_from_coro
 from distcrawl.demo.site import DemoSite
 
 
+def server_ms(client: Any) -> int:
+    """Redis' own clock in ms, the one the scripts read (lib.lua's TIME)."""
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
 def wait_until(predicate: Callable[[], object], timeout: float, step: float = 0.05) -> bool:
     """Poll ``predicate`` until it is true or ``timeout`` seconds have passed (bounded)."""
     deadline = time.monotonic() + timeout

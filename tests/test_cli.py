@@ -26,6 +26,7 @@ from distcrawl.model.keys import FrontierKeys
 from distcrawl.model.queue_entry import parse_entry as parse_queue_entry
 from distcrawl.model.records import Entry, EntryKind
 from distcrawl.testing.redis_server import RedisServer
+from tests.support import server_ms
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -450,8 +451,7 @@ def test_reset_of_a_name_with_glob_characters_leaves_other_crawls_alone(
 
 
 def live_beat(client, tag, keys=SITE, ago_ms=0):
-    seconds, micros = client.time()
-    client.zadd(keys.alive, {tag: seconds * 1000 + micros // 1000 - ago_ms})
+    client.zadd(keys.alive, {tag: server_ms(client) - ago_ms})
 
 
 def test_reset_refuses_while_a_worker_is_live(capsys, redis_url, redis_client):

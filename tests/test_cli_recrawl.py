@@ -18,6 +18,7 @@ from distcrawl.model.queue_entry import make_entry
 from distcrawl.model.records import Entry, EntryKind
 from distcrawl.model.revisits_admin import under_domain
 from distcrawl.model.shards import shard_of_url
+from tests.support import server_ms
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -46,11 +47,6 @@ def run(capsys, redis_url: str, *argv: str) -> tuple[int, str, str]:
 def run_json(capsys, redis_url: str, *argv: str) -> tuple[int, object]:
     code, out, _ = run(capsys, redis_url, "--json", *argv)
     return code, json.loads(out)
-
-
-def server_ms(client) -> int:
-    seconds, micros = client.time()
-    return seconds * 1000 + micros // 1000
 
 
 def leased_urls(frontier: Frontier) -> list[str]:

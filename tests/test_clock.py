@@ -23,7 +23,7 @@ from distcrawl.engine.liveness import Liveness
 from distcrawl.model.frontier import Frontier
 from distcrawl.model.keys import FrontierKeys
 from distcrawl.spiders.site import SiteSpider
-from tests.support import crawl_settings, wait_until
+from tests.support import crawl_settings, server_ms, wait_until
 from tests.test_robots_bypass import PRIVATE, fetched_private
 
 pytestmark = pytest.mark.timeout(120)
@@ -179,8 +179,7 @@ def test_status_judges_workers_by_their_beats_and_the_server_clock(
         liveness.start()
     try:
         # the dead worker's last beat was 30 s ago by the server's clock
-        seconds, micros = redis_client.time()
-        redis_client.zadd(SITE.alive, {"0000000c": seconds * 1000 + micros // 1000 - 30_000})
+        redis_client.zadd(SITE.alive, {"0000000c": server_ms(redis_client) - 30_000})
         assert wait_until(lambda: redis_client.zcard(SITE.alive) == 3, timeout=10)
         for offset in (+DAY, -DAY):  # the CLI's host clock is off too
             skew(monkeypatch, offset)

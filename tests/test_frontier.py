@@ -13,6 +13,7 @@ from distcrawl.model.frontier import Frontier
 from distcrawl.model.keys import FrontierKeys
 from distcrawl.model.queue_entry import LeaseRef, make_entry
 from distcrawl.model.records import Entry, EntryKind, Redrive, RedriveKind
+from tests.support import server_ms
 
 #: the frontier's scripts, on Valkey too
 pytestmark = pytest.mark.valkey
@@ -370,8 +371,7 @@ def test_concurrency_counts_until_acknowledged_and_a_contended_slot_is_shared(re
 def test_a_contended_slot_is_divided_among_the_live_workers_not_in_halves(redis_client):
     # four live workers on one slot of eight places: two that hold half each must not keep
     # the other two out (they did, for a whole Scrapyd crawl, while the share was a half)
-    seconds, micros = redis_client.time()
-    now_ms = seconds * 1000 + micros // 1000
+    now_ms = server_ms(redis_client)
     workers = [polite(redis_client, concurrency=8) for _ in range(4)]
     redis_client.zadd("t:alive", {w.tag: now_ms for w in workers})
     redis_client.zadd("t:alive", {"0badbeef": now_ms - 60_000})  # lapsed: not counted
@@ -394,9 +394,8 @@ def test_a_contended_slot_is_divided_among_the_live_workers_not_in_halves(redis_
 def test_a_worker_waiting_on_a_parked_full_slot_gets_its_share(redis_client):
     # the worker whose response frees a place leases again in the same step and parks the
     # slot anew: the waiting worker must still be seen waiting, or it never gets a place
-    seconds, micros = redis_client.time()
     a, b = polite(redis_client, concurrency=8), polite(redis_client, concurrency=8)
-    redis_client.zadd("t:alive", {w.tag: seconds * 1000 + micros // 1000 for w in (a, b)})
+    redis_client.zadd("t:alive", {w.tag: server_ms(redis_client) for w in (a, b)})
     push_slot(a, "s.test", 40)
     held = a.lease(16, 10_000).items
     assert len(held) == 8
@@ -641,16 +640,12 @@ def test_an_acknowledgement_arms_its_full_slot_so_the_next_lease_refills_the_res
     placed, reserves = lease_split(frontier, "f.test", 12, 8, 2)
     assert (len(placed), len(reserves)) == (2, 2)
 
-    def server_ms() -> int:
-        seconds, micros = redis_client.time()
-        return int(seconds) * 1000 + int(micros) // 1000
-
-    assert redis_client.zscore("t:ready", "f.test") > server_ms()  # parked: full
+    assert redis_client.zscore("t:ready", "f.test") > server_ms(redis_client)  # parked: full
     # p0 left the downloader, r0 went out in its place; one batch reports and acknowledges
     assert frontier.places([], [reserves[0].ref]) == (0, 1)
     frontier.commit([placed[0].ref], [])
     assert redis_client.hget("t:inflight", "f.test") == b"2"
-    assert redis_client.zscore("t:ready", "f.test") <= server_ms()  # armed again
+    assert redis_client.zscore("t:ready", "f.test") <= server_ms(redis_client)  # armed again
     more = frontier.lease(8, 10_000, held={"f.test": 2}, reserve=2, reserved={"f.test": 1}).items
     assert [x.reserve for x in more] == [True]  # the reserve used, refilled at once
 
@@ -700,27 +695,20 @@ def test_a_lease_reads_the_retries_and_revisits_only_while_one_waits(redis_clien
 
     nothing, got = lease_commands()
     assert got == []
-    seconds, micros = redis_client.time()
-    now_ms = seconds * 1000 + micros // 1000
+    now_ms = server_ms(redis_client)
     frontier.commit([], [Entry(EntryKind.RETRY, b"", 0, b"later", b"400", "r.test")])
     waiting, got = lease_commands()
     # the EXISTS kept, and: ZRANGE of the retries and the revisits, ZCARD of the revisits'
     # queue and of the retries
     assert got == [] and waiting == nothing + 4
-    time.sleep(max(0.0, now_ms + 450 - _redis_ms(redis_client)) / 1000)
+    time.sleep(max(0.0, now_ms + 450 - server_ms(redis_client)) / 1000)
     waiting, got = lease_commands()
     assert [x.payload for x in got] == [b"later"]
 
 
-def _redis_ms(client):
-    seconds, micros = client.time()
-    return seconds * 1000 + micros // 1000
-
-
 def test_reserves_only_for_a_worker_within_its_share_of_the_live_workers(redis_client):
-    seconds, micros = redis_client.time()
     a, b = polite(redis_client, concurrency=8), polite(redis_client, concurrency=8)
-    redis_client.zadd("t:alive", {w.tag: seconds * 1000 + micros // 1000 for w in (a, b)})
+    redis_client.zadd("t:alive", {w.tag: server_ms(redis_client) for w in (a, b)})
     push_slot(a, "s.test", 30)
     # alone on the slot so far, a takes five places: more than its half, so no reserves,
     # which would keep those places from b as they free up
@@ -734,9 +722,8 @@ def test_no_reserves_on_a_slot_with_a_delay_or_a_contended_one(redis_client):
     slow = polite(redis_client, concurrency=4, delay_ms=1000)
     push_slot(slow, "d.test", 5)
     assert [x.reserve for x in slow.lease(6, 10_000, reserve=3).items] == [False]
-    seconds, micros = redis_client.time()
     a, b = polite(redis_client, concurrency=2), polite(redis_client, concurrency=2)
-    redis_client.zadd("t:alive", {w.tag: seconds * 1000 + micros // 1000 for w in (a, b)})
+    redis_client.zadd("t:alive", {w.tag: server_ms(redis_client) for w in (a, b)})
     push_slot(a, "s.test", 10)
     assert len(a.lease(2, 10_000).items) == 2
     assert b.lease(2, 10_000, held={}, reserve=3).items == []  # full: b waits, and says so
@@ -751,9 +738,8 @@ def test_a_deep_contended_slot_gives_reserves_to_a_worker_within_its_share(redis
     them in its own places as they free, and refills its share once a batch, not on every
     place the batch reports. With fewer queued, reserves would keep requests from a worker
     short of them, and none are given."""
-    seconds, micros = redis_client.time()
     a, b = polite(redis_client, concurrency=4), polite(redis_client, concurrency=4)
-    redis_client.zadd("t:alive", {w.tag: seconds * 1000 + micros // 1000 for w in (a, b)})
+    redis_client.zadd("t:alive", {w.tag: server_ms(redis_client) for w in (a, b)})
     push_slot(a, "s.test", 18)
     a0, _, _ = a.lease(3, 10_000, held={}).items  # alone so far: three of the four places
     assert len(b.lease(2, 10_000, held={}).items) == 1

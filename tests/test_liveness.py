@@ -11,17 +11,12 @@ import pytest
 
 from distcrawl.engine.liveness import Liveness
 from distcrawl.model.keys import FrontierKeys
-from tests.support import wait_until
+from tests.support import server_ms, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
 KEYS = FrontierKeys("site")
 TAG = "0a1b2c3d"
-
-
-def server_ms(client) -> int:
-    seconds, micros = client.time()
-    return seconds * 1000 + micros // 1000
 
 
 def score(client, tag: str = TAG) -> float | None:

@@ -25,7 +25,7 @@ from distcrawl.model.keys import FrontierKeys
 from distcrawl.model.shards import shard_of_url
 from distcrawl.testing.redis_server import RedisServer
 from tests.cluster import RedisClusterNodes
-from tests.support import page_fetches, wait_until
+from tests.support import page_fetches, server_ms, wait_until
 
 PLAIN = FrontierKeys("site")
 TAGGED = FrontierKeys("site", cluster=True)
@@ -173,9 +173,7 @@ def test_refused_unless_paused_and_no_worker_beats(
     assert (code, out) == (1, "")
     assert "not paused" in err
     redis_client.set(PLAIN.paused, b"1")
-    seconds, micros = redis_client.time()
-    now_ms = seconds * 1000 + micros // 1000
-    redis_client.zadd(PLAIN.alive, {b"01020304": now_ms - 2000})
+    redis_client.zadd(PLAIN.alive, {b"01020304": server_ms(redis_client) - 2000})
     code, out, err = run(capsys, *argv)
     assert (code, out) == (1, "")
     assert "1 worker(s) beat within the last 10s (01020304)" in err
@@ -602,8 +600,7 @@ def test_reshard_refused_unless_paused_no_worker_beats_and_no_lease(
     code, out, err = run(capsys, *argv)
     assert (code, out) == (1, "") and "not paused" in err
     redis_client.set(PLAIN.paused, b"1")
-    seconds, micros = redis_client.time()
-    redis_client.zadd(PLAIN.alive, {b"01020304": seconds * 1000 + micros // 1000})
+    redis_client.zadd(PLAIN.alive, {b"01020304": server_ms(redis_client)})
     code, out, err = run(capsys, *argv)
     assert (code, out) == (1, "") and "1 worker(s) beat within the last 10s (01020304)" in err
     redis_client.delete(PLAIN.alive)

@@ -13,7 +13,7 @@ import pytest
 from distcrawl import cli
 from distcrawl.testing.redis_server import find_free_port
 from distcrawl.testing.workers import worker_agent
-from tests.support import page_fetches, wait_until
+from tests.support import page_fetches, server_ms, wait_until
 
 FAST = {"DISTCRAWL_HEARTBEAT_INTERVAL": 0.5}
 
@@ -267,9 +267,8 @@ def test_revisit_gauges_count_the_backlog_and_its_age(redis_client, redis_url, s
             [], [revisit(n, 0) for n in range(2)] + [revisit(n, 3_600_000) for n in range(2, 5)]
         )
         redis_client.zadd(part.revisit_queue, {make_entry("h.test", 0, 99, b"q"): 0})
-    seconds, micros = redis_client.time()
     late_id = redis_client.zrange(parts[-1].revisits, 0, 0)[0]
-    redis_client.zadd(parts[-1].revisits, {late_id: seconds * 1000 + micros // 1000 - 42_000})
+    redis_client.zadd(parts[-1].revisits, {late_id: server_ms(redis_client) - 42_000})
 
     monitor, io = monitor_of(redis_url, shards)
     try:
